@@ -1,0 +1,1 @@
+"""Executing plait programs against a backend."""

@@ -1,0 +1,1 @@
+"""Stateless tensor functions: each fast kernel beside its torch reference, one dispatch point."""

@@ -1,0 +1,125 @@
+"""Attention over a paged KV cache: torch reference and the dispatch point.
+
+The KV cache of one layer is `[num_pages, page_size, num_kv_heads, head_dim]`; viewed flat it is
+`[num_slots, num_kv_heads, head_dim]` with slot = page * page_size + offset. A forward batch is
+ragged: the tokens of extend (prefill) sequences come first, then one token per decode sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-forward attention layout, built once by the model runner and shared by every layer."""
+
+    slot_mapping: torch.Tensor  # [T] long: where each new token's K/V is written
+    extend_q_starts: list[int]  # per extend sequence: first row in the flat batch
+    extend_q_lens: list[int]  # per extend sequence: new tokens
+    extend_kv_lens: list[int]  # per extend sequence: cached prefix + new tokens
+    extend_kv_slots: list[torch.Tensor]  # per extend sequence: [kv_len] long
+    decode_kv_slots: torch.Tensor | None = None  # [B, max_kv_len] long, padded with 0
+    decode_kv_lens: torch.Tensor | None = None  # [B] long
+    decode_mask: torch.Tensor | None = None  # [B, 1, 1, max_kv_len] bool, True = attend
+
+    @property
+    def num_extend_tokens(self) -> int:
+        return sum(self.extend_q_lens)
+
+    @property
+    def num_decode(self) -> int:
+        return 0 if self.decode_kv_slots is None else self.decode_kv_slots.shape[0]
+
+
+def write_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+) -> None:
+    num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v)
+
+
+def extend_attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    prefix_len: int,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """One sequence: q [q_len, H, D] at positions prefix_len.., k/v [kv_len, Hkv, D] from 0."""
+    q_len, kv_len = q.shape[0], k.shape[0]
+    qt, kt, vt = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [heads, len, D]
+    gqa = q.shape[1] != k.shape[1]
+    if prefix_len == 0 and sliding_window is None:
+        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale, enable_gqa=gqa)
+    else:
+        q_pos = torch.arange(prefix_len, prefix_len + q_len, device=q.device)[:, None]
+        k_pos = torch.arange(kv_len, device=q.device)[None, :]
+        mask = k_pos <= q_pos  # [q_len, kv_len]
+        if sliding_window is not None:
+            mask &= k_pos > q_pos - sliding_window
+        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    return out.transpose(0, 1)  # [q_len, H, D]
+
+
+def decode_attention_ref(
+    q: torch.Tensor,
+    k_flat: torch.Tensor,
+    v_flat: torch.Tensor,
+    kv_slots: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """A batch of single-token queries q [B, H, D] over gathered pages; mask [B, 1, 1, L]."""
+    k = k_flat[kv_slots].transpose(1, 2)  # [B, Hkv, L, D]
+    v = v_flat[kv_slots].transpose(1, 2)
+    gqa = q.shape[1] != k.shape[1]
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=gqa
+    )  # [B, H, 1, D]
+    return out.squeeze(2)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Writes the new k/v [T, Hkv, D] into the cache, then attends q [T, H, D]; returns [T, H, D]."""
+    write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    k_flat = k_cache.view(-1, num_kv_heads, head_dim)
+    v_flat = v_cache.view(-1, num_kv_heads, head_dim)
+    out = torch.empty_like(q)
+    for start, q_len, kv_len, slots in zip(
+        meta.extend_q_starts, meta.extend_q_lens, meta.extend_kv_lens, meta.extend_kv_slots
+    ):
+        prefix_len = kv_len - q_len
+        if prefix_len == 0:
+            kk, vv = k[start : start + q_len], v[start : start + q_len]
+        else:
+            kk, vv = k_flat[slots], v_flat[slots]
+        out[start : start + q_len] = extend_attention_ref(
+            q[start : start + q_len], kk, vv, prefix_len, scale, sliding_window
+        )
+    if meta.decode_kv_slots is not None:
+        first = meta.num_extend_tokens
+        mask = meta.decode_mask
+        if sliding_window is not None:
+            positions = torch.arange(mask.shape[-1], device=q.device)
+            lower = (meta.decode_kv_lens - sliding_window)[:, None, None, None]
+            mask = mask & (positions >= lower)
+        out[first:] = decode_attention_ref(
+            q[first:], k_flat, v_flat, meta.decode_kv_slots, mask, scale
+        )
+    return out

@@ -1,0 +1,1 @@
+"""The plait language: programs, primitives and IR nodes (plain data)."""

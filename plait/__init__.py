@@ -1,0 +1,33 @@
+"""plait: a structured-generation programming runtime for language models.
+
+    from plait import Engine
+    engine = Engine()                      # the embedded SmolLM2-135M-Instruct
+    engine.generate("The capital of France is", {"max_new_tokens": 8, "temperature": 0})
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from plait.runtime.engine import Engine
+    from plait.runtime.protocol import SamplingParams
+
+_LAZY = {
+    "Engine": "plait.runtime.engine",
+    "SamplingParams": "plait.runtime.protocol",
+    "default_model_path": "plait.runtime.model_loader.locate",
+}
+
+__all__ = ["Engine", "SamplingParams", "__version__", "default_model_path"]
+
+
+def __getattr__(name: str) -> Any:
+    # NOTE: lazy, so `import plait` (and the CLI's --help) does not pay for importing torch.
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'plait' has no attribute {name!r}")

@@ -1,0 +1,1 @@
+"""Serving model calls: the Engine and everything below it."""

@@ -1,0 +1,102 @@
+"""Engine configuration: frozen dataclasses validated once, in `__post_init__`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+_POLICIES = ("lpm", "fcfs", "dfs-weight")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_path: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    context_length: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype: expected one of {', '.join(_DTYPES)}, got {self.dtype!r}")
+        if self.context_length is not None and self.context_length < 1:
+            raise ValueError(f"context_length: must be positive, got {self.context_length}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    page_size: int = 1
+    max_total_tokens: int | None = None
+    mem_fraction_static: float | None = None
+    disable_radix_cache: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.page_size, int) or not 1 <= self.page_size <= 1024:
+            raise ValueError(f"page_size: must be an integer in [1, 1024], got {self.page_size!r}")
+        if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
+            raise ValueError(
+                f"max_total_tokens: must be at least page_size ({self.page_size}), "
+                f"got {self.max_total_tokens}"
+            )
+        if self.mem_fraction_static is not None and not 0.0 < self.mem_fraction_static < 1.0:
+            raise ValueError(
+                f"mem_fraction_static: must be in (0, 1), got {self.mem_fraction_static}"
+            )
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    schedule_policy: str = "lpm"
+    max_running_requests: int = 64
+    max_prefill_tokens: int = 8192
+    chunked_prefill_size: int = 2048
+    max_queued_requests: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.schedule_policy not in _POLICIES:
+            raise ValueError(
+                f"schedule_policy: expected one of {', '.join(_POLICIES)}, "
+                f"got {self.schedule_policy!r}"
+            )
+        for name in ("max_running_requests", "max_prefill_tokens", "chunked_prefill_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+        if self.max_queued_requests is not None and self.max_queued_requests < 1:
+            raise ValueError(
+                f"max_queued_requests: must be positive, got {self.max_queued_requests}"
+            )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    random_seed: int = 0
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
+        """Route flat keyword arguments (`page_size=16`, `dtype="float32"`) to their sub-config."""
+        groups: dict[str, dict[str, Any]] = {"model": {}, "cache": {}, "scheduler": {}}
+        own = {"random_seed"}
+        top: dict[str, Any] = {}
+        owners = {
+            name: group
+            for group, klass in (("model", ModelConfig), ("cache", CacheConfig), ("scheduler", SchedulerConfig))
+            for name in (f.name for f in fields(klass))
+        }
+        for key, value in kwargs.items():
+            if key in owners:
+                groups[owners[key]][key] = value
+            elif key in own:
+                top[key] = value
+            else:
+                known = sorted([*owners, *own])
+                raise TypeError(f"Engine: unknown argument {key!r}; known arguments are {', '.join(known)}")
+        return cls(
+            model=ModelConfig(**groups["model"]),
+            cache=CacheConfig(**groups["cache"]),
+            scheduler=SchedulerConfig(**groups["scheduler"]),
+            **top,
+        )

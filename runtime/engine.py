@@ -1,0 +1,404 @@
+"""`Engine`: the public entry to plait's runtime. One background thread runs the step loop;
+`generate` / `async_generate` may be called from any number of threads or coroutines."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import torch
+from plait.radix_cache.allocator import PageAllocator
+from plait.runtime.config import EngineConfig
+from plait.runtime.kv_pool import KVPool
+from plait.runtime.model_loader import load_model
+from plait.runtime.model_runner import ModelRunner, ScheduleBatch
+from plait.runtime.output_processor import OutputProcessor
+from plait.runtime.outputs import build_output
+from plait.runtime.protocol import FinishReason, LogprobOptions, SamplingParams
+from plait.runtime.request import Request
+from plait.runtime.scheduler import Scheduler
+
+logger = logging.getLogger("plait.engine")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        # NOTE: CPUs without native bf16 run bf16 matmuls ~170x slower than float32.
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name == "float16" and device.type == "cpu":
+        raise ValueError("dtype: float16 is only supported on GPUs; use float32 or bfloat16")
+    return _DTYPES[name]
+
+
+class Engine:
+    def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
+        self.config = EngineConfig.from_kwargs(model_path=model_path, **kwargs)
+        mc = self.config.model
+        self.device = resolve_device(mc.device)
+        self.dtype = resolve_dtype(mc.dtype, self.device)
+        loaded = load_model(mc.model_path, self.dtype, self.device)
+        self.model, self.args, self.tokenizer = loaded.model, loaded.args, loaded.tokenizer
+        self.model_path = loaded.location.path
+        self.context_len = mc.context_length or self.args.max_position_embeddings
+        cc = self.config.cache
+        self.page_size = cc.page_size
+        num_pages = self._num_pages()
+        self.kv_pool = KVPool(
+            num_pages, cc.page_size, self.args.num_layers, self.args.num_kv_heads,
+            self.args.head_dim, self.dtype, self.device,
+        )
+        self.allocator = PageAllocator(num_pages)
+        self.scheduler = Scheduler(self.config.scheduler, self.allocator, cc.page_size, self.context_len)
+        self.generator = torch.Generator(device=self.device).manual_seed(self.config.random_seed)
+        self.runner = ModelRunner(
+            self.model, self.kv_pool, self.device, self.tokenizer.eos_token_ids, self.generator
+        )
+        self.processor = OutputProcessor(self.tokenizer, self.context_len)
+        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._counter = itertools.count()
+        self._stopped = threading.Event()
+        self._totals = {"requests": 0, "prompt_tokens": 0, "generated_tokens": 0, "steps": 0}
+        self._thread = threading.Thread(target=self._loop, name="plait-engine", daemon=True)
+        self._thread.start()
+
+    def _num_pages(self) -> int:
+        cc = self.config.cache
+        if cc.max_total_tokens is not None:
+            return cc.max_total_tokens // cc.page_size
+        per_token = KVPool.bytes_per_token(
+            self.args.num_layers, self.args.num_kv_heads, self.args.head_dim, self.dtype
+        )
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = free * (cc.mem_fraction_static or 0.8)
+        else:
+            import os
+
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            budget = total * (cc.mem_fraction_static or 0.1)
+        tokens = int(budget // per_token)
+        tokens = max(min(tokens, 64 * self.context_len), self.context_len)
+        return tokens // cc.page_size
+
+    # submitting ------------------------------------------------------------------------------
+
+    def _make_requests(
+        self,
+        text: str | list[str] | None,
+        input_ids: list[int] | list[list[int]] | None,
+        sampling_params: dict | list[dict] | None,
+        logprob: LogprobOptions,
+        rid: str | list[str] | None,
+    ) -> tuple[list[Request], bool]:
+        if (text is None) == (input_ids is None):
+            raise ValueError("text, input_ids: pass exactly one of them")
+        logprob.validate()
+        if text is not None:
+            batched = isinstance(text, list)
+            texts = text if batched else [text]
+            if not all(isinstance(t, str) for t in texts):
+                raise ValueError("text: expected a string or a list of strings")
+            prompts = [self.tokenizer.encode(t) for t in texts]
+        else:
+            batched = bool(input_ids) and isinstance(input_ids[0], list)
+            prompts = input_ids if batched else [input_ids]
+            for p in prompts:
+                if not isinstance(p, list) or not all(
+                    isinstance(t, int) and not isinstance(t, bool) for t in p
+                ):
+                    raise ValueError("input_ids: expected a list of integers or a list of such lists")
+                bad = [t for t in p if not 0 <= t < self.args.vocab_size]
+                if bad:
+                    raise ValueError(
+                        f"input_ids: token id {bad[0]} is outside the vocabulary [0, {self.args.vocab_size})"
+                    )
+        if isinstance(sampling_params, list):
+            if len(sampling_params) != len(prompts):
+                raise ValueError(
+                    f"sampling_params: got {len(sampling_params)} for {len(prompts)} prompts"
+                )
+            params = [SamplingParams.from_dict(p) for p in sampling_params]
+        else:
+            params = [SamplingParams.from_dict(sampling_params)] * len(prompts)
+        rids = rid if isinstance(rid, list) else [rid] * len(prompts)
+        if len(rids) != len(prompts):
+            raise ValueError(f"rid: got {len(rids)} ids for {len(prompts)} prompts")
+        reqs: list[Request] = []
+        for prompt, sp, r in zip(prompts, params, rids):
+            if not prompt:
+                raise ValueError("text: the prompt is empty (no tokens)")
+            if len(prompt) >= self.context_len:
+                raise ValueError(
+                    f"text: the prompt has {len(prompt)} tokens, but the model's context length is "
+                    f"{self.context_len} (prompt + output must fit)"
+                )
+            for i in range(sp.n):
+                req_rid = r or uuid.uuid4().hex
+                if sp.n > 1:
+                    req_rid = f"{req_rid}-{i}"
+                req = Request(rid=req_rid, prompt_ids=list(prompt), params=sp, logprob=logprob)
+                if sp.seed is not None:
+                    req.generator = torch.Generator(device=self.device).manual_seed(sp.seed + i)
+                if not self.scheduler.fits_pool(req):
+                    raise ValueError(
+                        f"max_new_tokens: the request needs KV for {self.scheduler.max_tokens(req)} "
+                        f"tokens but the pool holds {self.allocator.num_total * self.page_size}"
+                    )
+                reqs.append(req)
+        return reqs, batched or len(reqs) > 1
+
+    def _submit(self, reqs: list[Request]) -> None:
+        if self._stopped.is_set():
+            raise RuntimeError("Engine: already shut down")
+        for req in reqs:
+            self._inbox.put(("add", req))
+
+    def abort(self, rid: str) -> None:
+        self._inbox.put(("abort", rid))
+
+    def generate(
+        self,
+        text: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        return_text_in_logprobs: bool = False,
+        stream: bool = False,
+        rid: str | list[str] | None = None,
+    ) -> dict | list[dict] | Iterator[dict]:
+        """Generates for one prompt (a dict back) or a list (a list back); `stream` yields chunks."""
+        opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num, return_text_in_logprobs)
+        reqs, batched = self._make_requests(text, input_ids, sampling_params, opts, rid)
+        if stream:
+            return self._stream(reqs, batched)
+        sinks = [self._attach_queue(r, stream=False) for r in reqs]
+        self._submit(reqs)
+        try:
+            results = [s.get() for s in sinks]
+        except BaseException:
+            for r in reqs:
+                self.abort(r.rid)
+            raise
+        return results if batched else results[0]
+
+    def _stream(self, reqs: list[Request], batched: bool) -> Iterator[dict]:
+        events: queue.Queue[tuple[int, dict, bool]] = queue.Queue()
+        for i, req in enumerate(reqs):
+            req.sink = _indexed_sink(events.put, i)
+        self._submit(reqs)
+        remaining = len(reqs)
+        try:
+            while remaining:
+                index, out, final = events.get()
+                remaining -= final
+                if batched:
+                    out["index"] = index
+                yield out
+        finally:
+            if remaining:
+                for r in reqs:
+                    self.abort(r.rid)
+
+    def _attach_queue(self, req: Request, stream: bool) -> queue.Queue:
+        q: queue.Queue = queue.Queue()
+
+        def deliver(out: dict, final: bool) -> None:
+            if final or stream:
+                q.put(out)
+
+        req.sink = deliver
+        return q
+
+    async def async_generate(self, *args: Any, stream: bool = False, **kwargs: Any) -> Any:
+        """Like `generate`; with `stream=True` returns an async iterator of chunks."""
+        opts = LogprobOptions(
+            kwargs.pop("return_logprob", False), kwargs.pop("logprob_start_len", -1),
+            kwargs.pop("top_logprobs_num", 0), kwargs.pop("return_text_in_logprobs", False),
+        )
+        if len(args) > 2:
+            raise TypeError("async_generate: pass at most text and sampling_params positionally")
+        text = kwargs.pop("text", args[0] if args else None)
+        if len(args) == 2:
+            kwargs["sampling_params"] = args[1]
+        reqs, batched = self._make_requests(
+            text, kwargs.pop("input_ids", None), kwargs.pop("sampling_params", None), opts,
+            kwargs.pop("rid", None),
+        )
+        if kwargs:
+            raise TypeError(f"async_generate: unknown argument(s) {', '.join(kwargs)}")
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[tuple[int, dict, bool]] = asyncio.Queue()
+
+        def put(item: tuple[int, dict, bool]) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, item)
+
+        for i, req in enumerate(reqs):
+            req.sink = _indexed_sink(put, i, stream_all=stream)
+        self._submit(reqs)
+        if stream:
+            return self._astream(reqs, events, batched)
+        results: list[dict | None] = [None] * len(reqs)
+        try:
+            for _ in reqs:
+                index, out, _final = await events.get()
+                results[index] = out
+        except BaseException:
+            for r in reqs:
+                self.abort(r.rid)
+            raise
+        return results if batched else results[0]
+
+    async def _astream(
+        self, reqs: list[Request], events: asyncio.Queue, batched: bool
+    ) -> AsyncIterator[dict]:
+        remaining = len(reqs)
+        try:
+            while remaining:
+                index, out, final = await events.get()
+                remaining -= final
+                if batched:
+                    out["index"] = index
+                yield out
+        finally:
+            if remaining:
+                for r in reqs:
+                    self.abort(r.rid)
+
+    # the loop --------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stopped.is_set():
+            block = not self.scheduler.has_work()
+            try:
+                kind, item = self._inbox.get(block=block, timeout=0.5 if block else None)
+            except queue.Empty:
+                kind = None
+            while kind is not None:
+                self._handle(kind, item)
+                try:
+                    kind, item = self._inbox.get_nowait()
+                except queue.Empty:
+                    kind = None
+            if self.scheduler.has_work():
+                self.step()
+
+    def _handle(self, kind: str, item: Any) -> None:
+        if kind == "add":
+            req: Request = item
+            self._totals["requests"] += 1
+            self._totals["prompt_tokens"] += len(req.prompt_ids)
+            try:
+                self.processor.start(req)
+                self.scheduler.add(req)
+            except Exception as exc:
+                self.processor.finish(req, FinishReason("abort", message=str(exc)))
+                self._deliver(req)
+        elif kind == "abort":
+            req = self.scheduler.abort(item)
+            if req is not None and not req.finished:
+                self.processor.finish(req, FinishReason("abort", message="aborted by the client"))
+                self._deliver(req)
+        elif kind == "stop":
+            self._stopped.set()
+
+    def step(self) -> None:
+        """One forward pass over the scheduler's next batch, then bookkeeping and delivery."""
+        batch = self.scheduler.schedule()
+        if not batch:
+            return
+        try:
+            results = self.runner.forward(batch)
+        except Exception as exc:  # a failing batch must not take the engine down
+            logger.error("forward pass failed: %s", traceback.format_exc())
+            self._fail(batch, f"internal error: {type(exc).__name__}: {exc}")
+            return
+        self._totals["steps"] += 1
+        entries = [e.req for e in batch.extends] + batch.decodes
+        last_chunk = [e.is_last_chunk for e in batch.extends] + [True] * len(batch.decodes)
+        for req, result, done_prompt in zip(entries, results, last_chunk):
+            if req.finished:
+                continue
+            self.processor.record_input_logprobs(req, result)
+            if result.next_token is not None:
+                if req.first_token_time is None:
+                    req.first_token_time = time.perf_counter()
+                self._totals["generated_tokens"] += 1
+                self.processor.append_token(req, result)
+                self._deliver(req)
+            elif done_prompt:
+                self.processor.finish(req, FinishReason("length", length=len(req.output_ids)))
+                self._deliver(req)
+        self.scheduler.after_step(batch)
+
+    def _fail(self, batch: ScheduleBatch, message: str) -> None:
+        for req in [e.req for e in batch.extends] + batch.decodes:
+            self.scheduler.abort(req.rid)
+            if not req.finished:
+                self.processor.finish(req, FinishReason("abort", message=message))
+                self._deliver(req)
+
+    def _deliver(self, req: Request) -> None:
+        if req.sink is None:
+            return
+        out = build_output(req, self.tokenizer, self.processor.stream_text(req))
+        try:
+            req.sink(out, req.finished)
+        except Exception:
+            logger.error("delivering request %s failed: %s", req.rid, traceback.format_exc())
+
+    # introspection and shutdown ----------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        total = self.allocator.num_total
+        free = self.allocator.num_free
+        return {
+            "kv_pages_total": total,
+            "kv_pages_free": free,
+            "kv_pages_cached": 0,
+            "kv_pages_in_use": total - free,
+            "page_size": self.page_size,
+            "num_running": len(self.scheduler.running) + len(self.scheduler.prefilling),
+            "num_waiting": len(self.scheduler.waiting),
+            "cache_hit_rate": 0.0,
+            **{f"total_{k}": v for k, v in self._totals.items()},
+        }
+
+    def shutdown(self) -> None:
+        if not self._stopped.is_set():
+            self._inbox.put(("stop", None))
+            self._thread.join(timeout=10)
+            self._stopped.set()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def _indexed_sink(
+    put: Callable[[tuple[int, dict, bool]], None], index: int, stream_all: bool = True
+) -> Callable[[dict, bool], None]:
+    def deliver(out: dict, final: bool) -> None:
+        if final or stream_all:
+            put((index, out, final))
+
+    return deliver

@@ -1,0 +1,98 @@
+"""Turning sampled tokens into text and deciding when a request stops.
+
+Stop strings are matched on the detokenized text, so a stop string split across tokens is
+caught; the text that could still turn into a stop string is held back from streams.
+"""
+
+from __future__ import annotations
+
+import time
+
+from plait.runtime.detokenizer import IncrementalDetokenizer
+from plait.runtime.model_runner import TokenResult
+from plait.runtime.protocol import FinishReason
+from plait.runtime.request import Request, RequestStatus
+from plait.runtime.tokenizer import Tokenizer
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer, context_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.eos_ids = tokenizer.eos_token_ids
+        self.context_len = context_len
+
+    def start(self, req: Request) -> None:
+        req.detokenizer = IncrementalDetokenizer(
+            self.tokenizer,
+            skip_special_tokens=req.params.skip_special_tokens,
+            spaces_between_special_tokens=req.params.spaces_between_special_tokens,
+            prompt_ids=req.prompt_ids,
+        )
+
+    def record_input_logprobs(self, req: Request, result: TokenResult) -> None:
+        if not req.logprob.return_logprob:
+            return
+        if not req.input_token_logprobs:
+            first = req.prompt_ids[req.logprob_start]
+            req.input_token_logprobs.append((None, first))
+            req.input_top_logprobs.append(None)
+        req.input_token_logprobs.extend(result.input_logprobs)
+        if req.logprob.top_logprobs_num:
+            req.input_top_logprobs.extend(result.input_top)
+
+    def append_token(self, req: Request, result: TokenResult) -> None:
+        """Adds one sampled token; finishes the request when a stop condition holds."""
+        token = result.next_token
+        assert token is not None
+        params = req.params
+        req.output_ids.append(token)
+        if req.logprob.return_logprob:
+            req.output_token_logprobs.append((result.next_logprob, token))
+            if req.logprob.top_logprobs_num:
+                req.output_top_logprobs.append(result.next_top or [])
+        n_out = len(req.output_ids)
+        if n_out >= params.min_new_tokens:
+            if token in self.eos_ids and not params.ignore_eos:
+                return self.finish(req, FinishReason("stop", matched=token))
+            if token in params.stop_token_ids:
+                return self.finish(req, FinishReason("stop", matched=token))
+        new_text = req.detokenizer.add([token])
+        if new_text:
+            req.text += new_text
+            if params.stop and n_out >= params.min_new_tokens and self._match_stop(req, len(new_text)):
+                return None
+        if n_out >= params.max_new_tokens or req.num_tokens >= self.context_len:
+            self.finish(req, FinishReason("length", length=n_out))
+        return None
+
+    def _match_stop(self, req: Request, num_new_chars: int) -> bool:
+        longest = max(len(s) for s in req.params.stop)
+        window_start = max(len(req.text) - num_new_chars - longest + 1, 0)
+        best: tuple[int, str] | None = None
+        for s in req.params.stop:
+            i = req.text.find(s, window_start)
+            if i >= 0 and (best is None or i < best[0]):
+                best = (i, s)
+        if best is None:
+            return False
+        index, matched = best
+        if not req.params.no_stop_trim:
+            req.text = req.text[:index]
+        else:
+            req.text = req.text[: index + len(matched)]
+        self.finish(req, FinishReason("stop", matched=matched), flush=False)
+        return True
+
+    def finish(self, req: Request, reason: FinishReason, flush: bool = True) -> None:
+        if flush and req.detokenizer is not None and reason.type != "abort":
+            req.text += req.detokenizer.flush()
+        req.finish_reason = reason
+        req.status = RequestStatus.FINISHED
+        req.finish_time = time.perf_counter()
+
+    def stream_text(self, req: Request) -> str:
+        """The text a stream may show now: everything, except a tail that may begin a stop string."""
+        if req.finished or not req.params.stop:
+            return req.text
+        hold = max(len(s) for s in req.params.stop) - 1
+        return req.text[: max(len(req.text) - hold, 0)]

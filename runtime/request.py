@@ -1,0 +1,72 @@
+"""One generation request as the scheduler sees it: Python ints and lists, no tensors."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from plait.runtime.protocol import FinishReason, LogprobOptions, SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    logprob: LogprobOptions = field(default_factory=LogprobOptions)
+    output_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    # KV state: the page table and how many leading tokens of all_ids have KV in it
+    pages: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    cached_tokens: int = 0
+    # Results
+    text: str = ""
+    input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    # Bookkeeping
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    detokenizer: Any = None
+    generator: Any = None
+    sink: Any = None  # where the engine delivers updates (a queue or callback)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    @property
+    def logprob_start(self) -> int:
+        """First prompt position that gets an input logprob entry (its own logprob is null)."""
+        start = self.logprob.logprob_start_len
+        last = len(self.prompt_ids) - 1
+        return last if start < 0 else min(start, last)
+
+    @property
+    def wants_input_logprobs(self) -> bool:
+        return self.logprob.return_logprob and not self.output_ids
+
+    def banned_ids(self, eos_ids: frozenset[int]) -> list[int]:
+        if len(self.output_ids) >= self.params.min_new_tokens:
+            return []
+        return sorted(set(self.params.stop_token_ids) | set(() if self.params.ignore_eos else eos_ids))

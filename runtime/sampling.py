@@ -1,0 +1,89 @@
+"""From logits to next tokens: penalties, temperature, top-k / top-p / min-p, seeded draws.
+
+Works on a batch of rows, one per request, each with its own `SamplingParams`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from plait.runtime.protocol import SamplingParams
+
+
+@dataclass
+class SamplingRow:
+    """What sampling needs to know about one request at this step (plain Python data)."""
+
+    params: SamplingParams
+    output_ids: Sequence[int]
+    prompt_ids: Sequence[int]
+    banned_ids: Sequence[int]  # EOS / stop tokens while min_new_tokens is not reached
+    generator: torch.Generator | None
+
+
+def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
+    """In place. frequency/presence count generated tokens (OpenAI); repetition counts all (HF)."""
+    vocab = logits.shape[1]
+    for i, row in enumerate(rows):
+        p = row.params
+        if (p.frequency_penalty or p.presence_penalty) and row.output_ids:
+            ids = torch.tensor(row.output_ids, dtype=torch.long, device=logits.device)
+            counts = torch.bincount(ids, minlength=vocab)[:vocab].to(logits.dtype)
+            logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(
+                list(set(row.prompt_ids) | set(row.output_ids)), dtype=torch.long, device=logits.device
+            )
+            if seen.numel():
+                vals = logits[i, seen]
+                logits[i, seen] = torch.where(
+                    vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty
+                )
+        if row.banned_ids:
+            logits[i, list(row.banned_ids)] = float("-inf")
+
+
+def filter_probs(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Zeroes probabilities outside each row's top-k / top-p / min-p support, then renormalizes.
+
+    probs [B, V]; top_k [B] long (vocab size = off); top_p, min_p [B] float.
+    """
+    vocab = probs.shape[1]
+    if bool((min_p > 0).any()):
+        threshold = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
+        probs = probs.masked_fill(probs < threshold, 0.0)
+    if bool((top_k < vocab).any()) or bool((top_p < 1.0).any()):
+        sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)
+        ranks = torch.arange(vocab, device=probs.device)[None, :]
+        drop = ranks >= top_k[:, None]
+        # a token is kept if the mass strictly before it is below top_p (the first is always kept)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop |= mass_before >= top_p[:, None] * sorted_probs.sum(dim=-1, keepdim=True)
+        drop[:, 0] = False
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(1, sorted_ids, sorted_probs)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """logits [B, V] float32 (modified in place) -> next token ids [B] long."""
+    apply_penalties(logits, rows)
+    greedy = [r.params.is_greedy for r in rows]
+    out = logits.argmax(dim=-1)
+    sampled = [i for i, g in enumerate(greedy) if not g]
+    if not sampled:
+        return out
+    idx = torch.tensor(sampled, dtype=torch.long, device=logits.device)
+    vocab = logits.shape[1]
+    params = [rows[i].params for i in sampled]
+    temperature = torch.tensor([p.temperature for p in params], device=logits.device)
+    top_k = torch.tensor([vocab if p.top_k < 0 else min(p.top_k, vocab) for p in params], device=logits.device)
+    top_p = torch.tensor([p.top_p for p in params], device=logits.device)
+    min_p = torch.tensor([p.min_p for p in params], device=logits.device)
+    probs = torch.softmax(logits[idx] / temperature[:, None], dim=-1)
+    probs = filter_probs(probs, top_k, top_p, min_p)
+    for j, i in enumerate(sampled):
+        out[i] = torch.multinomial(probs[j], 1, generator=rows[i].generator)[0]
+    return out

@@ -1,0 +1,1 @@
+"""The plait HTTP server."""

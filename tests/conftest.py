@@ -1,0 +1,120 @@
+"""Shared fixtures: the embedded model's tokenizer, tiny random-weight checkpoints, engines."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
+    " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+TINY_SHAPES = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+)
+
+
+@pytest.fixture(scope="session")
+def gguf_path() -> str:
+    from plait.runtime.model_loader.locate import default_model_path
+
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def gguf_metadata(gguf_path: str) -> dict:
+    import gguf
+
+    from plait.runtime.model_loader.gguf_loader import read_metadata
+
+    return read_metadata(gguf.GGUFReader(gguf_path))
+
+
+@pytest.fixture(scope="session")
+def smollm_tokenizer(gguf_metadata: dict):
+    from plait.runtime.tokenizer import Tokenizer
+
+    return Tokenizer.from_gguf_metadata(gguf_metadata)
+
+
+def write_tiny_checkpoint(
+    path: Path, arch: str, tokenizer, seed: int = 0, **overrides: object
+) -> Path:
+    """Saves a random-weight Llama/Qwen2/Mistral with transformers plus the SmolLM2 tokenizer."""
+    import torch
+    import transformers
+
+    config_cls = {
+        "llama": transformers.LlamaConfig,
+        "qwen2": transformers.Qwen2Config,
+        "mistral": transformers.MistralConfig,
+    }[arch]
+    model_cls = {
+        "llama": transformers.LlamaForCausalLM,
+        "qwen2": transformers.Qwen2ForCausalLM,
+        "mistral": transformers.MistralForCausalLM,
+    }[arch]
+    shapes = {**TINY_SHAPES, **overrides}
+    config = config_cls(
+        vocab_size=tokenizer.vocab_size,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        **shapes,
+    )
+    torch.manual_seed(seed)
+    model = model_cls(config).eval()
+    with torch.no_grad():  # wider weights than the default init, so logits differ clearly
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.08)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.backend.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<|im_start|>",
+                "eos_token": "<|im_end|>",
+                "add_bos_token": False,
+                "chat_template": CHATML,
+            }
+        )
+    )
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, smollm_tokenizer) -> Path:
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama"), "llama", smollm_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_llama_dir):
+    from plait import Engine
+
+    engine = Engine(model_path=str(tiny_llama_dir), max_total_tokens=4096, page_size=4)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def default_engine():
+    from plait import Engine
+
+    engine = Engine(max_total_tokens=16384)
+    yield engine
+    engine.shutdown()
