@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--decode-len", dest="decode_len", type=int, default=128)
     bench.add_argument("--no-transformers", dest="transformers", action="store_false", help="skip the transformers baseline")
     bench.add_argument("--output", default="bench-results/latency.json")
+    bench.add_argument("--repeats", type=int, default=3)
     _engine_args(bench)
     bench.set_defaults(func=_cmd_bench)
     return parser

@@ -333,6 +333,7 @@ class Engine:
         self._totals["steps"] += 1
         entries = [e.req for e in batch.extends] + batch.decodes
         last_chunk = [e.is_last_chunk for e in batch.extends] + [True] * len(batch.decodes)
+        updated: list[Request] = []
         for req, result, done_prompt in zip(entries, results, last_chunk):
             if req.finished:
                 continue
@@ -342,11 +343,15 @@ class Engine:
                     req.first_token_time = time.perf_counter()
                 self._totals["generated_tokens"] += 1
                 self.processor.append_token(req, result)
-                self._deliver(req)
+                updated.append(req)
             elif done_prompt:
                 self.processor.finish(req, FinishReason("length", length=len(req.output_ids)))
-                self._deliver(req)
+                updated.append(req)
+        # NOTE: pages are released before results are delivered, so a caller that got its
+        # result sees the pool without that request.
         self.scheduler.after_step(batch)
+        for req in updated:
+            self._deliver(req)
 
     def _fail(self, batch: ScheduleBatch, message: str) -> None:
         for req in [e.req for e in batch.extends] + batch.decodes:

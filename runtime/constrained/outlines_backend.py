@@ -1,0 +1,263 @@
+"""The outlines-core backend: one `Vocabulary` per tokenizer, one `Index` per pattern, a `Guide`
+per request.
+
+Two per-pattern caches, filled lazily on the engine loop and shared by every request of the
+pattern: the mask row of each visited state (a 6 KB memcpy instead of walking the index), and the
+forced-byte step of each state for jump-forward. Forced bytes come from the index itself: a
+non-accepting state forces byte `b` when the single-byte token `b` is its only single-byte move
+and every allowed token starts with `b`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from outlines_core import Guide, Index, Vocabulary
+
+from .base import CompiledGrammar, Grammar, GrammarBackend, GrammarError, GrammarKey, InvalidRegexError
+from .spec import grammar_key_to_regex
+
+if TYPE_CHECKING:
+    from ..tokenizer import Tokenizer
+
+_MAX_FORCED_BYTES = 4096
+
+
+class OutlinesBackend(GrammarBackend):
+    name = "outlines"
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        vocab_size: int | None = None,
+        *,
+        max_rollback: int = 64,
+        max_cached_row_bytes: int = 16 << 20,
+    ) -> None:
+        if vocab_size is not None and vocab_size < tokenizer.vocab_size:
+            raise ValueError(
+                f"grammar backend: model vocab_size {vocab_size} < tokenizer vocab_size {tokenizer.vocab_size}"
+            )
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size or tokenizer.vocab_size
+        self.max_rollback = max_rollback
+        self.token_bytes = tokenizer.vocab_bytes()
+        self.eos_token_ids = tuple(sorted(tokenizer.eos_token_ids))
+        self.num_index_words = (tokenizer.vocab_size + 31) // 32
+        self.max_cached_rows = max(1, max_cached_row_bytes // (4 * self.num_index_words))
+        excluded = set(tokenizer.special_token_ids) | set(tokenizer.eos_token_ids)
+        by_bytes: dict[bytes, list[int]] = {}
+        for token_id, spelled in enumerate(self.token_bytes):
+            if spelled and token_id not in excluded:
+                by_bytes.setdefault(spelled, []).append(token_id)
+        self.vocabulary = Vocabulary(tokenizer.eos_token_id, by_bytes)
+        self.single_byte_tokens = [(b[0], ids[0]) for b, ids in sorted(by_bytes.items()) if len(b) == 1]
+        first = np.full(len(self.token_bytes), -1, dtype=np.int16)  # first byte of every token
+        for spelled, ids in by_bytes.items():
+            first[ids] = spelled[0]
+        self.first_bytes = first
+        eos_row = np.zeros(self.num_index_words, dtype=np.int32)
+        for token_id in self.eos_token_ids:
+            _set_bit(eos_row, token_id)
+        self.eos_row = eos_row
+
+    def compile(self, key: GrammarKey) -> OutlinesCompiledGrammar:
+        regex = grammar_key_to_regex(key)
+        try:
+            index = Index(regex, self.vocabulary)
+        except BaseException as e:  # NOTE: Rust panics surface as pyo3's PanicException (BaseException)
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise _compile_error(key, regex, e) from e
+        return OutlinesCompiledGrammar(key, regex, index, self)
+
+
+def _compile_error(key: GrammarKey, regex: str, error: BaseException) -> GrammarError:
+    shown = regex if len(regex) <= 80 else regex[:77] + "..."
+    if key.kind == "json_schema":
+        return GrammarError(f"json_schema: its regex does not compile: {_first_line(error)}")
+    try:
+        re.compile(regex)
+    except re.error as e:
+        return InvalidRegexError(f"regex: invalid pattern {shown!r}: {e}")
+    message = _first_line(error)
+    if "DFA" in message:
+        message += " (lookaround, backreferences, word boundaries and anchors are not supported)"
+    return InvalidRegexError(f"regex: cannot compile {shown!r}: {message}")
+
+
+def _first_line(error: BaseException) -> str:
+    return " ".join(str(error).split("\n")[0].split()) or type(error).__name__
+
+
+def _set_bit(words: np.ndarray, token_id: int) -> None:
+    words.view(np.uint32)[token_id // 32] |= np.uint32(1 << (token_id % 32))
+
+
+class OutlinesCompiledGrammar(CompiledGrammar):
+    def __init__(self, key: GrammarKey, regex: str, index: Index, backend: OutlinesBackend) -> None:
+        self.key = key
+        self.regex = regex
+        self.index = index
+        self.backend = backend
+        self._rows: dict[int, np.ndarray] = {}
+        self._steps: dict[int, tuple[int, int]] = {}  # state -> (forced byte or -1 / -2, next state)
+
+    def new_grammar(self) -> OutlinesGrammar:
+        return OutlinesGrammar(self)
+
+    def mask_row(self, state: int, guide: Guide) -> np.ndarray:
+        """The bitmask words of `state` (`guide` must be in it), from the per-state cache."""
+        row = self._rows.get(state)
+        if row is None:
+            row = np.zeros(self.backend.num_index_words, dtype=np.int32)
+            guide.write_mask_into(row.ctypes.data, row.size, 4)
+            if self.index.is_final_state(state):
+                row |= self.backend.eos_row
+            if len(self._rows) < self.backend.max_cached_rows:
+                self._rows[state] = row
+        return row
+
+    def step(self, state: int) -> tuple[int, int]:
+        """(byte, next state) when `state` forces one byte; (-1, -1) when no byte can follow;
+        (-2, -1) when several can."""
+        found = self._steps.get(state)
+        if found is None:
+            found = self._scan_step(state)
+            self._steps[state] = found
+        return found
+
+    def _scan_step(self, state: int) -> tuple[int, int]:
+        found: tuple[int, int] = (-1, -1)
+        for byte, token_id in self.backend.single_byte_tokens:
+            next_state = self.index.get_next_state(state, token_id)
+            if next_state is not None:
+                if found[0] >= 0:
+                    return (-2, -1)
+                found = (byte, next_state)
+        if found[0] >= 0:  # every allowed token must start with that byte (multi-byte tokens too)
+            allowed = np.asarray(self.index.get_allowed_tokens(state), dtype=np.int64)
+            allowed = allowed[allowed < len(self.backend.first_bytes)]
+            if np.any(self.backend.first_bytes[allowed] != found[0]):
+                return (-2, -1)
+        return found
+
+    def forced_bytes(self, state: int) -> bytes:
+        out = bytearray()
+        while len(out) < _MAX_FORCED_BYTES and not self.index.is_final_state(state):
+            byte, next_state = self.step(state)
+            if byte < 0:
+                break
+            out.append(byte)
+            state = next_state
+        return bytes(out)
+
+
+class OutlinesGrammar(Grammar):
+    __slots__ = ("_compiled", "_guide", "_tokens", "_finished")
+
+    def __init__(self, compiled: OutlinesCompiledGrammar) -> None:
+        self._compiled = compiled
+        self._guide = Guide(compiled.index, max_rollback=compiled.backend.max_rollback)
+        self._tokens: list[int] = []
+        self._finished = False  # EOS consumed
+
+    @property
+    def token_ids(self) -> Sequence[int]:
+        return self._tokens
+
+    @property
+    def compiled(self) -> OutlinesCompiledGrammar:
+        return self._compiled
+
+    def try_advance(self, token_id: int) -> bool:
+        if self._finished:
+            return False
+        if token_id in self._compiled.backend.eos_token_ids:
+            if not self._guide.is_finished():
+                return False
+            self._finished = True
+        else:
+            try:
+                self._guide.advance(token_id, return_tokens=False)
+            except ValueError:
+                return False
+        self._tokens.append(token_id)
+        return True
+
+    def fill_bitmask(self, bitmask: Any, row: int) -> None:
+        words = bitmask.numpy() if hasattr(bitmask, "numpy") else bitmask  # [batch, num_words] int32
+        backend = self._compiled.backend
+        n = backend.num_index_words
+        if words.shape[1] < n:
+            raise ValueError(f"fill_bitmask: bitmask has {words.shape[1]} words per row, needs {n}")
+        if self._finished:
+            words[row, :n] = backend.eos_row
+        else:
+            words[row, :n] = self._compiled.mask_row(self._guide.get_state(), self._guide)
+        if words.shape[1] > n:
+            words[row, n:] = 0
+
+    def accepts_eos(self) -> bool:
+        return self._finished or self._guide.is_finished()
+
+    def is_terminated(self) -> bool:
+        if self._finished:
+            return True
+        state = self._guide.get_state()
+        return self._compiled.index.is_final_state(state) and self._compiled.step(state)[0] == -1
+
+    def rollback(self, num_tokens: int) -> None:
+        if not 0 <= num_tokens <= len(self._tokens):
+            raise ValueError(f"rollback: {num_tokens} tokens requested, {len(self._tokens)} consumed")
+        if num_tokens == 0:
+            return
+        guide_steps = num_tokens - (1 if self._finished else 0)
+        self._finished = False
+        del self._tokens[-num_tokens:]
+        if guide_steps <= self._guide.get_allowed_rollback():
+            if guide_steps:
+                self._guide.rollback_state(guide_steps)
+        else:  # past the guide's history: replay from the start (~0.1 us a token)
+            self._guide.reset()
+            for token_id in self._tokens:
+                self._guide.advance(token_id, return_tokens=False)
+
+    def copy(self) -> OutlinesGrammar:
+        # NOTE: copy.copy(Guide) pickles the whole index (~0.5 s for an 8-field schema); replay.
+        twin = OutlinesGrammar(self._compiled)
+        eos = self._tokens[-1:] if self._finished else []
+        for token_id in self._tokens[: len(self._tokens) - len(eos)]:
+            twin._guide.advance(token_id, return_tokens=False)
+        twin._tokens = list(self._tokens)
+        twin._finished = self._finished
+        return twin
+
+    def try_jump_forward(self) -> str | None:
+        if self._finished:
+            return None
+        token_bytes = self._compiled.backend.token_bytes
+        if _incomplete_utf8_tail(b"".join(token_bytes[t] for t in self._tokens[-4:])):
+            return None
+        forced = self._compiled.forced_bytes(self._guide.get_state())
+        forced = forced[: len(forced) - _incomplete_utf8_tail(forced)]
+        try:
+            return forced.decode("utf-8") or None
+        except UnicodeDecodeError:
+            return None
+
+
+def _incomplete_utf8_tail(data: bytes) -> int:
+    """How many bytes at the end of `data` start a UTF-8 character that is not finished."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 == 0x80:  # continuation byte
+            continue
+        if byte < 0xC0:
+            return 0
+        needed = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+        return back if back < needed else 0
+    return 0
