@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import torch
+
 from plait.benchmarks.common import best_of, print_table, write_json
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -54,6 +55,7 @@ def measure_plait(model_path: str | None, dtype: str, prompt_len: int, decode_le
 
 def measure_transformers(model_path: str | None, dtype: str, prompt_len: int, decode_len: int, repeats: int) -> dict:
     import transformers
+
     from plait.runtime.model_loader.locate import locate_checkpoint
     from plait.runtime.tokenizer import Tokenizer
 
@@ -63,6 +65,7 @@ def measure_transformers(model_path: str | None, dtype: str, prompt_len: int, de
             os.path.dirname(loc.path), gguf_file=os.path.basename(loc.path), dtype=torch.float32
         )
         import gguf
+
         from plait.runtime.model_loader.gguf_loader import read_metadata
 
         tokenizer = Tokenizer.from_gguf_metadata(read_metadata(gguf.GGUFReader(loc.path)))

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import torch
+
 from plait.radix_cache.allocator import PageAllocator
 from plait.runtime.config import EngineConfig
 from plait.runtime.kv_pool import KVPool

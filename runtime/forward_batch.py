@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from plait.kernels.attention import AttentionMetadata
 from plait.runtime.kv_pool import KVPool
 

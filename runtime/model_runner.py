@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
 from plait.kernels.attention import AttentionMetadata
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.kv_pool import KVPool

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
 from plait.runtime.protocol import SamplingParams
 
 

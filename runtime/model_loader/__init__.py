@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
+
 from plait.runtime.model_loader.locate import (
     CheckpointLocation,
     default_model_path,

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from plait.runtime.models.llama import LlamaArgs
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "mistral")

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+
 from plait.runtime.models.llama import LlamaArgs
 
 

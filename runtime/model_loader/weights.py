@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+
 from plait.runtime.models.llama import LlamaArgs
 
 _FUSED = {

@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from plait.kernels import attention
 from plait.runtime.forward_batch import ForwardBatch
-from torch import nn
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
