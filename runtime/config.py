@@ -74,12 +74,13 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     random_seed: int = 0
+    check_invariants: bool = False  # verify page accounting and the tree after every step (tests)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
         """Route flat keyword arguments (`page_size=16`, `dtype="float32"`) to their sub-config."""
         groups: dict[str, dict[str, Any]] = {"model": {}, "cache": {}, "scheduler": {}}
-        own = {"random_seed"}
+        own = {"random_seed", "check_invariants"}
         top: dict[str, Any] = {}
         owners = {
             name: group

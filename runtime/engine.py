@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from plait.radix_cache.allocator import PageAllocator
+from plait.radix_cache import PageAllocator, RadixCache
 from plait.runtime.config import EngineConfig
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.model_loader import load_model
@@ -65,7 +65,10 @@ class Engine:
             self.args.head_dim, self.dtype, self.device,
         )
         self.allocator = PageAllocator(num_pages)
-        self.scheduler = Scheduler(self.config.scheduler, self.allocator, cc.page_size, self.context_len)
+        self.cache = RadixCache(cc.page_size, self.allocator, disable=cc.disable_radix_cache)
+        self.scheduler = Scheduler(
+            self.config.scheduler, self.allocator, self.cache, cc.page_size, self.context_len
+        )
         self.generator = torch.Generator(device=self.device).manual_seed(self.config.random_seed)
         self.runner = ModelRunner(
             self.model, self.kv_pool, self.device, self.tokenizer.eos_token_ids, self.generator
@@ -317,6 +320,13 @@ class Engine:
             if req is not None and not req.finished:
                 self.processor.finish(req, FinishReason("abort", message="aborted by the client"))
                 self._deliver(req)
+        elif kind == "flush":
+            done, outcome = item
+            ok = not self.scheduler.has_work()
+            if ok:
+                self.cache.reset()
+            outcome.append(ok)
+            done.set()
         elif kind == "stop":
             self._stopped.set()
 
@@ -351,12 +361,14 @@ class Engine:
         # NOTE: pages are released before results are delivered, so a caller that got its
         # result sees the pool without that request.
         self.scheduler.after_step(batch)
+        if self.config.check_invariants:
+            self.scheduler.check()
         for req in updated:
             self._deliver(req)
 
     def _fail(self, batch: ScheduleBatch, message: str) -> None:
         for req in [e.req for e in batch.extends] + batch.decodes:
-            self.scheduler.abort(req.rid)
+            self.scheduler.abort(req.rid, keep=False)  # its KV may be half written
             if not req.finished:
                 self.processor.finish(req, FinishReason("abort", message=message))
                 self._deliver(req)
@@ -373,19 +385,32 @@ class Engine:
     # introspection and shutdown ----------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
+        sched = self.scheduler
         total = self.allocator.num_total
         free = self.allocator.num_free
+        cached = self.cache.total_size()
         return {
             "kv_pages_total": total,
             "kv_pages_free": free,
-            "kv_pages_cached": 0,
-            "kv_pages_in_use": total - free,
+            "kv_pages_cached": cached,
+            "kv_pages_evictable": self.cache.evictable_size(),
+            "kv_pages_in_use": total - free - cached,
             "page_size": self.page_size,
-            "num_running": len(self.scheduler.running) + len(self.scheduler.prefilling),
-            "num_waiting": len(self.scheduler.waiting),
-            "cache_hit_rate": 0.0,
+            "num_running": len(sched.running) + len(sched.prefilling),
+            "num_waiting": len(sched.waiting),
+            "cache_hit_rate": sched.cached_prompt_tokens / sched.prompt_tokens if sched.prompt_tokens else 0.0,
+            "num_retracted": sched.num_retracted,
+            "new_token_ratio": sched.new_token_ratio,
             **{f"total_{k}": v for k, v in self._totals.items()},
         }
+
+    def flush_cache(self) -> bool:
+        """Empties the prefix cache; refused (False) while requests are running or waiting."""
+        done = threading.Event()
+        outcome: list[bool] = []
+        self._inbox.put(("flush", (done, outcome)))
+        done.wait()
+        return outcome[0]
 
     def shutdown(self) -> None:
         if not self._stopped.is_set():

@@ -28,6 +28,9 @@ class Request:
     # KV state: the page table and how many leading tokens of all_ids have KV in it
     pages: list[int] = field(default_factory=list)
     num_computed: int = 0
+    num_cached_pages: int = 0  # leading pages owned by the radix tree, locked via last_node
+    last_node: Any = None
+    admit_order: int = -1
     cached_tokens: int = 0
     # Results
     text: str = ""

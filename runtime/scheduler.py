@@ -1,23 +1,28 @@
 """Choosing what runs in each forward pass. Holds only Python state: requests, pages, counters.
 
-Each step is one mixed batch: a budget of prefill (extend) tokens, taken first by a prompt that is
-being prefilled in chunks, then by newly admitted requests; plus one decode token for every
-running request. A request is admitted only when its prompt pages and the pages its remaining
-output can need are available, so decode never runs out of pages.
+Each step is one mixed batch: a budget of prefill (extend) tokens, taken first by prompts being
+prefilled in chunks, then by newly admitted requests in policy order; plus one decode token for
+every running request. Admission is optimistic: it counts free plus evictable pages and reserves
+only a shrinking estimate (`new_token_ratio`) of running requests' future tokens. When decode
+still runs short, unlocked cache is evicted, then the most recently admitted requests are
+retracted (their computed pages go to the cache, they requeue first and resume later).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 
-from plait.radix_cache.allocator import PageAllocator
+from plait.radix_cache import PageAllocator, RadixCache
 from plait.runtime.config import SchedulerConfig
+from plait.runtime.kv_cache_manager import KVCacheManager
 from plait.runtime.model_runner import ExtendEntry, ScheduleBatch
 from plait.runtime.request import Request, RequestStatus
+from plait.runtime.schedule_policy import order_waiting
 
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = 0.1
+NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
 
 
 class Scheduler:
@@ -25,53 +30,56 @@ class Scheduler:
         self,
         config: SchedulerConfig,
         allocator: PageAllocator,
+        cache: RadixCache,
         page_size: int,
         context_len: int,
     ) -> None:
         self.config = config
-        self.allocator = allocator
+        self.kv = KVCacheManager(allocator, cache, page_size)
         self.page_size = page_size
         self.context_len = context_len
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []  # admitted, prompt not fully computed yet
         self.running: list[Request] = []  # decoding
-        self.reserved: dict[str, int] = {}  # rid -> pages still to be allocated for its output
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.num_retracted = 0
+        self.prompt_tokens = 0
+        self.cached_prompt_tokens = 0
+        self._admissions = itertools.count()
 
-    # admission -------------------------------------------------------------------------------
+    # admission -----------------------------------------------------------------------------
 
     def max_tokens(self, req: Request) -> int:
         """All tokens this request can ever hold KV for."""
-        limit = min(len(req.prompt_ids) + req.params.max_new_tokens, self.context_len)
-        return max(limit, len(req.prompt_ids))
-
-    def pages_needed(self, req: Request) -> int:
-        return ceil_div(self.max_tokens(req), self.page_size)
+        return max(min(len(req.prompt_ids) + req.params.max_new_tokens, self.context_len), len(req.prompt_ids))
 
     def fits_pool(self, req: Request) -> bool:
-        return self.pages_needed(req) <= self.allocator.num_total
+        return self.kv.pages_for(self.max_tokens(req)) <= self.kv.allocator.num_total
 
     def add(self, req: Request) -> None:
         if not self.fits_pool(req):
             raise ValueError(
-                f"request needs KV for {self.max_tokens(req)} tokens but the pool holds "
-                f"{self.allocator.num_total * self.page_size} (raise max_total_tokens or lower "
-                f"max_new_tokens)"
+                f"max_new_tokens: the request needs KV for {self.max_tokens(req)} tokens but the "
+                f"pool holds {self.kv.allocator.num_total * self.page_size} (max_total_tokens)"
             )
         self.waiting.append(req)
 
-    @property
-    def num_reserved(self) -> int:
-        return sum(self.reserved.values())
+    def _future_pages(self, req: Request) -> int:
+        remaining = self.max_tokens(req) - req.num_tokens
+        return self.kv.pages_for(int(remaining * self.new_token_ratio))
 
-    def _admit(self, req: Request) -> bool:
-        needed = self.pages_needed(req)
-        if self.allocator.num_free - self.num_reserved < needed:
+    def _try_admit(self, req: Request, reserved: int) -> bool:
+        cached = self.kv.match(req)
+        needed = self.kv.pages_for(req.num_tokens) - req.num_cached_pages + self._future_pages(req)
+        if needed + reserved > self.kv.available_pages():
+            self.kv.unmatch(req)
             return False
-        prompt_pages = ceil_div(req.num_tokens, self.page_size)
-        req.pages = self.allocator.allocate(prompt_pages)
-        self.reserved[req.rid] = needed - prompt_pages
-        req.num_computed = 0
         req.status = RequestStatus.RUNNING
+        req.admit_order = next(self._admissions)
+        if not req.output_ids:  # a retracted request's prompt was counted already
+            req.cached_tokens = cached
+            self.prompt_tokens += len(req.prompt_ids)
+            self.cached_prompt_tokens += cached
         return True
 
     # one step --------------------------------------------------------------------------------
@@ -81,81 +89,120 @@ class Scheduler:
 
     def schedule(self) -> ScheduleBatch:
         batch = ScheduleBatch()
+        self._prepare_decodes(batch)
         budget = self.config.max_prefill_tokens
-        chunk = self.config.chunked_prefill_size
         for req in self.prefilling:
             if budget <= 0:
                 break
-            budget -= self._add_extend(batch, req, min(budget, chunk))
+            budget -= self._add_extend(batch, req, budget)
+        if budget <= 0 or not self.waiting:
+            return batch
+        reserved = sum(self._future_pages(r) for r in self.running + self.prefilling)
         num_active = len(self.prefilling) + len(self.running)
-        while self.waiting and budget > 0 and num_active < self.config.max_running_requests:
-            req = self.waiting[0]
-            if not self._admit(req):
+        admitted: list[Request] = []
+        for req in order_waiting(self.config.schedule_policy, self.waiting, self.kv.cache):
+            if budget <= 0 or num_active >= self.config.max_running_requests:
                 break
-            self.waiting.popleft()
-            self.prefilling.append(req)
+            if not self._try_admit(req, reserved):
+                break
+            reserved += self._future_pages(req)
             num_active += 1
-            budget -= self._add_extend(batch, req, min(budget, chunk))
-        for req in self.running:
-            self._grow(req, req.num_tokens)
-            batch.decodes.append(req)
+            admitted.append(req)
+            self.prefilling.append(req)
+            taken = self._add_extend(batch, req, budget)
+            if taken == 0:
+                break
+            budget -= taken
+        chosen = {id(r) for r in admitted}
+        self.waiting = deque(r for r in self.waiting if id(r) not in chosen)
         return batch
 
-    def _add_extend(self, batch: ScheduleBatch, req: Request, max_len: int) -> int:
+    def _add_extend(self, batch: ScheduleBatch, req: Request, budget: int) -> int:
         start = req.num_computed
-        end = min(req.num_tokens, start + max_len)
+        end = min(req.num_tokens, start + budget, start + self.config.chunked_prefill_size)
+        if not self.kv.grow(req, end):
+            return 0  # waits for pages; decode of others frees them or retraction does
         batch.extends.append(ExtendEntry(req, start, end, end == req.num_tokens))
         return end - start
 
-    def _grow(self, req: Request, num_tokens: int) -> None:
-        """Makes sure the page table covers `num_tokens` positions, drawing on the reservation."""
-        missing = ceil_div(num_tokens, self.page_size) - len(req.pages)
-        if missing > 0:
-            req.pages.extend(self.allocator.allocate(missing))
-            self.reserved[req.rid] -= missing
+    def _prepare_decodes(self, batch: ScheduleBatch) -> None:
+        """Gives every running request a page for its next token, retracting others if needed."""
+        self.running.sort(key=lambda r: r.admit_order)
+        i = 0
+        while i < len(self.running):
+            req = self.running[i]
+            if self.kv.grow(req, req.num_tokens):
+                i += 1
+                continue
+            victim = self._pick_victim(exclude=req)
+            if victim is None:
+                raise RuntimeError(
+                    f"request {req.rid} cannot grow although it runs alone; the pool is too small"
+                )
+            self.retract(victim)
+        self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+        batch.decodes.extend(self.running)
+
+    def _pick_victim(self, exclude: Request) -> Request | None:
+        candidates = [r for r in self.running + self.prefilling if r is not exclude]
+        return max(candidates, key=lambda r: r.admit_order, default=None)
+
+    def retract(self, req: Request) -> None:
+        """Frees a running request's pages (caching what it computed) and requeues it first."""
+        if req in self.running:
+            self.running.remove(req)
+        else:
+            self.prefilling.remove(req)
+        self.kv.release(req, keep=True)
+        req.status = RequestStatus.WAITING
+        self.waiting.appendleft(req)
+        self.num_retracted += 1
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
 
     def after_step(self, batch: ScheduleBatch) -> None:
-        """Moves requests whose prompt is fully computed into decode; drops finished ones."""
-        done_prefill: set[str] = set()
+        """Records computed KV, caches finished chunks, moves prefilled requests to decode,
+        and releases finished ones."""
         for e in batch.extends:
             e.req.num_computed = e.end
-            if e.is_last_chunk:
-                done_prefill.add(e.req.rid)
         for req in batch.decodes:
             req.num_computed = req.num_tokens - 1
         still: list[Request] = []
+        for e in batch.extends:
+            req = e.req
+            if req.finished or req not in self.prefilling:
+                continue
+            if e.is_last_chunk:
+                self.prefilling.remove(req)
+                self.running.append(req)
+            else:
+                self.kv.cache_prefix(req)
         for req in self.prefilling:
             if req.finished:
-                self.release(req)
-            elif req.rid in done_prefill:
-                self.running.append(req)
+                self.kv.release(req, keep=True)
             else:
                 still.append(req)
         self.prefilling = still
         alive = []
         for req in self.running:
             if req.finished:
-                self.release(req)
+                self.kv.release(req, keep=True)
             else:
                 alive.append(req)
         self.running = alive
 
     # leaving ---------------------------------------------------------------------------------
 
-    def release(self, req: Request) -> None:
-        if req.pages:
-            self.allocator.free(req.pages)
-            req.pages = []
-        self.reserved.pop(req.rid, None)
-
-    def abort(self, rid: str) -> Request | None:
+    def abort(self, rid: str, keep: bool = True) -> Request | None:
         for queue in (self.waiting, self.prefilling, self.running):
             for req in queue:
                 if req.rid == rid:
                     queue.remove(req)
-                    self.release(req)
+                    self.kv.release(req, keep=keep)
                     return req
         return None
 
     def all_requests(self) -> list[Request]:
         return [*self.waiting, *self.prefilling, *self.running]
+
+    def check(self) -> None:
+        self.kv.check(self.prefilling + self.running)

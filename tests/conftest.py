@@ -106,7 +106,7 @@ def tiny_llama_dir(tmp_path_factory, smollm_tokenizer) -> Path:
 def tiny_engine(tiny_llama_dir):
     from plait import Engine
 
-    engine = Engine(model_path=str(tiny_llama_dir), max_total_tokens=4096, page_size=4)
+    engine = Engine(model_path=str(tiny_llama_dir), max_total_tokens=4096, page_size=4, check_invariants=True)
     yield engine
     engine.shutdown()
 

@@ -21,7 +21,12 @@ from .base import (
     register_grammar_backend,
 )
 from .cache import GrammarCache, GrammarCacheStats
-from .json_schema import InvalidSchemaError, UnsupportedSchemaError, json_schema_to_regex, normalize_json_schema
+from .json_schema import (
+    InvalidSchemaError,
+    UnsupportedSchemaError,
+    json_schema_to_regex,
+    normalize_json_schema,
+)
 from .jump_forward import JumpForward, Retokenized, jump_forward, retokenize
 from .spec import COMPACT_WHITESPACE, grammar_key_to_regex, make_grammar_key
 

@@ -1,6 +1,14 @@
 """The outlines-core backend: one `Vocabulary` per tokenizer, one `Index` per pattern, a `Guide`
 per request.
 
+NOTE: outlines-core 0.2.14 drops every token whose last byte leaves an accepting state for a
+non-accepting one (`a(-b)?` never emits "-"; fixed upstream after the release), and its
+leftmost-first automaton stops at the first alternative that matches (`(a|ab)` never emits "ab").
+Both vanish when the index is built for `(?:R)S`, with S a sentinel character no token contains:
+nothing is accepted before S, so every continuation of R survives. A state then accepts R when the
+sentinel token leads from it to a final state; the sentinel never appears in a mask. Tokenizers
+whose tokens use every byte get the plain regex (and the upstream bug).
+
 Two per-pattern caches, filled lazily on the engine loop and shared by every request of the
 pattern: the mask row of each visited state (a 6 KB memcpy instead of walking the index), and the
 forced-byte step of each state for jump-forward. Forced bytes come from the index itself: a
@@ -17,7 +25,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from outlines_core import Guide, Index, Vocabulary
 
-from .base import CompiledGrammar, Grammar, GrammarBackend, GrammarError, GrammarKey, InvalidRegexError
+from .base import (
+    CompiledGrammar,
+    Grammar,
+    GrammarBackend,
+    GrammarError,
+    GrammarKey,
+    InvalidRegexError,
+)
+from .patterns import escape
 from .spec import grammar_key_to_regex
 
 if TYPE_CHECKING:
@@ -47,27 +63,41 @@ class OutlinesBackend(GrammarBackend):
         self.token_bytes = tokenizer.vocab_bytes()
         self.eos_token_ids = tuple(sorted(tokenizer.eos_token_ids))
         self.num_index_words = (tokenizer.vocab_size + 31) // 32
-        self.max_cached_rows = max(1, max_cached_row_bytes // (4 * self.num_index_words))
         excluded = set(tokenizer.special_token_ids) | set(tokenizer.eos_token_ids)
         by_bytes: dict[bytes, list[int]] = {}
         for token_id, spelled in enumerate(self.token_bytes):
             if spelled and token_id not in excluded:
                 by_bytes.setdefault(spelled, []).append(token_id)
-        self.vocabulary = Vocabulary(tokenizer.eos_token_id, by_bytes)
         self.single_byte_tokens = [(b[0], ids[0]) for b, ids in sorted(by_bytes.items()) if len(b) == 1]
         first = np.full(len(self.token_bytes), -1, dtype=np.int16)  # first byte of every token
         for spelled, ids in by_bytes.items():
             first[ids] = spelled[0]
         self.first_bytes = first
+        self.sentinel = _find_sentinel(by_bytes)
+        self.sentinel_id: int | None = None
+        if self.sentinel is not None:
+            spare = sorted(set(tokenizer.special_token_ids) - set(tokenizer.eos_token_ids))
+            self.sentinel_id = spare[0] if spare else tokenizer.vocab_size
+            by_bytes = {**by_bytes, self.sentinel.encode("utf-8"): [self.sentinel_id]}
+        self.vocabulary = Vocabulary(tokenizer.eos_token_id, by_bytes)
+        top_id = max(tokenizer.vocab_size - 1, self.sentinel_id or 0)
+        self.num_scratch_words = top_id // 32 + 1  # what the index writes (sentinel included)
+        self.max_cached_rows = max(1, max_cached_row_bytes // (4 * self.num_index_words))
         eos_row = np.zeros(self.num_index_words, dtype=np.int32)
         for token_id in self.eos_token_ids:
             _set_bit(eos_row, token_id)
         self.eos_row = eos_row
+        keep = np.full(self.num_index_words, -1, dtype=np.int32)  # clears EOS and sentinel bits
+        for token_id in (*self.eos_token_ids, self.sentinel_id):
+            if token_id is not None and token_id < 32 * self.num_index_words:
+                _clear_bit(keep, token_id)
+        self.keep_bits = keep
 
     def compile(self, key: GrammarKey) -> OutlinesCompiledGrammar:
         regex = grammar_key_to_regex(key)
+        indexed = regex if self.sentinel is None else f"(?:{regex}){escape(self.sentinel)}"
         try:
-            index = Index(regex, self.vocabulary)
+            index = Index(indexed, self.vocabulary)
         except BaseException as e:  # NOTE: Rust panics surface as pyo3's PanicException (BaseException)
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -93,8 +123,26 @@ def _first_line(error: BaseException) -> str:
     return " ".join(str(error).split("\n")[0].split()) or type(error).__name__
 
 
+def _find_sentinel(by_bytes: dict[bytes, list[int]]) -> str | None:
+    """A character whose first UTF-8 byte no token contains (so no token can start spelling it)."""
+    used = set().union(*(set(spelled) for spelled in by_bytes))
+    for byte in [*range(1, 0x20), 0x7F, *range(0xC2, 0xE0), *range(0xE1, 0xED), *range(0xF1, 0xF4)]:
+        if byte in used:
+            continue
+        if byte < 0x80:
+            return chr(byte)
+        if byte < 0xE0:  # lead byte of a 2-byte character
+            return bytes([byte, 0x80]).decode("utf-8")
+        return bytes([byte, 0x80, 0x80] if byte < 0xF0 else [byte, 0x80, 0x80, 0x80]).decode("utf-8")
+    return None
+
+
 def _set_bit(words: np.ndarray, token_id: int) -> None:
     words.view(np.uint32)[token_id // 32] |= np.uint32(1 << (token_id % 32))
+
+
+def _clear_bit(words: np.ndarray, token_id: int) -> None:
+    words.view(np.uint32)[token_id // 32] &= ~np.uint32(1 << (token_id % 32))
 
 
 class OutlinesCompiledGrammar(CompiledGrammar):
@@ -105,19 +153,34 @@ class OutlinesCompiledGrammar(CompiledGrammar):
         self.backend = backend
         self._rows: dict[int, np.ndarray] = {}
         self._steps: dict[int, tuple[int, int]] = {}  # state -> (forced byte or -1 / -2, next state)
+        self._accepting: dict[int, bool] = {}
 
     def new_grammar(self) -> OutlinesGrammar:
         return OutlinesGrammar(self)
+
+    def accepts(self, state: int) -> bool:
+        """Does the text that led to `state` match the whole pattern?"""
+        sentinel_id = self.backend.sentinel_id
+        if sentinel_id is None:
+            return self.index.is_final_state(state)
+        found = self._accepting.get(state)
+        if found is None:
+            after = self.index.get_next_state(state, sentinel_id)
+            found = after is not None and self.index.is_final_state(after)
+            self._accepting[state] = found
+        return found
 
     def mask_row(self, state: int, guide: Guide) -> np.ndarray:
         """The bitmask words of `state` (`guide` must be in it), from the per-state cache."""
         row = self._rows.get(state)
         if row is None:
-            row = np.zeros(self.backend.num_index_words, dtype=np.int32)
-            guide.write_mask_into(row.ctypes.data, row.size, 4)
-            if self.index.is_final_state(state):
-                row |= self.backend.eos_row
-            if len(self._rows) < self.backend.max_cached_rows:
+            backend = self.backend
+            scratch = np.zeros(backend.num_scratch_words, dtype=np.int32)
+            guide.write_mask_into(scratch.ctypes.data, scratch.size, 4)
+            row = scratch[: backend.num_index_words] & backend.keep_bits
+            if self.accepts(state):
+                row |= backend.eos_row
+            if len(self._rows) < backend.max_cached_rows:
                 self._rows[state] = row
         return row
 
@@ -140,14 +203,15 @@ class OutlinesCompiledGrammar(CompiledGrammar):
                 found = (byte, next_state)
         if found[0] >= 0:  # every allowed token must start with that byte (multi-byte tokens too)
             allowed = np.asarray(self.index.get_allowed_tokens(state), dtype=np.int64)
-            allowed = allowed[allowed < len(self.backend.first_bytes)]
+            allowed = allowed[(allowed < len(self.backend.first_bytes)) & (allowed != self.backend.sentinel_id)]
+            allowed = allowed[~np.isin(allowed, self.backend.eos_token_ids)]
             if np.any(self.backend.first_bytes[allowed] != found[0]):
                 return (-2, -1)
         return found
 
     def forced_bytes(self, state: int) -> bytes:
         out = bytearray()
-        while len(out) < _MAX_FORCED_BYTES and not self.index.is_final_state(state):
+        while len(out) < _MAX_FORCED_BYTES and not self.accepts(state):
             byte, next_state = self.step(state)
             if byte < 0:
                 break
@@ -176,10 +240,13 @@ class OutlinesGrammar(Grammar):
     def try_advance(self, token_id: int) -> bool:
         if self._finished:
             return False
-        if token_id in self._compiled.backend.eos_token_ids:
-            if not self._guide.is_finished():
+        backend = self._compiled.backend
+        if token_id in backend.eos_token_ids:
+            if not self._compiled.accepts(self._guide.get_state()):
                 return False
             self._finished = True
+        elif token_id == backend.sentinel_id:
+            return False
         else:
             try:
                 self._guide.advance(token_id, return_tokens=False)
@@ -202,13 +269,13 @@ class OutlinesGrammar(Grammar):
             words[row, n:] = 0
 
     def accepts_eos(self) -> bool:
-        return self._finished or self._guide.is_finished()
+        return self._finished or self._compiled.accepts(self._guide.get_state())
 
     def is_terminated(self) -> bool:
         if self._finished:
             return True
         state = self._guide.get_state()
-        return self._compiled.index.is_final_state(state) and self._compiled.step(state)[0] == -1
+        return self._compiled.accepts(state) and self._compiled.step(state)[0] == -1
 
     def rollback(self, num_tokens: int) -> None:
         if not 0 <= num_tokens <= len(self._tokens):

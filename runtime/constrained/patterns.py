@@ -34,7 +34,9 @@ def choices_regex(choices: Sequence[str]) -> str:
     bad = [c for c in choices if not isinstance(c, str)]
     if bad:
         raise ValueError(f"choices: every choice must be a string, got {bad[0]!r}")
-    return "(?:" + "|".join(escape(c) for c in dict.fromkeys(choices)) + ")"
+    # Longest first: a leftmost-first automaton would otherwise stop at "a" in (?:a|ab).
+    ordered = sorted(dict.fromkeys(choices), key=len, reverse=True)
+    return "(?:" + "|".join(escape(c) for c in ordered) + ")"
 
 
 INT_REGEX = r"-?(?:0|[1-9][0-9]*)"

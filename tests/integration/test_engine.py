@@ -11,7 +11,8 @@ import pytest
 def assert_all_pages_free(engine) -> None:
     stats = engine.stats()
     assert stats["kv_pages_in_use"] == 0, stats
-    assert stats["kv_pages_free"] == stats["kv_pages_total"]
+    assert stats["kv_pages_free"] + stats["kv_pages_cached"] == stats["kv_pages_total"]
+    assert stats["kv_pages_evictable"] == stats["kv_pages_cached"]  # nothing left locked
 
 
 def wait_idle(engine, timeout: float = 10.0) -> None:
