@@ -1,0 +1,87 @@
+"""A free list of KV page indices."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class OutOfPagesError(MemoryError):
+    """Raised by `PageAllocator.allocate` when fewer pages are free than requested."""
+
+    def __init__(self, requested: int, num_free: int) -> None:
+        super().__init__(f"cannot allocate {requested} KV pages: only {num_free} free")
+        self.requested = requested
+        self.num_free = num_free
+
+
+class PageAllocator:
+    """Hands out page indices 0..num_pages-1 and takes them back.
+
+    `allocate` and `free` cost O(pages moved), never O(pool size). Freeing a page that
+    is already free, or one outside the pool, raises `ValueError` and frees nothing.
+    """
+
+    def __init__(self, num_pages: int) -> None:
+        if num_pages < 0:
+            raise ValueError(f"num_pages must be >= 0, got {num_pages}")
+        self._num_total = num_pages
+        self.reset()
+
+    @property
+    def num_total(self) -> int:
+        return self._num_total
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self._num_total - len(self._free)
+
+    def is_free(self, page: int) -> bool:
+        self._check_range(page)
+        return bool(self._is_free[page])
+
+    def can_allocate(self, n: int) -> bool:
+        return 0 <= n <= len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        if n < 0:
+            raise ValueError(f"cannot allocate a negative number of pages ({n})")
+        if n > len(self._free):
+            raise OutOfPagesError(n, len(self._free))
+        if n == 0:
+            return []
+        # NOTE: the stack is kept in descending order at reset, so a fresh pool hands out 0, 1, 2, ...
+        pages = self._free[-n:]
+        del self._free[-n:]
+        pages.reverse()
+        for page in pages:
+            self._is_free[page] = 0
+        return pages
+
+    def free(self, pages: Iterable[int]) -> None:
+        pages = list(pages)
+        for i, page in enumerate(pages):
+            try:
+                self._check_range(page)
+                if self._is_free[page]:
+                    raise ValueError(f"double free of KV page {page}")
+            except ValueError:
+                for marked in pages[:i]:
+                    self._is_free[marked] = 0
+                raise
+            self._is_free[page] = 1
+        self._free.extend(reversed(pages))
+
+    def reset(self) -> None:
+        self._free = list(range(self._num_total - 1, -1, -1))
+        self._is_free = bytearray(b"\x01") * self._num_total
+
+    def _check_range(self, page: int) -> None:
+        if not 0 <= page < self._num_total:
+            raise ValueError(f"KV page index {page} out of range [0, {self._num_total})")
+
+    def __repr__(self) -> str:
+        return f"PageAllocator(num_free={self.num_free}, num_total={self.num_total})"
