@@ -40,16 +40,19 @@ class RadixCache:
 
     # lookup and insertion
 
-    def match_prefix(self, tokens: Sequence[int]) -> MatchResult:
-        self._num_matches += 1
-        self._queried_tokens += len(tokens)
+    def match_prefix(self, tokens: Sequence[int], record: bool = True) -> MatchResult:
+        """With `record=False` (a look-ahead), neither the statistics nor the LRU order change."""
+        if record:
+            self._num_matches += 1
+            self._queried_tokens += len(tokens)
         if self.disable:
             return MatchResult([], self.root, 0)
         tokens = _as_list(tokens)
         end = self._aligned(len(tokens))
-        now = self._tick()
+        now = self._tick() if record else None
         node = self.root
-        node.last_access = now
+        if now is not None:
+            node.last_access = now
         pos = 0
         pages: list[int] = []
         while pos < end:
@@ -59,11 +62,13 @@ class RadixCache:
             matched = self._match_length(child.key, tokens, pos, end)
             if matched < len(child.key):
                 child = self._split(child, matched)
-            child.last_access = now
+            if now is not None:
+                child.last_access = now
             pages.extend(child.value)
             node = child
             pos += matched
-        self._matched_tokens += pos
+        if record:
+            self._matched_tokens += pos
         return MatchResult(pages, node, pos)
 
     def insert(self, tokens: Sequence[int], pages: Sequence[int]) -> int:

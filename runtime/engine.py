@@ -400,6 +400,7 @@ class Engine:
             "num_waiting": len(sched.waiting),
             "cache_hit_rate": sched.cached_prompt_tokens / sched.prompt_tokens if sched.prompt_tokens else 0.0,
             "num_retracted": sched.num_retracted,
+            "total_computed_tokens": sched.computed_tokens,
             "new_token_ratio": sched.new_token_ratio,
             **{f"total_{k}": v for k, v in self._totals.items()},
         }

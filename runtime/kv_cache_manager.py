@@ -82,7 +82,7 @@ class KVCacheManager:
         tokens = req.all_ids[: full * self.page_size]
         already = self.cache.insert(tokens, req.pages[:full]) // self.page_size
         self._free(req.pages[req.num_cached_pages : already])  # another request cached these first
-        result = self.cache.match_prefix(tokens)
+        result = self.cache.match_prefix(tokens, record=False)
         self.cache.lock(result.node)
         self.cache.unlock(req.last_node)
         req.pages[:full] = result.pages

@@ -33,7 +33,7 @@ def order_waiting(policy: str, waiting: Sequence[Request], cache: RadixCache) ->
 
 
 def _peek(cache: RadixCache, req: Request) -> tuple[int, TreeNode]:
-    result = cache.match_prefix(req.all_ids[:-1])
+    result = cache.match_prefix(req.all_ids[:-1], record=False)
     return result.num_tokens, result.node
 
 

@@ -23,6 +23,9 @@ from plait.runtime.schedule_policy import order_waiting
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
+# A waiting request that shares at least this many uncached tokens with a request admitted in
+# the same step waits one step, so it reuses that prefix from the cache instead of recomputing it.
+IN_BATCH_PREFIX_THRESHOLD = 32
 
 
 class Scheduler:
@@ -45,6 +48,7 @@ class Scheduler:
         self.num_retracted = 0
         self.prompt_tokens = 0
         self.cached_prompt_tokens = 0
+        self.computed_tokens = 0  # tokens run through the model (prefill + decode)
         self._admissions = itertools.count()
 
     # admission -----------------------------------------------------------------------------
@@ -103,6 +107,8 @@ class Scheduler:
         for req in order_waiting(self.config.schedule_policy, self.waiting, self.kv.cache):
             if budget <= 0 or num_active >= self.config.max_running_requests:
                 break
+            if self._shares_uncached_prefix(req, admitted):
+                continue
             if not self._try_admit(req, reserved):
                 break
             reserved += self._future_pages(req)
@@ -116,6 +122,16 @@ class Scheduler:
         chosen = {id(r) for r in admitted}
         self.waiting = deque(r for r in self.waiting if id(r) not in chosen)
         return batch
+
+    def _shares_uncached_prefix(self, req: Request, admitted: list[Request]) -> bool:
+        if self.kv.cache.disable or not admitted:
+            return False
+        ids = req.all_ids
+        shared = max(_common_prefix_len(ids, other.all_ids) for other in admitted)
+        if shared < IN_BATCH_PREFIX_THRESHOLD:
+            return False
+        cached = self.kv.cache.match_prefix(ids[:shared], record=False).num_tokens
+        return shared - cached >= IN_BATCH_PREFIX_THRESHOLD
 
     def _add_extend(self, batch: ScheduleBatch, req: Request, budget: int) -> int:
         start = req.num_computed
@@ -134,18 +150,16 @@ class Scheduler:
             if self.kv.grow(req, req.num_tokens):
                 i += 1
                 continue
-            victim = self._pick_victim(exclude=req)
-            if victim is None:
+            # NOTE: the newest request goes first, possibly `req` itself; since `running` is
+            # sorted by admission, the victim is never one already grown at an index below i.
+            victim = max(self.running + self.prefilling, key=lambda r: r.admit_order)
+            if victim is req and len(self.running) + len(self.prefilling) == 1:
                 raise RuntimeError(
                     f"request {req.rid} cannot grow although it runs alone; the pool is too small"
                 )
             self.retract(victim)
         self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
         batch.decodes.extend(self.running)
-
-    def _pick_victim(self, exclude: Request) -> Request | None:
-        candidates = [r for r in self.running + self.prefilling if r is not exclude]
-        return max(candidates, key=lambda r: r.admit_order, default=None)
 
     def retract(self, req: Request) -> None:
         """Frees a running request's pages (caching what it computed) and requeues it first."""
@@ -162,6 +176,7 @@ class Scheduler:
     def after_step(self, batch: ScheduleBatch) -> None:
         """Records computed KV, caches finished chunks, moves prefilled requests to decode,
         and releases finished ones."""
+        self.computed_tokens += batch.num_tokens
         for e in batch.extends:
             e.req.num_computed = e.end
         for req in batch.decodes:
@@ -171,11 +186,10 @@ class Scheduler:
             req = e.req
             if req.finished or req not in self.prefilling:
                 continue
+            self.kv.cache_prefix(req)  # later requests share the prompt while this one decodes
             if e.is_last_chunk:
                 self.prefilling.remove(req)
                 self.running.append(req)
-            else:
-                self.kv.cache_prefix(req)
         for req in self.prefilling:
             if req.finished:
                 self.kv.release(req, keep=True)
@@ -206,3 +220,11 @@ class Scheduler:
 
     def check(self) -> None:
         self.kv.check(self.prefilling + self.running)
+
+
+def _common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -102,11 +102,19 @@ class OutlinesBackend(GrammarBackend):
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
             raise _compile_error(key, regex, e) from e
-        return OutlinesCompiledGrammar(key, regex, index, self)
+        compiled = OutlinesCompiledGrammar(key, regex, index, self)
+        initial = index.get_initial_state()
+        if not compiled.accepts(initial) and not set(index.get_allowed_tokens(initial)) - {self.sentinel_id}:
+            raise InvalidRegexError(f"{key.kind}: no token of this vocabulary can start {_shown(regex)!r}")
+        return compiled
+
+
+def _shown(regex: str) -> str:
+    return regex if len(regex) <= 80 else regex[:77] + "..."
 
 
 def _compile_error(key: GrammarKey, regex: str, error: BaseException) -> GrammarError:
-    shown = regex if len(regex) <= 80 else regex[:77] + "..."
+    shown = _shown(regex)
     if key.kind == "json_schema":
         return GrammarError(f"json_schema: its regex does not compile: {_first_line(error)}")
     try:
@@ -178,7 +186,9 @@ class OutlinesCompiledGrammar(CompiledGrammar):
             scratch = np.zeros(backend.num_scratch_words, dtype=np.int32)
             guide.write_mask_into(scratch.ctypes.data, scratch.size, 4)
             row = scratch[: backend.num_index_words] & backend.keep_bits
-            if self.accepts(state):
+            # NOTE: a non-accepting row with no token is a dead end (the pattern needs a character
+            # no token spells); allowing EOS ends the request instead of sampling from all -inf.
+            if self.accepts(state) or not row.any():
                 row |= backend.eos_row
             if len(self._rows) < backend.max_cached_rows:
                 self._rows[state] = row
@@ -237,12 +247,18 @@ class OutlinesGrammar(Grammar):
     def compiled(self) -> OutlinesCompiledGrammar:
         return self._compiled
 
+    @property
+    def state(self) -> int:
+        """The index state (outlines-core's id)."""
+        return self._guide.get_state()
+
     def try_advance(self, token_id: int) -> bool:
         if self._finished:
             return False
         backend = self._compiled.backend
         if token_id in backend.eos_token_ids:
-            if not self._compiled.accepts(self._guide.get_state()):
+            row = self._compiled.mask_row(self._guide.get_state(), self._guide)
+            if not (row[token_id // 32] >> (token_id % 32)) & 1:  # accepting (or a dead end)
                 return False
             self._finished = True
         elif token_id == backend.sentinel_id:

@@ -502,3 +502,15 @@ def make_machine(page_size: int, num_pages: int) -> type[RuleBasedStateMachine]:
 TestCachePage1 = make_machine(page_size=1, num_pages=20).TestCase
 TestCachePage4 = make_machine(page_size=4, num_pages=10).TestCase
 TestCachePage16 = make_machine(page_size=16, num_pages=8).TestCase
+
+
+def test_lookahead_match_changes_neither_stats_nor_lru():
+    cache = RadixCache(page_size=1, allocator=PageAllocator(16))
+    a, b = [1, 2, 3], [4, 5, 6]
+    cache.insert(a, cache.allocator.allocate(3))
+    cache.insert(b, cache.allocator.allocate(3))
+    before = cache.stats()
+    assert cache.match_prefix(a, record=False).num_tokens == 3
+    assert cache.stats() == before
+    cache.evict(1)  # `a` was inserted first and the look-ahead did not refresh it
+    assert cache.match_prefix(a).num_tokens == 0 and cache.match_prefix(b).num_tokens == 3
