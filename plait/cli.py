@@ -7,21 +7,47 @@ import sys
 from collections.abc import Sequence
 
 
-def _engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", dest="model_path", default=None, help="GGUF file or HF folder (default: embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--page-size", dest="page_size", type=int, default=1)
-    parser.add_argument("--max-total-tokens", dest="max_total_tokens", type=int, default=None)
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """One `--flag` per engine configuration field, named like the `Engine(...)` keyword."""
+    import dataclasses
+    import typing
+
+    from plait.runtime.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+
+    group = parser.add_argument_group("engine")
+    for klass in (ModelConfig, CacheConfig, SchedulerConfig, EngineConfig):
+        hints = typing.get_type_hints(klass)
+        for f in dataclasses.fields(klass):
+            if f.name in ("model", "cache", "scheduler"):
+                continue
+            flag = "--model" if f.name == "model_path" else "--" + f.name.replace("_", "-")
+            kind = hints[f.name]
+            default = f.default
+            if kind is bool:
+                group.add_argument(flag, dest=f.name, action="store_true", default=default)
+                continue
+            base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
+            group.add_argument(flag, dest=f.name, type=base, default=default, metavar=f.name.upper())
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    import dataclasses
+
+    from plait.runtime.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+
+    names = {
+        f.name
+        for klass in (ModelConfig, CacheConfig, SchedulerConfig, EngineConfig)
+        for f in dataclasses.fields(klass)
+        if f.name not in ("model", "cache", "scheduler")
+    }
+    return {name: getattr(args, name) for name in names if hasattr(args, name)}
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from plait.runtime.engine import Engine
 
-    engine = Engine(
-        model_path=args.model_path, dtype=args.dtype, device=args.device,
-        page_size=args.page_size, max_total_tokens=args.max_total_tokens,
-    )
+    engine = Engine(**engine_kwargs(args))
     try:
         prompt = args.prompt
         if args.chat:
@@ -46,6 +72,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from plait.benchmarks.latency import run_latency_bench
 
         return run_latency_bench(args)
+    if args.workload == "throughput":
+        from plait.benchmarks.throughput import run_throughput_bench
+
+        return run_throughput_bench(args)
     raise SystemExit(f"plait bench: unknown workload {args.workload!r}")
 
 
@@ -59,19 +89,32 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-tokens", dest="max_tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=None)
-    _engine_args(gen)
+    add_engine_args(gen)
     gen.set_defaults(func=_cmd_generate)
 
     bench = sub.add_parser("bench", help="benchmarks that print a table and write JSON")
-    bench.add_argument("workload", choices=["latency"])
-    bench.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes to measure")
-    bench.add_argument("--prompt-len", dest="prompt_len", type=int, default=512)
-    bench.add_argument("--decode-len", dest="decode_len", type=int, default=128)
-    bench.add_argument("--no-transformers", dest="transformers", action="store_false", help="skip the transformers baseline")
-    bench.add_argument("--output", default="bench-results/latency.json")
-    bench.add_argument("--repeats", type=int, default=3)
-    _engine_args(bench)
-    bench.set_defaults(func=_cmd_bench)
+    bench_sub = bench.add_subparsers(dest="workload", required=True)
+    lat = bench_sub.add_parser("latency", help="prefill and single-stream decode vs transformers")
+    lat.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes to measure")
+    lat.add_argument("--prompt-len", dest="prompt_len", type=int, default=512)
+    lat.add_argument("--decode-len", dest="decode_len", type=int, default=128)
+    lat.add_argument("--repeats", type=int, default=3)
+    lat.add_argument("--output", default="bench-results/latency.json")
+    thr = bench_sub.add_parser("throughput", help="continuous batching and the radix cache under load")
+    thr.add_argument("--num-requests", dest="num_requests", type=int, default=64)
+    thr.add_argument("--min-prompt-len", dest="min_prompt_len", type=int, default=64)
+    thr.add_argument("--max-prompt-len", dest="max_prompt_len", type=int, default=512)
+    thr.add_argument("--output-len", dest="output_len", type=int, default=128)
+    thr.add_argument("--concurrency", default="1,8,32", help="comma-separated client concurrencies")
+    thr.add_argument("--batch-sizes", dest="batch_sizes", default="8,32", help="transformers static batches")
+    thr.add_argument("--prefix-len", dest="prefix_len", type=int, default=1000)
+    thr.add_argument("--shared-output-len", dest="shared_output_len", type=int, default=16)
+    thr.add_argument("--shared-concurrency", dest="shared_concurrency", type=int, default=8)
+    thr.add_argument("--output", default="bench-results/throughput.json")
+    for p in (lat, thr):
+        p.add_argument("--no-transformers", dest="transformers", action="store_false", help="skip the transformers baseline")
+        add_engine_args(p)
+        p.set_defaults(func=_cmd_bench)
     return parser
 
 

@@ -36,3 +36,19 @@ def test_missing_model_is_a_clear_error(tmp_path):
     out = run("generate", "Hi", "--model", str(tmp_path / "missing"))
     assert out.returncode != 0
     assert "does not exist" in out.stderr
+
+
+def test_bench_throughput_smoke(tiny_llama_dir, tmp_path):
+    out_file = tmp_path / "t.json"
+    out = run(
+        "bench", "throughput", "--model", str(tiny_llama_dir), "--num-requests", "4",
+        "--output-len", "4", "--concurrency", "1,2", "--prefix-len", "40", "--no-transformers",
+        "--max-total-tokens", "4096", "--output", str(out_file),
+    )
+    assert out.returncode == 0, out.stderr
+    assert "plait c=2" in out.stdout and "radix cache" in out.stdout
+    import json
+
+    data = json.loads(out_file.read_text())
+    assert len(data["results"]["random"]) == 2
+    assert data["results"]["shared_prefix"][0]["cache_hit_rate"] > 0.5

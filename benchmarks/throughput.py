@@ -1,0 +1,164 @@
+"""`plait bench throughput`: continuous batching and the radix cache under load.
+
+1. Random prompts (64–512 tokens), fixed output length: plait at several client concurrencies
+   beside transformers' `generate` on padded static batches, same model and dtype.
+2. Shared prefix (a long few-shot prefix + different questions): plait with the radix cache on
+   and off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from plait.benchmarks.common import print_table, write_json
+
+
+def random_prompts(n: int, low: int, high: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, 40000) for _ in range(rng.randint(low, high))] for _ in range(n)]
+
+
+def shared_prefix_prompts(tokenizer: Any, n: int, prefix_len: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    shots = []
+    while sum(len(s) for s in shots) < prefix_len:
+        a, b = rng.randint(2, 99), rng.randint(2, 99)
+        shots.append(tokenizer.encode(f"Q: What is {a} plus {b}?\nA: {a + b}\n\n"))
+    prefix = [t for s in shots for t in s][:prefix_len]
+    return [prefix + tokenizer.encode(f"Q: What is {rng.randint(2, 99)} plus {i}?\nA:") for i in range(n)]
+
+
+def run_plait(engine: Any, prompts: list[list[int]], output_len: int, concurrency: int) -> dict:
+    params = {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True}
+    ttfts: list[float] = []
+    cached = 0
+
+    def one(ids: list[int]) -> int:
+        nonlocal cached
+        start = time.perf_counter()
+        first = None
+        last: dict = {}
+        for chunk in engine.generate(input_ids=ids, sampling_params=params, stream=True):
+            if first is None:
+                first = time.perf_counter() - start
+            last = chunk
+        ttfts.append(first or 0.0)
+        cached += last["meta_info"]["cached_tokens"]
+        return last["meta_info"]["completion_tokens"]
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        produced = sum(pool.map(one, prompts))
+    elapsed = time.perf_counter() - start
+    ttfts.sort()
+    return {
+        "concurrency": concurrency,
+        "requests": len(prompts),
+        "seconds": elapsed,
+        "output_tok_s": produced / elapsed,
+        "ttft_mean_s": statistics.mean(ttfts),
+        "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
+        "cache_hit_rate": cached / sum(len(p) for p in prompts),
+    }
+
+
+def run_transformers(model: Any, prompts: list[list[int]], output_len: int, batch_size: int) -> dict:
+    start = time.perf_counter()
+    produced = 0
+    with torch.inference_mode():
+        for i in range(0, len(prompts), batch_size):
+            chunk = prompts[i : i + batch_size]
+            width = max(len(p) for p in chunk)
+            ids = torch.tensor([[0] * (width - len(p)) + p for p in chunk])  # left padding
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+            out = model.generate(
+                ids, attention_mask=mask, max_new_tokens=output_len, min_new_tokens=output_len,
+                do_sample=False, pad_token_id=0, eos_token_id=None,
+            )
+            produced += (out.shape[1] - width) * len(chunk)
+    elapsed = time.perf_counter() - start
+    return {"batch_size": batch_size, "requests": len(prompts), "seconds": elapsed, "output_tok_s": produced / elapsed}
+
+
+def load_transformers(model_path: str | None, dtype: torch.dtype) -> Any:
+    import os
+
+    import transformers
+
+    from plait.runtime.model_loader.locate import locate_checkpoint
+
+    loc = locate_checkpoint(model_path)
+    if loc.kind == "gguf":
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(loc.path), gguf_file=os.path.basename(loc.path), dtype=torch.float32
+        )
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(loc.path, dtype=torch.float32)
+    return model.to(dtype).eval()
+
+
+def run_throughput_bench(args: argparse.Namespace) -> int:
+    from plait.cli import engine_kwargs
+    from plait.runtime.engine import Engine
+
+    kwargs = engine_kwargs(args)
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")] if args.transformers else []
+    prompts = random_prompts(args.num_requests, args.min_prompt_len, args.max_prompt_len)
+    results: dict[str, Any] = {"random": [], "transformers": [], "shared_prefix": []}
+    engine = Engine(**kwargs)
+    dtype = engine.dtype
+    try:
+        engine.generate(input_ids=prompts[0][:16], sampling_params={"max_new_tokens": 2})
+        for c in concurrencies:
+            engine.flush_cache()  # random prompts share nothing; keep runs independent
+            results["random"].append(run_plait(engine, prompts, args.output_len, c))
+        shared = shared_prefix_prompts(engine.tokenizer, args.num_requests, args.prefix_len)
+        engine.flush_cache()
+        results["shared_prefix"].append(
+            {"cache": "on", **run_plait(engine, shared, args.shared_output_len, args.shared_concurrency)}
+        )
+    finally:
+        engine.shutdown()
+    off = Engine(**{**kwargs, "disable_radix_cache": True})
+    try:
+        results["shared_prefix"].append(
+            {"cache": "off", **run_plait(off, shared, args.shared_output_len, args.shared_concurrency)}
+        )
+    finally:
+        off.shutdown()
+    if batch_sizes:
+        model = load_transformers(args.model_path, dtype)
+        for b in batch_sizes:
+            results["transformers"].append(run_transformers(model, prompts, args.output_len, b))
+
+    single = results["random"][0]["output_tok_s"]
+    best_hf = max((r["output_tok_s"] for r in results["transformers"]), default=None)
+    rows = []
+    for r in results["random"]:
+        rows.append([f"plait c={r['concurrency']}", r["output_tok_s"], r["output_tok_s"] / single,
+                     r["output_tok_s"] / best_hf if best_hf else None, r["ttft_mean_s"], r["ttft_p99_s"]])
+    for r in results["transformers"]:
+        rows.append([f"transformers static b={r['batch_size']}", r["output_tok_s"], r["output_tok_s"] / single,
+                     r["output_tok_s"] / best_hf, None, None])
+    print(f"\n{args.num_requests} requests, prompts {args.min_prompt_len}-{args.max_prompt_len} tokens, "
+          f"{args.output_len} output tokens, dtype {str(dtype).removeprefix('torch.')}")
+    print_table(["system", "output tok/s", "x plait c=1", "x best transformers", "TTFT mean s", "TTFT P99 s"], rows)
+    on, off_r = results["shared_prefix"]
+    print(f"\nshared prefix: {args.prefix_len}-token prefix + {args.num_requests} questions, "
+          f"{args.shared_output_len} output tokens, concurrency {args.shared_concurrency}")
+    print_table(
+        ["radix cache", "seconds", "output tok/s", "hit rate", "speedup"],
+        [["on", on["seconds"], on["output_tok_s"], on["cache_hit_rate"], off_r["seconds"] / on["seconds"]],
+         ["off", off_r["seconds"], off_r["output_tok_s"], off_r["cache_hit_rate"], 1.0]],
+    )
+    write_json(args.output, {"benchmark": "throughput", "args": {k: v for k, v in vars(args).items() if k != "func"},
+                             "results": results})
+    return 0
