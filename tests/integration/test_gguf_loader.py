@@ -1,0 +1,142 @@
+"""GGUF files of every supported tensor type load into weights that match transformers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from plait.runtime.kv_pool import KVPool
+from plait.runtime.model_loader import load_model
+from plait.runtime.model_runner import ExtendEntry, ModelRunner, ScheduleBatch
+from tests.conftest import write_tiny_checkpoint
+from tests.integration.test_model_parity import all_logits, request
+
+TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"]
+
+_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_LAYER = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def gguf_name(hf: str) -> str:
+    if hf in _NAMES:
+        return _NAMES[hf]
+    _, _, layer, rest = hf.split(".", 3)
+    module, leaf = rest.rsplit(".", 1)
+    return f"blk.{layer}.{_LAYER[module]}.{leaf}"
+
+
+def permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's conversion of q/k rows to interleaved-rope order."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(path, hf_model, tokenizer_meta: dict, qtype: str) -> dict[str, torch.Tensor]:
+    """Writes hf_model as a llama GGUF; returns the weights as the file stores them, dequantized."""
+    import gguf
+
+    cfg = hf_model.config
+    kind = gguf.GGMLQuantizationType[qtype]
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_vocab_size(cfg.vocab_size)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(tokenizer_meta["tokenizer.ggml.pre"])
+    writer.add_token_list(tokenizer_meta["tokenizer.ggml.tokens"])
+    writer.add_token_types(tokenizer_meta["tokenizer.ggml.token_type"])
+    writer.add_token_merges(tokenizer_meta["tokenizer.ggml.merges"])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(tokenizer_meta["tokenizer.chat_template"])
+    stored: dict[str, torch.Tensor] = {}
+    for name, tensor in hf_model.state_dict().items():
+        w = tensor.float().numpy()
+        if w.ndim == 1:
+            writer.add_tensor(gguf_name(name), w)
+            stored[name] = tensor.float()
+            continue
+        if ".q_proj." in name:
+            w = permute(w, cfg.num_attention_heads)
+        elif ".k_proj." in name:
+            w = permute(w, cfg.num_key_value_heads)
+        if qtype == "F32":
+            data, raw_dtype = w, None
+        else:
+            data = gguf.quants.quantize(w, kind)
+            raw_dtype = kind
+        writer.add_tensor(gguf_name(name), data, raw_dtype=raw_dtype)
+        # rows are quantized independently, so the permutation commutes with the round trip
+        roundtrip = w if qtype == "F32" else gguf.quants.dequantize(data, kind)
+        stored[name] = torch.from_numpy(np.array(roundtrip, dtype=np.float32)).reshape(tensor.shape)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    for name in list(stored):  # undo the permutation for the transformers reference
+        heads = {".q_proj.": cfg.num_attention_heads, ".k_proj.": cfg.num_key_value_heads}
+        for key, h in heads.items():
+            if key in name:
+                w = stored[name].numpy()
+                rows = w.shape[0]
+                stored[name] = torch.from_numpy(
+                    np.ascontiguousarray(
+                        w.reshape(h, rows // h // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+                    )
+                )
+    return stored
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_gguf_types_match_transformers(tmp_path, smollm_tokenizer, gguf_metadata, qtype):
+    import transformers
+
+    hf_dir = write_tiny_checkpoint(tmp_path / "hf", "llama", smollm_tokenizer, seed=3)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    stored = write_gguf(tmp_path / f"tiny-{qtype}.gguf", hf, gguf_metadata, qtype)
+    hf.load_state_dict(stored)
+    loaded = load_model(str(tmp_path / f"tiny-{qtype}.gguf"), torch.float32, torch.device("cpu"))
+    ids = torch.randint(3, 49152, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = hf(ids).logits[0]
+    args = loaded.args
+    pool = KVPool(64, 1, args.num_layers, args.num_kv_heads, args.head_dim, torch.float32, torch.device("cpu"))
+    runner = ModelRunner(loaded.model, pool, torch.device("cpu"), frozenset([2]), torch.Generator())
+    req = request(ids[0].tolist(), 0, 1)
+    ours = all_logits(runner, ScheduleBatch(extends=[ExtendEntry(req, 0, 24, True)]))
+    assert (ours - ref).abs().max().item() < 1e-4
+    assert loaded.tokenizer.encode("Hello world") == smollm_tokenizer.encode("Hello world")
+
+
+def test_unsupported_gguf_architecture_is_named(tmp_path):
+    import gguf
+
+    writer = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "gpt2")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="unsupported architecture 'gpt2'.*llama"):
+        load_model(str(tmp_path / "x.gguf"), torch.float32, torch.device("cpu"))
