@@ -26,13 +26,34 @@ from plait.interpreter.state_data import ToolCall
 from plait.lang.context import get_default_backend, set_default_backend
 
 __all__ = [
-    "CHATML", "FEATURES", "Backend", "BackendError", "ChatMLTemplate", "ChatTemplate", "Endpoint",
-    "ForkGroup", "GenerationError", "MockBackend", "MockCall", "OutputParseError",
-    "ProgramCancelled", "ProgramState", "RenderedChatTemplate", "RoleMarkers", "Runtime",
-    "ToolCall", "UnsupportedFeatureError", "create_backend", "get_default_backend",
-    "jinja_chat_template", "precache", "render_prefix", "run_program", "run_program_batch",
+    "CHATML",
+    "FEATURES",
+    "Backend",
+    "BackendError",
+    "ChatMLTemplate",
+    "ChatTemplate",
+    "Endpoint",
+    "ForkGroup",
+    "GenerationError",
+    "MockBackend",
+    "MockCall",
+    "OutputParseError",
+    "ProgramCancelled",
+    "ProgramState",
+    "RenderedChatTemplate",
+    "RoleMarkers",
+    "Runtime",
+    "ToolCall",
+    "UnsupportedFeatureError",
+    "create_backend",
+    "get_default_backend",
+    "jinja_chat_template",
+    "precache",
+    "render_prefix",
+    "run_program",
+    "run_program_batch",
     "set_default_backend",
-]  # fmt: skip
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -16,12 +16,24 @@ if TYPE_CHECKING:
     from plait.runtime.protocol import SamplingParams
 
 _LAZY = {
+    **{
+        name: "plait.lang"
+        for name in (
+            "program", "gen", "gen_int", "gen_string", "select", "system", "user", "assistant",
+            "role", "fork", "join", "describe_tools", "set_default_backend", "get_default_backend",
+        )
+    },
+    "Runtime": "plait.interpreter.backends.local",
+    "Endpoint": "plait.interpreter.backends.http",
+    "MockBackend": "plait.interpreter.backends.mock",
+    "Backend": "plait.interpreter.backends.base",
+    "ProgramState": "plait.interpreter.state",
     "Engine": "plait.runtime.engine",
     "SamplingParams": "plait.runtime.protocol",
     "default_model_path": "plait.runtime.model_loader.locate",
 }
 
-__all__ = ["Engine", "SamplingParams", "__version__", "default_model_path"]
+__all__ = sorted([*_LAZY, "__version__"])
 
 
 def __getattr__(name: str) -> Any:

@@ -1,0 +1,148 @@
+"""Errors surface to the caller with the program's frame; running model calls are aborted."""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+
+import pytest
+
+from plait.interpreter import GenerationError, MockBackend, ProgramCancelled
+from plait.lang import gen, program
+
+
+class Boom(Exception):
+    pass
+
+
+def test_user_exception_shows_the_program_frame_and_aborts_running_calls():
+    backend = MockBackend("slow", latency=5.0)
+
+    @program
+    def failing(s):
+        s += "start " + gen("x")
+        time.sleep(0.05)  # the gen is now in flight on the worker thread
+        raise Boom("program bug")
+
+    start = time.monotonic()
+    with pytest.raises(Boom) as info:
+        failing.run(backend=backend)
+    assert time.monotonic() - start < 2.0  # the 5 s call was aborted, not waited for
+    frames = [f.name for f in traceback.extract_tb(info.value.__traceback__)]
+    assert "failing" in frames
+    assert len(backend.aborted) == 1 and backend.aborted[0] == backend.calls[0].rid
+
+
+def test_backend_error_names_the_program_line():
+    def broken(prompt: str, params: dict) -> str:
+        raise ConnectionError("backend down")
+
+    @program
+    def calls_model(s):
+        s += "Q: "
+        s += gen("answer")  # the line the note points at
+
+    with pytest.raises(ConnectionError, match="backend down") as info:
+        calls_model.run(backend=MockBackend(broken))
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    line = calls_model.func.__code__.co_firstlineno + 3
+    assert f"test_interpreter_errors.py:{line} in calls_model" in notes
+    assert "in program 'calls_model'" in notes
+
+
+def test_a_failed_node_stops_the_program_at_its_next_step():
+    reached = []
+
+    def broken(prompt: str, params: dict) -> str:
+        raise ValueError("bad output")
+
+    @program
+    def loop(s):
+        for i in range(100):
+            s += gen(f"x{i}")
+            time.sleep(0.01)
+            reached.append(i)
+
+    with pytest.raises(ValueError, match="bad output") as info:
+        loop.run(backend=MockBackend(broken))
+    assert len(reached) < 10
+    assert "loop" in [f.name for f in traceback.extract_tb(info.value.__traceback__)]
+
+
+def test_aborted_request_is_a_generation_error():
+    class AbortingBackend(MockBackend):
+        def generate(self, text, sampling_params, **kwargs):
+            out = super().generate(text, sampling_params, **kwargs)
+            out["meta_info"]["finish_reason"] = {"type": "abort", "message": "out of memory"}
+            return out
+
+    @program
+    def p(s):
+        s += gen("x")
+
+    with pytest.raises(GenerationError, match="gen 'x'.*out of memory"):
+        p.run(backend=AbortingBackend())
+
+
+def test_fork_branches_are_aborted_when_the_program_fails():
+    backend = MockBackend("slow", latency=5.0)
+
+    @program
+    def p(s):
+        s += "root"
+        forks = s.fork(3)
+        forks += gen("x")
+        time.sleep(0.05)
+        raise Boom("stop")
+
+    start = time.monotonic()
+    with pytest.raises(Boom):
+        p.run(backend=backend)
+    assert time.monotonic() - start < 2.0
+    assert len(backend.aborted) == 3
+
+
+def test_a_cancelled_state_refuses_more_work():
+    state_box = []
+
+    @program
+    def p(s):
+        state_box.append(s)
+        raise Boom("x")
+
+    with pytest.raises(Boom):
+        p.run(backend=MockBackend())
+    (state,) = state_box
+    with pytest.raises(Boom):
+        state += "more"
+    assert isinstance(state.error, Boom)
+
+
+def test_error_from_a_branch_surfaces_on_join():
+    def by_branch(prompt: str, params: dict) -> str:
+        if prompt.endswith("bad"):
+            raise RuntimeError("branch failed")
+        return "ok"
+
+    @program
+    def p(s):
+        forks = s.fork(2)
+        forks += ["good", "bad"]
+        forks += gen("x")
+        forks.join()
+
+    with pytest.raises(RuntimeError, match="branch failed"):
+        p.run(backend=MockBackend(by_branch))
+
+
+def test_program_cancelled_is_named():
+    from plait.interpreter.executor import StreamExecutor
+    from plait.lang import SamplingSpec
+
+    backend = MockBackend()
+    ex = StreamExecutor(backend, backend.chat_template(), SamplingSpec())
+    ex.cancel()
+    with pytest.raises(ProgramCancelled, match="cancelled"):
+        ex.sync()
+    assert threading.active_count() >= 1
