@@ -75,12 +75,18 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     random_seed: int = 0
     check_invariants: bool = False  # verify page accounting and the tree after every step (tests)
+    grammar_backend: str = "auto"  # constrained decoding: "auto" or a registered backend name
+    disable_jump_forward: bool = False
+    json_whitespace_pattern: str | None = ""  # between JSON tokens: "" compact, None the default
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
         """Route flat keyword arguments (`page_size=16`, `dtype="float32"`) to their sub-config."""
         groups: dict[str, dict[str, Any]] = {"model": {}, "cache": {}, "scheduler": {}}
-        own = {"random_seed", "check_invariants"}
+        own = {
+            "random_seed", "check_invariants", "grammar_backend", "disable_jump_forward",
+            "json_whitespace_pattern",
+        }
         top: dict[str, Any] = {}
         owners = {
             name: group

@@ -75,6 +75,11 @@ class IncrementalDetokenizer:
         return self._append(piece)
 
     @property
+    def has_pending(self) -> bool:
+        """True while some added ids' text is held back (an incomplete character)."""
+        return len(self._window) > self._read
+
+    @property
     def text(self) -> str:
         """All text emitted so far."""
         if len(self._pieces) > 1:

@@ -74,6 +74,8 @@ class Engine:
             self.model, self.kv_pool, self.device, self.tokenizer.eos_token_ids, self.generator
         )
         self.processor = OutputProcessor(self.tokenizer, self.context_len)
+        self._grammars: Any = None  # GrammarCache, made on the first constrained request
+        self._grammar_lock = threading.Lock()
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._counter = itertools.count()
         self._stopped = threading.Event()
@@ -167,6 +169,44 @@ class Engine:
                 reqs.append(req)
         return reqs, batched or len(reqs) > 1
 
+    # constraints -------------------------------------------------------------------------------
+
+    def _grammar_cache(self) -> Any:
+        with self._grammar_lock:
+            if self._grammars is None:
+                from plait.runtime.constrained import GrammarCache, create_grammar_backend
+
+                backend = create_grammar_backend(
+                    self.config.grammar_backend, self.tokenizer, vocab_size=self.args.vocab_size
+                )
+                self._grammars = GrammarCache(backend)
+            return self._grammars
+
+    def _grammar_futures(self, reqs: list[Request]) -> list[tuple[Request, Any]]:
+        """Starts compiling each constrained request's grammar (off the engine loop)."""
+        from plait.runtime.constrained import make_grammar_key
+
+        pending = []
+        for req in reqs:
+            p = req.params
+            if p.regex is None and p.json_schema is None:
+                continue
+            key = make_grammar_key(
+                regex=p.regex, json_schema=p.json_schema,
+                whitespace_pattern=self.config.json_whitespace_pattern,
+            )
+            pending.append((req, self._grammar_cache().get_future(key)))
+        return pending
+
+    def _attach_grammars(self, reqs: list[Request]) -> None:
+        """Blocks the caller (never the engine loop) until the grammars compiled; raises their errors."""
+        for req, future in self._grammar_futures(reqs):
+            req.grammar = future.result().new_grammar()
+
+    async def _attach_grammars_async(self, reqs: list[Request]) -> None:
+        for req, future in self._grammar_futures(reqs):
+            req.grammar = (await asyncio.wrap_future(future)).new_grammar()
+
     def _submit(self, reqs: list[Request]) -> None:
         if self._stopped.is_set():
             raise RuntimeError("Engine: already shut down")
@@ -191,6 +231,7 @@ class Engine:
         """Generates for one prompt (a dict back) or a list (a list back); `stream` yields chunks."""
         opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num, return_text_in_logprobs)
         reqs, batched = self._make_requests(text, input_ids, sampling_params, opts, rid)
+        self._attach_grammars(reqs)
         if stream:
             return self._stream(reqs, batched)
         sinks = [self._attach_queue(r, stream=False) for r in reqs]
@@ -248,6 +289,7 @@ class Engine:
         )
         if kwargs:
             raise TypeError(f"async_generate: unknown argument(s) {', '.join(kwargs)}")
+        await self._attach_grammars_async(reqs)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[int, dict, bool]] = asyncio.Queue()
 
@@ -361,10 +403,23 @@ class Engine:
         # NOTE: pages are released before results are delivered, so a caller that got its
         # result sees the pool without that request.
         self.scheduler.after_step(batch)
+        if not self.config.disable_jump_forward:
+            for req in updated:
+                self._jump_forward(req)
         if self.config.check_invariants:
             self.scheduler.check()
         for req in updated:
             self._deliver(req)
+
+    def _jump_forward(self, req: Request) -> None:
+        if req.grammar is None or req.finished or req not in self.scheduler.running:
+            return
+        before = req.num_tokens
+        replaced = self.processor.try_jump_forward(
+            req, min_kept_tokens=req.num_cached_pages * self.page_size
+        )
+        if replaced is not None:
+            self.scheduler.rewind(req, num_valid=before - replaced)
 
     def _fail(self, batch: ScheduleBatch, message: str) -> None:
         for req in [e.req for e in batch.extends] + batch.decodes:
@@ -414,6 +469,8 @@ class Engine:
         return outcome[0]
 
     def shutdown(self) -> None:
+        if self._grammars is not None:
+            self._grammars.shutdown(wait=False)
         if not self._stopped.is_set():
             self._inbox.put(("stop", None))
             self._thread.join(timeout=10)

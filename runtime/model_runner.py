@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from plait.kernels.attention import AttentionMetadata
+from plait.kernels.constraint_mask import allocate_token_bitmask, apply_token_bitmask
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.models.llama import LlamaForCausalLM
@@ -191,7 +192,8 @@ class ModelRunner:
         if not sample_rows:
             return results
         rows = torch.tensor(sample_rows, dtype=torch.long, device=logits.device)
-        batch_logits = logits[rows]
+        batch_logits = logits[rows]  # a copy: logprobs above stay those of the raw distribution
+        self._apply_grammars(batch_logits, [reqs[i] for i in sample_reqs])
         sampling_rows = [
             SamplingRow(
                 params=reqs[i].params,
@@ -202,7 +204,7 @@ class ModelRunner:
             )
             for i in sample_reqs
         ]
-        next_ids = sample(batch_logits.clone(), sampling_rows).tolist()
+        next_ids = sample(batch_logits, sampling_rows).tolist()
         for j, i in enumerate(sample_reqs):
             results[i].next_token = next_ids[j]
             req = reqs[i]
@@ -212,6 +214,18 @@ class ModelRunner:
                 if req.logprob.top_logprobs_num:
                     results[i].next_top = _top(row_lp[None], req.logprob.top_logprobs_num)[0]
         return results
+
+
+    @staticmethod
+    def _apply_grammars(logits: torch.Tensor, reqs: list[Request]) -> None:
+        """Masks each constrained row to the tokens its grammar allows next (one kernel call)."""
+        constrained = [j for j, r in enumerate(reqs) if r.grammar is not None]
+        if not constrained:
+            return
+        bitmask = allocate_token_bitmask(len(reqs), logits.shape[1])
+        for j in constrained:
+            reqs[j].grammar.fill_bitmask(bitmask, j)
+        apply_token_bitmask(logits, bitmask.to(logits.device), constrained)
 
 
 def _top(logprobs: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:

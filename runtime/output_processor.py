@@ -51,6 +51,10 @@ class OutputProcessor:
             if req.logprob.top_logprobs_num:
                 req.output_top_logprobs.append(result.next_top or [])
         n_out = len(req.output_ids)
+        if req.grammar is not None and not req.grammar.try_advance(token):
+            return self.finish(
+                req, FinishReason("abort", message=f"grammar: sampled token {token} is not allowed")
+            )
         if n_out >= params.min_new_tokens:
             if token in self.eos_ids and not params.ignore_eos:
                 return self.finish(req, FinishReason("stop", matched=token))
@@ -61,9 +65,63 @@ class OutputProcessor:
             req.text += new_text
             if params.stop and n_out >= params.min_new_tokens and self._match_stop(req, len(new_text)):
                 return None
-        if n_out >= params.max_new_tokens or req.num_tokens >= self.context_len:
-            self.finish(req, FinishReason("length", length=n_out))
+        self._check_length(req)
+        if not req.finished and req.grammar is not None and req.grammar.is_terminated():
+            # nothing but EOS may follow: finish as if it was sampled
+            self.finish(req, FinishReason("stop", matched=self.tokenizer.eos_token_id))
         return None
+
+    def _check_length(self, req: Request) -> None:
+        n_out = len(req.output_ids)
+        if n_out >= req.params.max_new_tokens or req.num_tokens >= self.context_len:
+            self.finish(req, FinishReason("length", length=n_out))
+
+    def try_jump_forward(self, req: Request, min_kept_tokens: int) -> int | None:
+        """Appends the text the grammar forces, retokenized at the boundary.
+
+        Returns how many trailing output tokens were replaced (their KV is stale), or None when
+        nothing was appended. `min_kept_tokens`: tokens (prompt included) that must not be
+        replaced, because their KV pages are shared through the prefix cache.
+        """
+        from plait.runtime.constrained import retokenize
+
+        grammar = req.grammar
+        if grammar is None or req.finished or req.logprob.return_logprob:
+            return None
+        if req.detokenizer.has_pending:
+            return None  # the forced text would start inside a held-back character
+        text = grammar.try_jump_forward()
+        if text is None or len(text) < 2:
+            return None
+        edit = retokenize(self.tokenizer, req.output_ids, text)
+        if edit is None:
+            return None
+        kept = len(req.output_ids) - edit.num_dropped
+        new_len = kept + len(edit.new_token_ids)
+        if (
+            new_len >= req.params.max_new_tokens
+            or len(req.prompt_ids) + new_len >= self.context_len
+            or len(req.prompt_ids) + kept < min_kept_tokens
+        ):
+            return None
+        if not grammar.replace_tail(edit.num_dropped, edit.new_token_ids):
+            return None
+        del req.output_ids[kept:]
+        req.output_ids.extend(edit.new_token_ids)
+        req.jump_forward_tokens += len(edit.new_token_ids)
+        req.text += text
+        req.detokenizer = IncrementalDetokenizer(
+            self.tokenizer,
+            skip_special_tokens=req.params.skip_special_tokens,
+            spaces_between_special_tokens=req.params.spaces_between_special_tokens,
+            prompt_ids=req.all_ids,
+        )
+        if req.params.stop and self._match_stop(req, len(text)):
+            return edit.num_dropped
+        self._check_length(req)
+        if not req.finished and grammar.is_terminated():
+            self.finish(req, FinishReason("stop", matched=self.tokenizer.eos_token_id))
+        return edit.num_dropped
 
     def _match_stop(self, req: Request, num_new_chars: int) -> bool:
         longest = max(len(s) for s in req.params.stop)

@@ -32,6 +32,8 @@ def build_output(req: Request, tokenizer: Tokenizer, text: str) -> dict[str, Any
         "cached_tokens": req.cached_tokens,
         "e2e_latency": end - req.arrival_time,
     }
+    if req.grammar is not None:
+        meta["jump_forward_tokens"] = req.jump_forward_tokens
     opts = req.logprob
     if opts.return_logprob:
         with_text = opts.return_text_in_logprobs

@@ -42,6 +42,8 @@ class Request:
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None
+    grammar: Any = None  # constrained decoding state (runtime.constrained.Grammar)
+    jump_forward_tokens: int = 0
     detokenizer: Any = None
     generator: Any = None
     sink: Any = None  # where the engine delivers updates (a queue or callback)

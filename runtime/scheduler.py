@@ -204,6 +204,16 @@ class Scheduler:
                 alive.append(req)
         self.running = alive
 
+    def rewind(self, req: Request, num_valid: int) -> None:
+        """A running request whose tokens after `num_valid` changed (jump-forward): its new tail is
+        computed as an extend, like a prompt chunk, before it decodes again."""
+        req.num_computed = min(req.num_computed, num_valid)
+        self.running.remove(req)
+        if req.finished:
+            self.kv.release(req, keep=True)
+        else:
+            self.prefilling.append(req)
+
     # leaving ---------------------------------------------------------------------------------
 
     def abort(self, rid: str, keep: bool = True) -> Request | None:

@@ -15,18 +15,15 @@ from .base import (
     GrammarError,
     GrammarKey,
     InvalidRegexError,
+    InvalidSchemaError,
     TokenRejectedError,
+    UnsupportedSchemaError,
     available_grammar_backends,
     create_grammar_backend,
     register_grammar_backend,
 )
 from .cache import GrammarCache, GrammarCacheStats
-from .json_schema import (
-    InvalidSchemaError,
-    UnsupportedSchemaError,
-    json_schema_to_regex,
-    normalize_json_schema,
-)
+from .json_schema import json_schema_to_regex, normalize_json_schema
 from .jump_forward import JumpForward, Retokenized, jump_forward, retokenize
 from .spec import COMPACT_WHITESPACE, grammar_key_to_regex, make_grammar_key
 

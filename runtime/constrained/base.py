@@ -24,6 +24,14 @@ class InvalidRegexError(GrammarError):
     """The regex does not parse, or uses a feature the automaton cannot express."""
 
 
+class InvalidSchemaError(GrammarError):
+    """The schema is not JSON, not an object, or not a valid JSON Schema."""
+
+
+class UnsupportedSchemaError(GrammarError):
+    """The schema is valid but uses a feature constrained decoding cannot enforce."""
+
+
 class TokenRejectedError(ValueError):
     """`Grammar.advance` was given a token the grammar does not allow in its current state."""
 
@@ -142,7 +150,9 @@ _BACKENDS: dict[str, GrammarBackendLoader] = {}
 _AUTO_ORDER: list[str] = []
 
 
-def register_grammar_backend(name: str, loader: GrammarBackendLoader, *, auto_priority: bool = True) -> None:
+def register_grammar_backend(
+    name: str, loader: GrammarBackendLoader, *, auto_priority: bool = True
+) -> None:
     _BACKENDS[name] = loader
     if auto_priority and name not in _AUTO_ORDER:
         _AUTO_ORDER.append(name)
@@ -166,7 +176,9 @@ def create_grammar_backend(
                 errors.append(f"{candidate}: {e}")
                 continue
             return cls(tokenizer, vocab_size, **options)  # type: ignore[call-arg]
-        raise ImportError(f"grammar backend: none available ({'; '.join(errors) or 'none registered'})")
+        raise ImportError(
+            f"grammar backend: none available ({'; '.join(errors) or 'none registered'})"
+        )
     if name not in _BACKENDS:
         raise ValueError(f"grammar backend: unknown {name!r} (known: auto, {', '.join(_BACKENDS)})")
     return _BACKENDS[name]()(tokenizer, vocab_size, **options)  # type: ignore[call-arg]

@@ -23,7 +23,9 @@ class GrammarCacheStats:
 
 
 class GrammarCache:
-    def __init__(self, backend: GrammarBackend, *, max_workers: int = 2, max_entries: int = 64) -> None:
+    def __init__(
+        self, backend: GrammarBackend, *, max_workers: int = 2, max_entries: int = 64
+    ) -> None:
         if max_workers < 1 or max_entries < 1:
             raise ValueError(f"GrammarCache: max_workers={max_workers}, max_entries={max_entries}")
         self.backend = backend

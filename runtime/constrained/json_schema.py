@@ -5,47 +5,17 @@ The builder silently ignores some keywords (numeric bounds, `uniqueItems`, `not`
 non-JSON for others (`allOf` with several schemas, control characters in its `email` format). A
 rewrite pass runs first: it replaces what plait can express exactly (numeric bounds, string
 formats, patterns) by placeholders that are substituted into the builder's regex afterwards, and
-rejects what it cannot express with an `UnsupportedSchemaError` naming the keyword and where it is.
+rejects what it cannot express with an `UnsupportedSchemaError` naming the keyword and where it is
+(`schema_rewrite.py`).
 """
 
 from __future__ import annotations
 
 import json
-import math
-import re
-import uuid
 from typing import Any
 
-from .base import GrammarError
-from .patterns import FORMAT_REGEXES, integer_range_regex, number_range_regex
-
-
-class InvalidSchemaError(GrammarError):
-    """The schema is not JSON, not an object, or not a valid JSON Schema."""
-
-
-class UnsupportedSchemaError(GrammarError):
-    """The schema is valid but uses a feature constrained decoding cannot enforce."""
-
-
-_ANNOTATIONS = frozenset(
-    {"title", "description", "default", "examples", "$comment", "deprecated", "readOnly",
-     "writeOnly", "$schema", "$id", "$anchor", "nullable", "discriminator", "$defs", "definitions"}
-)
-_UNSUPPORTED = (
-    "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
-    "patternProperties", "propertyNames", "contains", "minContains", "maxContains", "multipleOf",
-    "unevaluatedItems", "unevaluatedProperties",
-)
-_TYPE_KEYWORDS = {
-    "string": {"minLength", "maxLength", "pattern", "format"},
-    "integer": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minDigits", "maxDigits"},
-    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
-    "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties"},
-    "array": {"items", "prefixItems", "minItems", "maxItems", "uniqueItems"},
-    "boolean": set(),
-    "null": set(),
-}
+from .base import InvalidSchemaError, UnsupportedSchemaError
+from .schema_rewrite import SchemaRewriter
 
 
 def normalize_json_schema(schema: Any) -> str:
@@ -86,218 +56,15 @@ def json_schema_to_regex(schema_json: str, whitespace_pattern: str | None = "") 
     """
     from outlines_core.json_schema import build_regex_from_schema
 
-    rewriter = _Rewriter()
+    rewriter = SchemaRewriter()
     rewritten = rewriter.rewrite(json.loads(schema_json), "#")
     try:
-        regex = build_regex_from_schema(json.dumps(rewritten), whitespace_pattern=whitespace_pattern)
+        regex = build_regex_from_schema(
+            json.dumps(rewritten), whitespace_pattern=whitespace_pattern
+        )
     except (ValueError, TypeError) as e:
         message = " ".join(str(e).split("\n")[0].split())
         raise UnsupportedSchemaError(f"json_schema: {message}") from e
     for placeholder, sub in rewriter.substitutions.items():
         regex = regex.replace(json.dumps(placeholder), f"(?:{sub})")
     return regex
-
-
-class _Rewriter:
-    """Walks a schema, returning a copy the builder handles exactly, with regex placeholders."""
-
-    def __init__(self) -> None:
-        self.substitutions: dict[str, str] = {}
-        self._nonce = uuid.uuid4().hex[:12]
-
-    def _placeholder(self, regex: str) -> dict[str, str]:
-        name = f"plait_{self._nonce}_{len(self.substitutions)}"
-        self.substitutions[name] = regex
-        return {"const": name}
-
-    def rewrite(self, node: Any, path: str) -> Any:
-        if node is True:
-            return {}
-        if not isinstance(node, dict):
-            raise UnsupportedSchemaError(f"json_schema: {path}: schema {node!r} is not supported here")
-        for keyword in _UNSUPPORTED:
-            if keyword in node:
-                raise UnsupportedSchemaError(f"json_schema: {path}: '{keyword}' is not supported")
-        if node.get("uniqueItems") is True:
-            raise UnsupportedSchemaError(f"json_schema: {path}: 'uniqueItems' is not supported")
-        node = dict(node)
-        for defs in ("$defs", "definitions"):
-            if isinstance(node.get(defs), dict):
-                node[defs] = {k: self.rewrite(v, f"{path}/{defs}/{k}") for k, v in node[defs].items()}
-        ref = node.get("$ref")
-        if isinstance(ref, str) and not ref.startswith("#"):
-            raise UnsupportedSchemaError(f"json_schema: {path}: external $ref {ref!r} is not supported")
-        constraining = set(node) - _ANNOTATIONS
-        if not constraining:
-            return {k: v for k, v in node.items() if k in ("$defs", "definitions")}
-        if "allOf" in node:
-            return self._all_of(node, path, constraining)
-        if "properties" in node:
-            for keyword in ("anyOf", "oneOf", "enum", "const", "$ref", "prefixItems"):
-                if keyword in node:
-                    raise UnsupportedSchemaError(
-                        f"json_schema: {path}: '{keyword}' next to 'properties' is not supported"
-                    )
-        for keyword in ("anyOf", "oneOf"):
-            if keyword in node:
-                node[keyword] = [self.rewrite(s, f"{path}/{keyword}/{i}") for i, s in enumerate(node[keyword])]
-        if "enum" in node or "const" in node or "$ref" in node or "anyOf" in node or "oneOf" in node:
-            return node
-        kind = node.get("type")
-        if isinstance(kind, list):
-            if len(kind) == 1:
-                kind = node["type"] = kind[0]
-            else:
-                return self._type_union(node, kind, path)
-        if "properties" in node or kind == "object":
-            return self._object(node, path)
-        if "prefixItems" in node or kind == "array":
-            return self._array(node, path)
-        if kind == "integer":
-            return self._integer(node, path)
-        if kind == "number":
-            return self._number(node, path)
-        if kind == "string":
-            return self._string(node, path)
-        return node
-
-    def _all_of(self, node: dict[str, Any], path: str, constraining: set[str]) -> Any:
-        parts = node["allOf"]
-        if len(parts) != 1 or constraining != {"allOf"}:
-            raise UnsupportedSchemaError(
-                f"json_schema: {path}: 'allOf' is supported only as the single keyword with one schema"
-            )
-        inner = self.rewrite(parts[0], f"{path}/allOf/0")
-        return {**{k: v for k, v in node.items() if k in ("$defs", "definitions")}, **inner}
-
-    def _type_union(self, node: dict[str, Any], kinds: list[str], path: str) -> dict[str, Any]:
-        shared = {k: v for k, v in node.items() if k in _ANNOTATIONS}
-        branches = []
-        for kind in kinds:
-            own = {k: v for k, v in node.items() if k in _TYPE_KEYWORDS.get(kind, set())}
-            branches.append(self.rewrite({"type": kind, **own}, f"{path}/type/{kind}"))
-        return {**shared, "anyOf": branches}
-
-    def _object(self, node: dict[str, Any], path: str) -> dict[str, Any]:
-        properties = node.get("properties")
-        if properties is None:
-            if node.get("required"):
-                raise UnsupportedSchemaError(f"json_schema: {path}: 'required' without 'properties' is not supported")
-            extra = node.get("additionalProperties")
-            if isinstance(extra, dict):
-                node["additionalProperties"] = self.rewrite(extra, f"{path}/additionalProperties")
-            return node
-        required = list(node.get("required", []))
-        missing = [name for name in required if name not in properties]
-        if missing:
-            raise UnsupportedSchemaError(
-                f"json_schema: {path}: required property {missing[0]!r} is not in 'properties'"
-            )
-        if node.get("minProperties", 0) > len(required) or node.get("maxProperties", math.inf) < len(properties):
-            raise UnsupportedSchemaError(
-                f"json_schema: {path}: 'minProperties'/'maxProperties' next to 'properties' is not supported"
-            )
-        rewritten = {}
-        for name, sub in properties.items():
-            if sub is False:
-                if name in required:
-                    raise UnsupportedSchemaError(f"json_schema: {path}: required property {name!r} is false")
-                continue
-            rewritten[name] = self.rewrite(sub, f"{path}/properties/{name}")
-        node["properties"] = rewritten
-        node.pop("minProperties", None)
-        node.pop("maxProperties", None)
-        return node
-
-    def _array(self, node: dict[str, Any], path: str) -> dict[str, Any]:
-        items = node.get("items")
-        if isinstance(items, list):
-            raise UnsupportedSchemaError(f"json_schema: {path}: 'items' as a list; use 'prefixItems'")
-        if node.get("minItems", 0) > node.get("maxItems", math.inf):
-            raise UnsupportedSchemaError(f"json_schema: {path}: 'minItems' is larger than 'maxItems'")
-        if "prefixItems" in node:
-            count = len(node["prefixItems"])
-            if not node.get("minItems", 0) <= count <= node.get("maxItems", math.inf) or items not in (None, False):
-                raise UnsupportedSchemaError(
-                    f"json_schema: {path}: 'prefixItems' is supported only for fixed-length tuples"
-                )
-            node["prefixItems"] = [
-                self.rewrite(s, f"{path}/prefixItems/{i}") for i, s in enumerate(node["prefixItems"])
-            ]
-            node.pop("items", None)
-        elif items is not None:
-            node["items"] = self.rewrite(items, f"{path}/items")
-        return node
-
-    def _bounds(self, node: dict[str, Any]) -> tuple[float | None, bool, float | None, bool]:
-        low, high = node.get("minimum"), node.get("maximum")
-        low_inclusive = high_inclusive = True
-        exclusive_low, exclusive_high = node.get("exclusiveMinimum"), node.get("exclusiveMaximum")
-        if exclusive_low is True or exclusive_high is True:  # draft 4 booleans
-            low_inclusive, high_inclusive = exclusive_low is not True, exclusive_high is not True
-        else:
-            if isinstance(exclusive_low, (int, float)) and (low is None or exclusive_low >= low):
-                low, low_inclusive = exclusive_low, False
-            if isinstance(exclusive_high, (int, float)) and (high is None or exclusive_high <= high):
-                high, high_inclusive = exclusive_high, False
-        return low, low_inclusive, high, high_inclusive
-
-    def _integer(self, node: dict[str, Any], path: str) -> dict[str, Any]:
-        low, low_inclusive, high, high_inclusive = self._bounds(node)
-        if low is None and high is None:
-            return node
-        if low is not None:
-            low = math.ceil(low) if low_inclusive else math.floor(low) + 1
-        if high is not None:
-            high = math.floor(high) if high_inclusive else math.ceil(high) - 1
-        try:
-            return self._placeholder(integer_range_regex(low, high))  # type: ignore[arg-type]
-        except ValueError as e:
-            raise UnsupportedSchemaError(f"json_schema: {path}: {e}") from e
-
-    def _number(self, node: dict[str, Any], path: str) -> dict[str, Any]:
-        low, low_inclusive, high, high_inclusive = self._bounds(node)
-        if low is None and high is None:
-            return node
-        for bound in (low, high):
-            if bound is not None and bound != int(bound):
-                raise UnsupportedSchemaError(
-                    f"json_schema: {path}: non-integer bound {bound} on a 'number' is not supported"
-                )
-        try:
-            regex = number_range_regex(
-                None if low is None else int(low),
-                None if high is None else int(high),
-                low_inclusive=low_inclusive,
-                high_inclusive=high_inclusive,
-            )
-        except ValueError as e:
-            raise UnsupportedSchemaError(f"json_schema: {path}: {e}") from e
-        return self._placeholder(regex)
-
-    def _string(self, node: dict[str, Any], path: str) -> dict[str, Any]:
-        used = [k for k in ("pattern", "format") if k in node]
-        if "minLength" in node or "maxLength" in node:
-            used.append("minLength/maxLength")
-        if len(used) > 1:
-            raise UnsupportedSchemaError(
-                f"json_schema: {path}: {' together with '.join(used)} on one string is not supported"
-            )
-        if "format" in node:
-            fmt = node["format"]
-            if fmt not in FORMAT_REGEXES:
-                raise UnsupportedSchemaError(
-                    f"json_schema: {path}: string format {fmt!r} is not supported "
-                    f"(supported: {', '.join(sorted(FORMAT_REGEXES))})"
-                )
-            return self._placeholder(FORMAT_REGEXES[fmt])
-        if "pattern" in node:
-            pattern = node["pattern"]
-            try:
-                re.compile(pattern)
-            except re.error as e:
-                raise InvalidSchemaError(f"json_schema: {path}/pattern: invalid regex {pattern!r}: {e}") from e
-            pattern = pattern[1:] if pattern.startswith("^") else pattern
-            pattern = pattern[:-1] if pattern.endswith("$") and not pattern.endswith("\\$") else pattern
-            return self._placeholder(f'"(?:{pattern})"')
-        return node

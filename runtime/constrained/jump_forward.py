@@ -33,7 +33,9 @@ class JumpForward:
     new_token_ids: list[int]
 
 
-def retokenize(tokenizer: Tokenizer, output_ids: Sequence[int], forced_text: str) -> Retokenized | None:
+def retokenize(
+    tokenizer: Tokenizer, output_ids: Sequence[int], forced_text: str
+) -> Retokenized | None:
     """The edit that turns `output_ids` into `tokenizer.encode(decode(output_ids) + forced_text)`.
 
     None when that encoding does not spell the same bytes (e.g. a tokenizer that adds a prefix
@@ -54,7 +56,9 @@ def retokenize(tokenizer: Tokenizer, output_ids: Sequence[int], forced_text: str
     return Retokenized(len(output_ids) - keep, new_ids)
 
 
-def jump_forward(grammar: Grammar, tokenizer: Tokenizer, *, min_chars: int = 2) -> JumpForward | None:
+def jump_forward(
+    grammar: Grammar, tokenizer: Tokenizer, *, min_chars: int = 2
+) -> JumpForward | None:
     """Find the forced text after `grammar.token_ids` (the request's output ids), retokenize, and
     advance the grammar over the new ids; None (grammar unchanged) when there is nothing to gain.
 

@@ -68,7 +68,9 @@ class OutlinesBackend(GrammarBackend):
         for token_id, spelled in enumerate(self.token_bytes):
             if spelled and token_id not in excluded:
                 by_bytes.setdefault(spelled, []).append(token_id)
-        self.single_byte_tokens = [(b[0], ids[0]) for b, ids in sorted(by_bytes.items()) if len(b) == 1]
+        self.single_byte_tokens = [
+            (b[0], ids[0]) for b, ids in sorted(by_bytes.items()) if len(b) == 1
+        ]
         first = np.full(len(self.token_bytes), -1, dtype=np.int16)  # first byte of every token
         for spelled, ids in by_bytes.items():
             first[ids] = spelled[0]
@@ -98,14 +100,18 @@ class OutlinesBackend(GrammarBackend):
         indexed = regex if self.sentinel is None else f"(?:{regex}){escape(self.sentinel)}"
         try:
             index = Index(indexed, self.vocabulary)
-        except BaseException as e:  # NOTE: Rust panics surface as pyo3's PanicException (BaseException)
+        # NOTE: Rust panics surface as pyo3's PanicException, a BaseException
+        except BaseException as e:
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
             raise _compile_error(key, regex, e) from e
         compiled = OutlinesCompiledGrammar(key, regex, index, self)
         initial = index.get_initial_state()
-        if not compiled.accepts(initial) and not set(index.get_allowed_tokens(initial)) - {self.sentinel_id}:
-            raise InvalidRegexError(f"{key.kind}: no token of this vocabulary can start {_shown(regex)!r}")
+        startable = set(index.get_allowed_tokens(initial)) - {self.sentinel_id}
+        if not compiled.accepts(initial) and not startable:
+            raise InvalidRegexError(
+                f"{key.kind}: no token of this vocabulary can start {_shown(regex)!r}"
+            )
         return compiled
 
 
@@ -141,7 +147,9 @@ def _find_sentinel(by_bytes: dict[bytes, list[int]]) -> str | None:
             return chr(byte)
         if byte < 0xE0:  # lead byte of a 2-byte character
             return bytes([byte, 0x80]).decode("utf-8")
-        return bytes([byte, 0x80, 0x80] if byte < 0xF0 else [byte, 0x80, 0x80, 0x80]).decode("utf-8")
+        return bytes([byte, 0x80, 0x80] if byte < 0xF0 else [byte, 0x80, 0x80, 0x80]).decode(
+            "utf-8"
+        )
     return None
 
 
@@ -160,7 +168,8 @@ class OutlinesCompiledGrammar(CompiledGrammar):
         self.index = index
         self.backend = backend
         self._rows: dict[int, np.ndarray] = {}
-        self._steps: dict[int, tuple[int, int]] = {}  # state -> (forced byte or -1 / -2, next state)
+        # state -> (forced byte, next state), (-1, -1) nothing follows, (-2, -1) several bytes can
+        self._steps: dict[int, tuple[int, int]] = {}
         self._accepting: dict[int, bool] = {}
 
     def new_grammar(self) -> OutlinesGrammar:
@@ -213,7 +222,9 @@ class OutlinesCompiledGrammar(CompiledGrammar):
                 found = (byte, next_state)
         if found[0] >= 0:  # every allowed token must start with that byte (multi-byte tokens too)
             allowed = np.asarray(self.index.get_allowed_tokens(state), dtype=np.int64)
-            allowed = allowed[(allowed < len(self.backend.first_bytes)) & (allowed != self.backend.sentinel_id)]
+            allowed = allowed[
+                (allowed < len(self.backend.first_bytes)) & (allowed != self.backend.sentinel_id)
+            ]
             allowed = allowed[~np.isin(allowed, self.backend.eos_token_ids)]
             if np.any(self.backend.first_bytes[allowed] != found[0]):
                 return (-2, -1)
@@ -272,7 +283,8 @@ class OutlinesGrammar(Grammar):
         return True
 
     def fill_bitmask(self, bitmask: Any, row: int) -> None:
-        words = bitmask.numpy() if hasattr(bitmask, "numpy") else bitmask  # [batch, num_words] int32
+        # [batch, num_words] int32; a CPU torch tensor (pinned or not) or a numpy array
+        words = bitmask.numpy() if hasattr(bitmask, "numpy") else bitmask
         backend = self._compiled.backend
         n = backend.num_index_words
         if words.shape[1] < n:
@@ -295,7 +307,9 @@ class OutlinesGrammar(Grammar):
 
     def rollback(self, num_tokens: int) -> None:
         if not 0 <= num_tokens <= len(self._tokens):
-            raise ValueError(f"rollback: {num_tokens} tokens requested, {len(self._tokens)} consumed")
+            raise ValueError(
+                f"rollback: {num_tokens} tokens requested, {len(self._tokens)} consumed"
+            )
         if num_tokens == 0:
             return
         guide_steps = num_tokens - (1 if self._finished else 0)

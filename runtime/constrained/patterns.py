@@ -22,7 +22,13 @@ def escape(text: str) -> str:
             out.append(ch)
         else:
             code = ord(ch)  # \xhh, \uhhhh and \Uhhhhhhhh read the same in Rust and Python
-            out.append(f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
+            out.append(
+                f"\\x{code:02x}"
+                if code <= 0xFF
+                else f"\\u{code:04x}"
+                if code <= 0xFFFF
+                else f"\\U{code:08x}"
+            )
     return "".join(out)
 
 
@@ -45,7 +51,12 @@ BOOL_REGEX = r"(?:True|False)"
 JSON_STRING_INNER = r'(?:[^"\\\x00-\x1f\x7f-\x9f]|\\["\\/bfnrt])'
 JSON_STRING_REGEX = f'"{JSON_STRING_INNER}*"'
 
-DTYPE_REGEXES = {"int": INT_REGEX, "float": FLOAT_REGEX, "bool": BOOL_REGEX, "str": JSON_STRING_REGEX}
+DTYPE_REGEXES = {
+    "int": INT_REGEX,
+    "float": FLOAT_REGEX,
+    "bool": BOOL_REGEX,
+    "str": JSON_STRING_REGEX,
+}
 
 
 def dtype_regex(dtype: type | str) -> str:
@@ -136,9 +147,13 @@ _ZERO_FRACTION = r"(?:\.0+)?"
 _NONZERO_FRACTION = r"\.[0-9]*[1-9][0-9]*"
 
 
-def _magnitude_regex(low: int, low_inclusive: bool, high: int | None, high_inclusive: bool) -> str | None:
+def _magnitude_regex(
+    low: int, low_inclusive: bool, high: int | None, high_inclusive: bool
+) -> str | None:
     """Unsigned decimals m (no exponent) with low <(=) m <(=) high; None when there are none."""
-    if high is not None and (high < low or (high == low and not (low_inclusive and high_inclusive))):
+    if high is not None and (
+        high < low or (high == low and not (low_inclusive and high_inclusive))
+    ):
         return None
     parts = []
     first = low if low_inclusive else low + 1
@@ -161,7 +176,9 @@ def number_range_regex(
         if high is None or high >= 0:
             magnitude = _magnitude_regex(0, False, None if low is None else -low, low_inclusive)
         else:
-            magnitude = _magnitude_regex(-high, high_inclusive, None if low is None else -low, low_inclusive)
+            magnitude = _magnitude_regex(
+                -high, high_inclusive, None if low is None else -low, low_inclusive
+            )
         if magnitude is not None:
             parts.append("-" + magnitude)
     if high is None or high >= 0:

@@ -28,11 +28,18 @@ def make_grammar_key(
     """
     given = {
         name: value
-        for name, value in (("regex", regex), ("json_schema", json_schema), ("choices", choices), ("dtype", dtype))
+        for name, value in (
+            ("regex", regex),
+            ("json_schema", json_schema),
+            ("choices", choices),
+            ("dtype", dtype),
+        )
         if value is not None
     }
     if len(given) > 1:
-        raise GrammarError(f"constraint: give at most one of regex, json_schema, choices, dtype; got {', '.join(given)}")
+        raise GrammarError(
+            f"constraint: give at most one of regex, json_schema, choices, dtype; got {', '.join(given)}"
+        )
     if not given:
         return None
     if regex is not None:
@@ -50,7 +57,9 @@ def make_grammar_key(
         except ValueError as e:
             raise GrammarError(str(e)) from e
     if whitespace_pattern is not None and not isinstance(whitespace_pattern, str):
-        raise GrammarError(f"whitespace_pattern: expected a string or None, got {type(whitespace_pattern).__name__}")
+        raise GrammarError(
+            f"whitespace_pattern: expected a string or None, got {type(whitespace_pattern).__name__}"
+        )
     key = GrammarKey("json_schema", normalize_json_schema(json_schema), whitespace_pattern)
     json_schema_to_regex(key.pattern, whitespace_pattern)  # raises the named errors now
     return key

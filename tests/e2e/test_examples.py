@@ -28,15 +28,6 @@ def runtime(default_engine):
     return plait.Runtime(engine=default_engine)
 
 
-@pytest.fixture(scope="module")
-def constrained(default_engine) -> bool:
-    """Whether the engine enforces `regex` (constrained decoding, issue 4)."""
-    out = default_engine.generate(
-        "Write a word:", {"max_new_tokens": 6, "temperature": 0, "regex": "[0-9]{3}"}
-    )
-    return re.fullmatch("[0-9]{3}", out["text"]) is not None
-
-
 def test_select_with_a_clear_gap_picks_the_right_choice(runtime):
     @program
     def capital(s):
@@ -54,9 +45,7 @@ def test_fewshot_select(runtime):
     assert labels == ["positive", "negative", "positive", "negative"]
 
 
-def test_json_extraction(runtime, constrained):
-    if not constrained:
-        pytest.xfail("the engine does not enforce json_schema yet (issue 4)")
+def test_json_extraction(runtime):
     mod = example("json_extraction")
     people = mod["main"](runtime)
     assert len(people) == 2 and all(isinstance(p, mod["Person"]) for p in people)
@@ -71,7 +60,7 @@ def test_tree_of_thought_branches_share_a_cached_prefix(runtime):
     assert all(m["cached_tokens"] >= 0.8 * m["prompt_tokens"] for m in plan_metas)
 
 
-def test_react_agent_calls_real_tools(runtime, constrained):
+def test_react_agent_calls_real_tools(runtime):
     mod = example("react_agent")
     states = mod["main"](runtime)
     for state in states:
@@ -79,10 +68,9 @@ def test_react_agent_calls_real_tools(runtime, constrained):
         assert actions and actions[0].split("\n")[0] in ("Action: calculator", "Action: lookup")
         assert any(m["content"].startswith("Observation: ") for m in state.messages())
         assert state["answer"].strip()
-    if constrained:
-        assert mod["calculator"]("17 * 23") == "391"
-        for state in states:
-            assert re.fullmatch(r" [0-9a-z+\-*/. ()]+", state["input"])
+    assert mod["calculator"]("17 * 23") == "391"
+    for state in states:
+        assert re.fullmatch(r" [0-9a-z+\-*/. ()]+", state["input"])
 
 
 def test_multi_turn_chat_reuses_earlier_turns(runtime):

@@ -1,0 +1,123 @@
+"""The compiled-grammar cache: in-flight deduplication, error caching, eviction, and that callers
+never block on a slow compilation."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from plait.runtime.constrained import (
+    CompiledGrammar,
+    GrammarBackend,
+    GrammarCache,
+    GrammarError,
+    GrammarKey,
+    InvalidRegexError,
+    make_grammar_key,
+)
+from tests.unit.grammar_support import backend_for
+
+
+class FakeCompiled(CompiledGrammar):
+    def __init__(self, key: GrammarKey) -> None:
+        self.key = key
+        self.regex = key.pattern
+
+    def new_grammar(self):
+        raise NotImplementedError
+
+
+class SlowBackend(GrammarBackend):
+    name = "slow"
+
+    def __init__(self, delay: float = 0.2) -> None:
+        self.delay = delay
+        self.calls: list[GrammarKey] = []
+        self.release = threading.Event()
+
+    def compile(self, key: GrammarKey) -> CompiledGrammar:
+        self.calls.append(key)
+        time.sleep(self.delay)
+        if key.pattern == "bad":
+            raise GrammarError("regex: bad")
+        if key.pattern == "crash":
+            raise MemoryError("transient")
+        return FakeCompiled(key)
+
+
+def test_concurrent_requests_share_one_compilation():
+    backend = SlowBackend()
+    cache = GrammarCache(backend, max_workers=4)
+    key = GrammarKey("regex", "[0-9]+")
+    barrier = threading.Barrier(8)
+    results: list[CompiledGrammar] = []
+
+    def submit() -> None:
+        barrier.wait()
+        results.append(cache.get(key, timeout=5))
+
+    threads = [threading.Thread(target=submit) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(backend.calls) == 1 and cache.stats.num_compiles == 1 and cache.stats.num_hits == 7
+    assert len({id(r) for r in results}) == 1
+    cache.get(key)
+    assert len(backend.calls) == 1 and cache.stats.num_hits == 8
+    cache.shutdown()
+
+
+def test_get_future_never_blocks():
+    cache = GrammarCache(SlowBackend(delay=0.5))
+    start = time.perf_counter()
+    future = cache.get_future(GrammarKey("regex", "a"))
+    assert time.perf_counter() - start < 0.05 and not future.done()
+    assert future.result(timeout=5).regex == "a"
+    cache.shutdown()
+
+
+def test_errors_are_cached_but_crashes_are_not():
+    backend = SlowBackend(delay=0.0)
+    cache = GrammarCache(backend)
+    bad = GrammarKey("regex", "bad")
+    for _ in range(2):
+        with pytest.raises(GrammarError, match="regex: bad"):
+            cache.get(bad)
+    assert len(backend.calls) == 1 and cache.stats.num_errors == 1
+    crash = GrammarKey("regex", "crash")
+    for _ in range(2):
+        with pytest.raises(MemoryError):
+            cache.get(crash)
+    assert backend.calls.count(crash) == 2
+    cache.shutdown()
+
+
+def test_eviction_keeps_the_newest():
+    backend = SlowBackend(delay=0.0)
+    cache = GrammarCache(backend, max_entries=3)
+    keys = [GrammarKey("regex", str(i)) for i in range(5)]
+    for key in keys:
+        cache.get(key)
+    cache.get_future(GrammarKey("regex", "x")).result()
+    assert len(cache) <= 3 + 1 and keys[0] not in cache and GrammarKey("regex", "x") in cache
+    cache.get(keys[0])
+    assert backend.calls.count(keys[0]) == 2
+    cache.shutdown()
+
+
+def test_real_backend_through_the_cache(smollm_tokenizer):
+    cache = GrammarCache(backend_for(smollm_tokenizer))
+    key = make_grammar_key(
+        json_schema={
+            "type": "object",
+            "properties": {"ok": {"type": "boolean"}},
+            "required": ["ok"],
+        }
+    )
+    assert cache.get(key).regex.startswith('\\{"ok":')
+    with pytest.raises(InvalidRegexError, match="regex: invalid pattern"):
+        cache.get_future(make_grammar_key(regex="[a-")).result(timeout=10)
+    cache.shutdown()
