@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from plait.runtime.engine import Engine
-    from plait.runtime.protocol import SamplingParams
+    from plait.runtime.engine import Engine  # noqa: F401
+    from plait.runtime.protocol import SamplingParams  # noqa: F401
 
 _LAZY = {
     **{

@@ -72,6 +72,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from plait.benchmarks.latency import run_latency_bench
 
         return run_latency_bench(args)
+    if args.workload == "json":
+        from plait.benchmarks.json_bench import run_json_bench
+
+        return run_json_bench(args)
     if args.workload == "throughput":
         from plait.benchmarks.throughput import run_throughput_bench
 
@@ -111,7 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     thr.add_argument("--shared-output-len", dest="shared_output_len", type=int, default=16)
     thr.add_argument("--shared-concurrency", dest="shared_concurrency", type=int, default=8)
     thr.add_argument("--output", default="bench-results/throughput.json")
-    for p in (lat, thr):
+    js = bench_sub.add_parser("json", help="JSON-schema extraction: jump-forward on/off, mask cost")
+    js.add_argument("--num-requests", dest="num_requests", type=int, default=32)
+    js.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=160)
+    js.add_argument("--mask-batch", dest="mask_batch", type=int, default=16)
+    js.add_argument("--output", default="bench-results/json.json")
+    for p in (lat, thr, js):
         p.add_argument("--no-transformers", dest="transformers", action="store_false", help="skip the transformers baseline")
         add_engine_args(p)
         p.set_defaults(func=_cmd_bench)
