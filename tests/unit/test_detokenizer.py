@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from plait.runtime.detokenizer import MAX_PENDING_TOKENS, IncrementalDetokenizer
 from plait.runtime.tokenizer import Tokenizer
 

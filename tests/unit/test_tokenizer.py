@@ -9,9 +9,10 @@ import random
 import unicodedata
 
 import pytest
-from plait.runtime.tokenizer import Tokenizer
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import pre_tokenizers, processors
+
+from plait.runtime.tokenizer import Tokenizer
 
 TEXTS = [
     "Hello world",
