@@ -78,6 +78,24 @@ class EngineConfig:
     grammar_backend: str = "auto"  # constrained decoding: "auto" or a registered backend name
     disable_jump_forward: bool = False
     json_whitespace_pattern: str | None = ""  # between JSON tokens: "" compact, None the default
+    speculative_algorithm: str | None = None  # None, "ngram", "self" or "draft_model"
+    num_draft_tokens: int = 4
+    draft_model_path: str | None = None
+    draft_layers: int | None = None  # "self": draft with the target's first layers
+
+    def __post_init__(self) -> None:
+        algos = (None, "ngram", "self", "draft_model")
+        if self.speculative_algorithm not in algos:
+            raise ValueError(
+                f"speculative_algorithm: expected one of None, ngram, self, draft_model, "
+                f"got {self.speculative_algorithm!r}"
+            )
+        if not 1 <= self.num_draft_tokens <= 32:
+            raise ValueError(f"num_draft_tokens: must be in [1, 32], got {self.num_draft_tokens}")
+        if self.speculative_algorithm == "draft_model" and not self.draft_model_path:
+            raise ValueError("draft_model_path: required with speculative_algorithm='draft_model'")
+        if self.draft_layers is not None and self.draft_layers < 1:
+            raise ValueError(f"draft_layers: must be positive, got {self.draft_layers}")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
@@ -85,7 +103,8 @@ class EngineConfig:
         groups: dict[str, dict[str, Any]] = {"model": {}, "cache": {}, "scheduler": {}}
         own = {
             "random_seed", "check_invariants", "grammar_backend", "disable_jump_forward",
-            "json_whitespace_pattern",
+            "json_whitespace_pattern", "speculative_algorithm", "num_draft_tokens",
+            "draft_model_path", "draft_layers",
         }
         top: dict[str, Any] = {}
         owners = {

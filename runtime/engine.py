@@ -74,6 +74,8 @@ class Engine:
             self.model, self.kv_pool, self.device, self.tokenizer.eos_token_ids, self.generator
         )
         self.processor = OutputProcessor(self.tokenizer, self.context_len)
+        self.drafter = self._make_drafter()
+        self._spec_totals = {"steps": 0, "proposed": 0, "accepted": 0}
         self._grammars: Any = None  # GrammarCache, made on the first constrained request
         self._grammar_lock = threading.Lock()
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -168,6 +170,47 @@ class Engine:
                     )
                 reqs.append(req)
         return reqs, batched or len(reqs) > 1
+
+    # speculative decoding ------------------------------------------------------------------------
+
+    def _make_drafter(self) -> Any:
+        algo = self.config.speculative_algorithm
+        if algo is None:
+            return None
+        from plait.runtime.speculative import create_drafter
+
+        return create_drafter(algo, engine=self)
+
+    def _propose_drafts(self, batch: ScheduleBatch) -> None:
+        candidates = [r for r in batch.decodes if self.drafter.wants(r)]
+        if not candidates:
+            return
+        k = self.config.num_draft_tokens
+        drafts: dict[int, list[int]] = {}
+        for req, draft in zip(candidates, self.drafter.propose(candidates, k)):
+            room = min(
+                req.params.max_new_tokens - len(req.output_ids) - 1,
+                self.context_len - req.num_tokens - 1,
+            )
+            draft = draft[: max(room, 0)]
+            if draft and req.grammar is not None:
+                grammar = req.grammar.copy()
+                allowed = 0
+                while allowed < len(draft) and grammar.try_advance(draft[allowed]):
+                    allowed += 1
+                draft = draft[:allowed]
+            if draft:
+                drafts[id(req)] = draft
+        self.scheduler.add_drafts(batch, drafts)
+
+    def _observe_speculation(self, req: Request, proposed: int, accepted: int) -> None:
+        self.drafter.observe(req, proposed, accepted)
+        req.spec.num_steps += 1
+        req.spec.num_proposed += proposed
+        req.spec.num_accepted += accepted
+        self._spec_totals["steps"] += 1
+        self._spec_totals["proposed"] += proposed
+        self._spec_totals["accepted"] += accepted
 
     # constraints -------------------------------------------------------------------------------
 
@@ -375,6 +418,8 @@ class Engine:
     def step(self) -> None:
         """One forward pass over the scheduler's next batch, then bookkeeping and delivery."""
         batch = self.scheduler.schedule()
+        if self.drafter is not None and batch.decodes:
+            self._propose_drafts(batch)
         if not batch:
             return
         try:
@@ -387,15 +432,20 @@ class Engine:
         entries = [e.req for e in batch.extends] + batch.decodes
         last_chunk = [e.is_last_chunk for e in batch.extends] + [True] * len(batch.decodes)
         updated: list[Request] = []
-        for req, result, done_prompt in zip(entries, results, last_chunk):
+        for entry, req, result, done_prompt in zip(
+            [*batch.extends, *[None] * len(batch.decodes)], entries, results, last_chunk
+        ):
             if req.finished:
                 continue
             self.processor.record_input_logprobs(req, result)
-            if result.next_token is not None:
+            if result.tokens:
                 if req.first_token_time is None:
                     req.first_token_time = time.perf_counter()
-                self._totals["generated_tokens"] += 1
-                self.processor.append_token(req, result)
+                added = self.processor.append_tokens(req, result)
+                self._totals["generated_tokens"] += added
+                if entry is not None and entry.draft_ids:
+                    entry.num_accepted = min(len(result.tokens) - 1, added)
+                    self._observe_speculation(req, len(entry.draft_ids), len(result.tokens) - 1)
                 updated.append(req)
             elif done_prompt:
                 self.processor.finish(req, FinishReason("length", length=len(req.output_ids)))
@@ -456,8 +506,22 @@ class Engine:
             "cache_hit_rate": sched.cached_prompt_tokens / sched.prompt_tokens if sched.prompt_tokens else 0.0,
             "num_retracted": sched.num_retracted,
             "total_computed_tokens": sched.computed_tokens,
+            **self._spec_stats(),
             "new_token_ratio": sched.new_token_ratio,
             **{f"total_{k}": v for k, v in self._totals.items()},
+        }
+
+    def _spec_stats(self) -> dict[str, Any]:
+        if self.drafter is None:
+            return {}
+        t = self._spec_totals
+        return {
+            "spec_algorithm": self.config.speculative_algorithm,
+            "spec_verify_steps": t["steps"],
+            "spec_proposed_tokens": t["proposed"],
+            "spec_accepted_tokens": t["accepted"],
+            "spec_acceptance_rate": t["accepted"] / t["proposed"] if t["proposed"] else 0.0,
+            "spec_mean_accept_length": (t["accepted"] + t["steps"]) / t["steps"] if t["steps"] else 0.0,
         }
 
     def flush_cache(self) -> bool:

@@ -70,6 +70,13 @@ class KVCacheManager:
         req.pages.extend(pages)
         return True
 
+    def trim(self, req: Request) -> None:
+        """Frees pages past the request's tokens (left over from rejected draft tokens)."""
+        keep = max(self.pages_for(req.num_tokens), req.num_cached_pages)
+        if len(req.pages) > keep:
+            self._free(req.pages[keep:])
+            del req.pages[keep:]
+
     # caching and release ----------------------------------------------------------------
 
     def cache_prefix(self, req: Request) -> None:

@@ -14,6 +14,7 @@ from plait.runtime.kv_pool import KVPool
 from plait.runtime.models.llama import LlamaForCausalLM
 from plait.runtime.request import Request
 from plait.runtime.sampling import SamplingRow, sample
+from plait.runtime.speculative.verify import verify_draft
 
 
 @dataclass
@@ -24,6 +25,8 @@ class ExtendEntry:
     start: int
     end: int
     is_last_chunk: bool
+    draft_ids: list[int] = field(default_factory=list)  # speculative tokens after all_ids[:end]
+    num_accepted: int = 0  # set after verification
 
 
 @dataclass
@@ -41,11 +44,12 @@ class ScheduleBatch:
 
 @dataclass
 class TokenResult:
-    """What one forward pass produced for one request."""
+    """What one forward pass produced for one request: usually one new token, several when a
+    speculative draft was (partly) accepted."""
 
-    next_token: int | None = None
-    next_logprob: float | None = None
-    next_top: list[tuple[float, int]] | None = None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    tops: list[list[tuple[float, int]]] = field(default_factory=list)
     input_logprobs: list[tuple[float, int]] = field(default_factory=list)
     input_top: list[list[tuple[float, int]]] = field(default_factory=list)
 
@@ -93,19 +97,21 @@ class ModelRunner:
         for e in batch.extends:
             req = e.req
             row0 = len(ids)
+            end = e.end + len(e.draft_ids)
             ids.extend(req.all_ids[e.start : e.end])
-            positions.extend(range(e.start, e.end))
-            all_slots = self.slots(req.pages, 0, e.end)
+            ids.extend(e.draft_ids)
+            positions.extend(range(e.start, end))
+            all_slots = self.slots(req.pages, 0, end)
             slot_chunks.append(all_slots[e.start :])
             q_starts.append(row0)
-            q_lens.append(e.end - e.start)
-            kv_lens.append(e.end)
+            q_lens.append(end - e.start)
+            kv_lens.append(end)
             kv_slots.append(all_slots)
             input_rows = self._input_logprob_rows(e)
             logit_rows.extend(row0 + r - e.start for r in input_rows)
             samples = e.is_last_chunk and req.params.max_new_tokens > len(req.output_ids)
-            if samples:
-                logit_rows.append(row0 + e.end - 1 - e.start)
+            if samples:  # the last real token, then one row per draft token
+                logit_rows.extend(row0 + e.end - 1 - e.start + j for j in range(len(e.draft_ids) + 1))
             plans.append((input_rows, samples))
         decode_slots = decode_lens = decode_mask = None
         if batch.decodes:
@@ -168,11 +174,13 @@ class ModelRunner:
         self, batch: ScheduleBatch, plans: list[tuple[list[int], bool]], logits: torch.Tensor
     ) -> list[TokenResult]:
         reqs = [e.req for e in batch.extends] + batch.decodes
+        drafts = [e.draft_ids for e in batch.extends] + [[] for _ in batch.decodes]
         results = [TokenResult() for _ in reqs]
         want_logprobs = any(r.logprob.return_logprob for r in reqs)
         logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
-        sample_rows: list[int] = []
+        sample_rows: list[int] = []  # one-token requests: their logits row
         sample_reqs: list[int] = []
+        spec: list[tuple[int, int]] = []  # speculating requests: (request index, first row)
         cursor = 0
         for i, (req, (input_rows, samples)) in enumerate(zip(reqs, plans)):
             if input_rows:
@@ -185,46 +193,73 @@ class ModelRunner:
                 if req.logprob.top_logprobs_num:
                     results[i].input_top = _top(logprobs[cursor : cursor + n], req.logprob.top_logprobs_num)
                 cursor += n
-            if samples:
+            if samples and drafts[i]:
+                spec.append((i, cursor))
+                cursor += len(drafts[i]) + 1
+            elif samples:
                 sample_rows.append(cursor)
                 sample_reqs.append(i)
                 cursor += 1
-        if not sample_rows:
-            return results
-        rows = torch.tensor(sample_rows, dtype=torch.long, device=logits.device)
-        batch_logits = logits[rows]  # a copy: logprobs above stay those of the raw distribution
-        self._apply_grammars(batch_logits, [reqs[i] for i in sample_reqs])
-        sampling_rows = [
-            SamplingRow(
-                params=reqs[i].params,
-                output_ids=reqs[i].output_ids,
-                prompt_ids=reqs[i].prompt_ids,
-                banned_ids=reqs[i].banned_ids(self.eos_ids),
-                generator=reqs[i].generator or self.default_generator,
-            )
-            for i in sample_reqs
-        ]
-        next_ids = sample(batch_logits, sampling_rows).tolist()
-        for j, i in enumerate(sample_reqs):
-            results[i].next_token = next_ids[j]
-            req = reqs[i]
-            if req.logprob.return_logprob:
-                row_lp = logprobs[sample_rows[j]]
-                results[i].next_logprob = row_lp[next_ids[j]].item()
-                if req.logprob.top_logprobs_num:
-                    results[i].next_top = _top(row_lp[None], req.logprob.top_logprobs_num)[0]
+        if sample_rows:
+            rows = torch.tensor(sample_rows, dtype=torch.long, device=logits.device)
+            batch_logits = logits[rows]  # a copy: logprobs above stay those of the raw distribution
+            self._apply_grammars(batch_logits, [reqs[i] for i in sample_reqs])
+            rows_state = [self._sampling_row(reqs[i], []) for i in sample_reqs]
+            for j, token in enumerate(sample(batch_logits, rows_state).tolist()):
+                results[sample_reqs[j]].tokens.append(token)
+        for i, first in spec:
+            k = len(drafts[i])
+            results[i].tokens = self._verify(reqs[i], drafts[i], logits[first : first + k + 1].clone())
+        if want_logprobs:
+            for i, first in [(i, r) for i, r in zip(sample_reqs, sample_rows)] + spec:
+                req = reqs[i]
+                if not req.logprob.return_logprob:
+                    continue
+                for j, token in enumerate(results[i].tokens):
+                    row_lp = logprobs[first + j]
+                    results[i].logprobs.append(row_lp[token].item())
+                    if req.logprob.top_logprobs_num:
+                        results[i].tops.append(_top(row_lp[None], req.logprob.top_logprobs_num)[0])
         return results
 
+    def _sampling_row(self, req: Request, draft: list[int]) -> SamplingRow:
+        output = req.output_ids + draft if draft else req.output_ids
+        banned: list[int] = []
+        if len(output) < req.params.min_new_tokens:
+            banned = sorted(set(req.params.stop_token_ids) | set(() if req.params.ignore_eos else self.eos_ids))
+        return SamplingRow(
+            params=req.params,
+            output_ids=output,
+            prompt_ids=req.prompt_ids,
+            banned_ids=banned,
+            generator=req.generator or self.default_generator,
+        )
+
+    def _verify(self, req: Request, draft: list[int], logits: torch.Tensor) -> list[int]:
+        grammar = req.grammar.copy() if req.grammar is not None else None
+
+        def mask_row(i: int, row_logits: torch.Tensor) -> None:
+            if grammar is None:
+                return
+            if i > 0:
+                grammar.advance(draft[i - 1])  # drafts were cut to what the grammar allows
+            self._apply_grammars_to(row_logits[None], [grammar])
+
+        return verify_draft(logits, draft, lambda i: self._sampling_row(req, draft[:i]), mask_row)
+
+    @classmethod
+    def _apply_grammars(cls, logits: torch.Tensor, reqs: list[Request]) -> None:
+        cls._apply_grammars_to(logits, [r.grammar for r in reqs])
 
     @staticmethod
-    def _apply_grammars(logits: torch.Tensor, reqs: list[Request]) -> None:
+    def _apply_grammars_to(logits: torch.Tensor, grammars: list) -> None:
         """Masks each constrained row to the tokens its grammar allows next (one kernel call)."""
-        constrained = [j for j, r in enumerate(reqs) if r.grammar is not None]
+        constrained = [j for j, g in enumerate(grammars) if g is not None]
         if not constrained:
             return
-        bitmask = allocate_token_bitmask(len(reqs), logits.shape[1])
+        bitmask = allocate_token_bitmask(len(grammars), logits.shape[1])
         for j in constrained:
-            reqs[j].grammar.fill_bitmask(bitmask, j)
+            grammars[j].fill_bitmask(bitmask, j)
         apply_token_bitmask(logits, bitmask.to(logits.device), constrained)
 
 

@@ -40,16 +40,23 @@ class OutputProcessor:
         if req.logprob.top_logprobs_num:
             req.input_top_logprobs.extend(result.input_top)
 
-    def append_token(self, req: Request, result: TokenResult) -> None:
+    def append_tokens(self, req: Request, result: TokenResult) -> int:
+        """Adds the step's tokens in order until a stop condition finishes the request; returns
+        how many were added."""
+        for j, token in enumerate(result.tokens):
+            if req.finished:
+                return j
+            self.append_token(req, token, result, j)
+        return len(result.tokens)
+
+    def append_token(self, req: Request, token: int, result: TokenResult, j: int = 0) -> None:
         """Adds one sampled token; finishes the request when a stop condition holds."""
-        token = result.next_token
-        assert token is not None
         params = req.params
         req.output_ids.append(token)
         if req.logprob.return_logprob:
-            req.output_token_logprobs.append((result.next_logprob, token))
+            req.output_token_logprobs.append((result.logprobs[j], token))
             if req.logprob.top_logprobs_num:
-                req.output_top_logprobs.append(result.next_top or [])
+                req.output_top_logprobs.append(result.tops[j])
         n_out = len(req.output_ids)
         if req.grammar is not None and not req.grammar.try_advance(token):
             return self.finish(
@@ -109,6 +116,7 @@ class OutputProcessor:
         del req.output_ids[kept:]
         req.output_ids.extend(edit.new_token_ids)
         req.jump_forward_tokens += len(edit.new_token_ids)
+        req.spec.index = None  # the n-gram index saw the replaced tokens
         req.text += text
         req.detokenizer = IncrementalDetokenizer(
             self.tokenizer,

@@ -34,6 +34,9 @@ def build_output(req: Request, tokenizer: Tokenizer, text: str) -> dict[str, Any
     }
     if req.grammar is not None:
         meta["jump_forward_tokens"] = req.jump_forward_tokens
+    if req.spec.num_steps:
+        meta["spec_verify_ct"] = req.spec.num_steps
+        meta["spec_accepted_tokens"] = req.spec.num_accepted
     opts = req.logprob
     if opts.return_logprob:
         with_text = opts.return_text_in_logprobs

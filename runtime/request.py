@@ -17,6 +17,18 @@ class RequestStatus(enum.Enum):
 
 
 @dataclass
+class SpecState:
+    """Speculative decoding bookkeeping of one request."""
+
+    index: Any = None  # the n-gram drafter's index over the request's tokens
+    mean_accepted: float = 1.0
+    backoff: int = 0
+    num_steps: int = 0  # verification steps
+    num_proposed: int = 0
+    num_accepted: int = 0
+
+
+@dataclass
 class Request:
     rid: str
     prompt_ids: list[int]
@@ -43,6 +55,7 @@ class Request:
     first_token_time: float | None = None
     finish_time: float | None = None
     grammar: Any = None  # constrained decoding state (runtime.constrained.Grammar)
+    spec: SpecState = field(default_factory=SpecState)
     jump_forward_tokens: int = 0
     detokenizer: Any = None
     generator: Any = None
@@ -70,8 +83,3 @@ class Request:
     @property
     def wants_input_logprobs(self) -> bool:
         return self.logprob.return_logprob and not self.output_ids
-
-    def banned_ids(self, eos_ids: frozenset[int]) -> list[int]:
-        if len(self.output_ids) >= self.params.min_new_tokens:
-            return []
-        return sorted(set(self.params.stop_token_ids) | set(() if self.params.ignore_eos else eos_ids))

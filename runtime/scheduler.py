@@ -178,13 +178,17 @@ class Scheduler:
         and releases finished ones."""
         self.computed_tokens += batch.num_tokens
         for e in batch.extends:
-            e.req.num_computed = e.end
+            if e.draft_ids:  # KV is valid for the last real token and the accepted drafts
+                e.req.num_computed = min(e.end + e.num_accepted, e.req.num_tokens)
+                self.kv.trim(e.req)
+            else:
+                e.req.num_computed = e.end
         for req in batch.decodes:
             req.num_computed = req.num_tokens - 1
         still: list[Request] = []
         for e in batch.extends:
             req = e.req
-            if req.finished or req not in self.prefilling:
+            if req.finished or e.draft_ids or req not in self.prefilling:
                 continue
             self.kv.cache_prefix(req)  # later requests share the prompt while this one decodes
             if e.is_last_chunk:
@@ -203,6 +207,18 @@ class Scheduler:
             else:
                 alive.append(req)
         self.running = alive
+
+    def add_drafts(self, batch: ScheduleBatch, drafts: dict[int, list[int]]) -> None:
+        """Turns decode entries into speculative extends (last token + draft) where pages allow."""
+        keep = []
+        for req in batch.decodes:
+            draft = drafts.get(id(req))
+            if draft and self.kv.grow(req, req.num_tokens + len(draft)):
+                n = req.num_tokens
+                batch.extends.append(ExtendEntry(req, n - 1, n, True, draft_ids=draft))
+            else:
+                keep.append(req)
+        batch.decodes = keep
 
     def rewind(self, req: Request, num_valid: int) -> None:
         """A running request whose tokens after `num_valid` changed (jump-forward): its new tail is

@@ -1,0 +1,67 @@
+"""The drafter interface, its registry, and the per-request adaptive gate."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+from plait.runtime.request import Request
+
+# Below this running mean of accepted drafts per proposal, a request stops speculating for a while.
+MIN_MEAN_ACCEPTED = 0.6
+BACKOFF_STEPS = 16
+EMA = 0.7
+
+
+class Drafter(ABC):
+    """Proposes draft tokens for running requests. Proposals are deterministic (one-hot draft
+    distributions) unless `propose` also returns probabilities.
+
+    Invariant: a drafter never changes a request's tokens; verification decides what lands.
+    """
+
+    name: str
+
+    @abstractmethod
+    def propose(self, reqs: list[Request], num_tokens: int) -> list[list[int]]:
+        """Up to `num_tokens` draft tokens per request (possibly none)."""
+
+    def wants(self, req: Request) -> bool:
+        """The adaptive gate: speculate unless recent proposals were mostly rejected."""
+        state = req.spec
+        if state.backoff > 0:
+            state.backoff -= 1
+            return False
+        return True
+
+    def observe(self, req: Request, proposed: int, accepted: int) -> None:
+        state = req.spec
+        state.mean_accepted = EMA * state.mean_accepted + (1 - EMA) * accepted
+        if proposed and state.mean_accepted < MIN_MEAN_ACCEPTED:
+            state.backoff = BACKOFF_STEPS
+            state.mean_accepted = 1.0  # try again after the back-off
+
+
+_DRAFTERS: dict[str, Callable[..., Drafter]] = {}
+
+
+def register_drafter(name: str, factory: Callable[..., Drafter]) -> None:
+    _DRAFTERS[name] = factory
+
+
+def create_drafter(name: str, **options: Any) -> Drafter:
+    if name not in _DRAFTERS:
+        raise ValueError(
+            f"speculative_algorithm: unknown {name!r}; known: {', '.join(sorted(_DRAFTERS))}"
+        )
+    return _DRAFTERS[name](**options)
+
+
+def _ngram(**options: Any) -> Drafter:
+    from plait.runtime.speculative.ngram import NgramDrafter
+
+    return NgramDrafter(**options)
+
+
+register_drafter("ngram", _ngram)

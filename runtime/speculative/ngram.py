@@ -1,0 +1,49 @@
+"""N-gram drafting: continue the request's latest suffix the way it continued earlier in its own
+prompt and output (prompt lookup decoding). No extra model, no tensors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from plait.runtime.request import Request
+from plait.runtime.speculative.base import Drafter
+
+
+class NgramIndex:
+    """Maps each n-gram of a token list to the position just after its latest occurrence."""
+
+    def __init__(self, max_n: int) -> None:
+        self.max_n = max_n
+        self.table: dict[tuple[int, ...], int] = {}
+        self.indexed = 0  # n-grams ending before this position are in the table
+
+    def update(self, ids: list[int], upto: int) -> None:
+        for end in range(max(self.indexed, 1), upto + 1):
+            for n in range(1, min(self.max_n, end) + 1):
+                self.table[tuple(ids[end - n : end])] = end
+        self.indexed = max(self.indexed, upto + 1)
+
+    def lookup(self, ids: list[int], num_tokens: int, min_n: int) -> list[int]:
+        # index every n-gram except the current suffix itself, which has no continuation yet
+        self.update(ids, len(ids) - 1)
+        for n in range(min(self.max_n, len(ids)), min_n - 1, -1):
+            pos = self.table.get(tuple(ids[len(ids) - n :]))
+            if pos is not None and pos < len(ids):
+                return ids[pos : pos + num_tokens]
+        return []
+
+
+class NgramDrafter(Drafter):
+    name = "ngram"
+
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 1, **_: Any) -> None:
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+
+    def propose(self, reqs: list[Request], num_tokens: int) -> list[list[int]]:
+        drafts = []
+        for req in reqs:
+            if req.spec.index is None:
+                req.spec.index = NgramIndex(self.max_ngram)
+            drafts.append(req.spec.index.lookup(req.all_ids, num_tokens, self.min_ngram))
+        return drafts
