@@ -160,6 +160,16 @@ class ModelRunner:
         logits = self.model(prepared.input_ids, prepared.positions, prepared.forward_batch)
         return self._results(batch, prepared.plans, logits)  # logits: [num_logit_rows, vocab]
 
+    @torch.inference_mode()
+    def last_logits(self, batch: ScheduleBatch, num_layers: int | None = None) -> torch.Tensor:
+        """Logits [num_extends, vocab] of each extend entry's last token, nothing sampled
+        (drafting). Entries' `draft_ids` are part of the input."""
+        prepared = self.prepare(batch)
+        meta = prepared.forward_batch.attn
+        last = [s + n - 1 for s, n in zip(meta.extend_q_starts, meta.extend_q_lens)]
+        prepared.forward_batch.logits_indices = torch.tensor(last, dtype=torch.long, device=self.device)
+        return self.model(prepared.input_ids, prepared.positions, prepared.forward_batch, num_layers)
+
     def _input_logprob_rows(self, e: ExtendEntry) -> list[int]:
         """Positions r in [start, end) whose logits score prompt token r + 1 for input logprobs."""
         req = e.req

@@ -117,6 +117,7 @@ class OutputProcessor:
         req.output_ids.extend(edit.new_token_ids)
         req.jump_forward_tokens += len(edit.new_token_ids)
         req.spec.index = None  # the n-gram index saw the replaced tokens
+        req.spec.draft_valid = min(req.spec.draft_valid, len(req.prompt_ids) + kept)
         req.text += text
         req.detokenizer = IncrementalDetokenizer(
             self.tokenizer,

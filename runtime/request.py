@@ -21,6 +21,7 @@ class SpecState:
     """Speculative decoding bookkeeping of one request."""
 
     index: Any = None  # the n-gram drafter's index over the request's tokens
+    draft_valid: int = 0  # tokens whose KV a separate draft model has computed
     mean_accepted: float = 1.0
     backoff: int = 0
     num_steps: int = 0  # verification steps

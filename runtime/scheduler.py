@@ -168,6 +168,7 @@ class Scheduler:
         else:
             self.prefilling.remove(req)
         self.kv.release(req, keep=True)
+        req.spec.draft_valid = 0  # its pages change; a draft model's KV must be recomputed
         req.status = RequestStatus.WAITING
         self.waiting.appendleft(req)
         self.num_retracted += 1

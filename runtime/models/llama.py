@@ -200,12 +200,16 @@ class LlamaModel(nn.Module):
         self.rotary_emb = RotaryEmbedding(args)
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        batch: ForwardBatch,
+        num_layers: int | None = None,
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = self.rotary_emb(positions)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        for layer in self.layers:
+        for layer in self.layers[:num_layers]:
             x = layer(x, cos, sin, batch)
         return self.norm(x)
 
@@ -220,10 +224,17 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        batch: ForwardBatch,
+        num_layers: int | None = None,
     ) -> torch.Tensor:
-        """Returns logits [num_selected, vocab] for the rows `batch.logits_indices` selects."""
-        hidden = self.model(input_ids, positions, batch)  # [T, hidden]
+        """Returns logits [num_selected, vocab] for the rows `batch.logits_indices` selects.
+
+        `num_layers` runs only the first layers (self-speculative drafting: early exit).
+        """
+        hidden = self.model(input_ids, positions, batch, num_layers)  # [T, hidden]
         if batch.logits_indices is not None:
             hidden = hidden[batch.logits_indices]
         return self.lm_head(hidden).float()

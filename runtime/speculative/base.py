@@ -64,4 +64,15 @@ def _ngram(**options: Any) -> Drafter:
     return NgramDrafter(**options)
 
 
+def _model(name: str) -> Callable[..., Drafter]:
+    def make(**options: Any) -> Drafter:
+        from plait.runtime.speculative.model_drafter import ModelDrafter
+
+        return ModelDrafter(name=name, **options)
+
+    return make
+
+
 register_drafter("ngram", _ngram)
+register_drafter("self", _model("self"))
+register_drafter("draft_model", _model("draft_model"))

@@ -94,3 +94,22 @@ def test_abort_while_speculating_frees_pages(spec_engine):
 def test_unknown_algorithm_is_named(tiny_llama_dir):
     with pytest.raises(ValueError, match="speculative_algorithm"):
         Engine(model_path=str(tiny_llama_dir), speculative_algorithm="magic")
+
+
+@pytest.mark.parametrize("algo", ["self", "draft_model"])
+def test_model_drafters_keep_greedy_output(tiny_llama_dir, tiny_engine, algo):
+    kwargs = {"draft_layers": 1} if algo == "self" else {"draft_model_path": str(tiny_llama_dir)}
+    engine = Engine(
+        model_path=str(tiny_llama_dir), max_total_tokens=4096, page_size=4,
+        speculative_algorithm=algo, num_draft_tokens=3, check_invariants=True, **kwargs,
+    )
+    try:
+        expected = [tiny_engine.generate(p, GREEDY)["output_ids"] for p in PROMPTS]
+        assert [o["output_ids"] for o in engine.generate(PROMPTS, GREEDY)] == expected
+        stats = engine.stats()
+        assert stats["spec_verify_steps"] > 0
+        if algo == "draft_model":  # the draft is the target itself: every draft is accepted
+            assert stats["spec_acceptance_rate"] > 0.95
+        assert stats["kv_pages_in_use"] == 0
+    finally:
+        engine.shutdown()
