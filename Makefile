@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml constraints-cpu.txt Makefile
 
 demo: setup
 	$(BIN)/python examples/demo.py
+	$(BIN)/python -m plait.server.demo
 
 test: setup
 	$(BIN)/python -m pytest -q tests

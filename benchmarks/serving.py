@@ -49,10 +49,10 @@ class Result:
     cached_tokens: int | None = None
 
 
-def make_dataset(args: argparse.Namespace) -> list[Prompt]:
+def make_dataset(args: argparse.Namespace, seed: int | None = None) -> list[Prompt]:
     """`random`: input/output lengths uniform in [len * (1 - range_ratio), len]; `shared-prefix`:
     `num_groups` prefixes of `prefix_len` words, each request adds `input_len` words of its own."""
-    rng = random.Random(args.seed)
+    rng = random.Random(args.seed if seed is None else seed)
 
     def words(n: int) -> str:
         return " ".join(rng.choice(_WORDS) for _ in range(max(1, n)))
@@ -196,24 +196,48 @@ def summarize(results: list[Result], duration: float) -> dict[str, Any]:
 def add_serving_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("serving benchmark")
     g.add_argument("--url", default="http://127.0.0.1:30000")
-    g.add_argument("--backend", choices=["native", "openai"], default="native",
-                   help="native: POST /generate (plait, SGLang); openai: POST /v1/completions")
-    g.add_argument("--model-name", dest="model_name", default="default", help="the model field (openai)")
+    g.add_argument(
+        "--backend",
+        choices=["native", "openai"],
+        default="native",
+        help="native: POST /generate (plait, SGLang); openai: POST /v1/completions",
+    )
+    g.add_argument(
+        "--model-name", dest="model_name", default="default", help="the model field (openai)"
+    )
     g.add_argument("--dataset", choices=["random", "shared-prefix"], default="random")
     g.add_argument("--num-prompts", dest="num_prompts", type=int, default=64)
     g.add_argument("--input-len", dest="input_len", type=int, default=128, help="words")
     g.add_argument("--output-len", dest="output_len", type=int, default=64, help="tokens")
     g.add_argument("--range-ratio", dest="range_ratio", type=float, default=0.5)
-    g.add_argument("--prefix-len", dest="prefix_len", type=int, default=512, help="shared-prefix words")
+    g.add_argument(
+        "--prefix-len", dest="prefix_len", type=int, default=512, help="shared-prefix words"
+    )
     g.add_argument("--num-groups", dest="num_groups", type=int, default=4)
     g.add_argument("--concurrency", default="1,4,16", help="comma-separated; one run each")
-    g.add_argument("--request-rate", dest="request_rate", type=float, default=None,
-                   help="requests/s (Poisson); default: as fast as concurrency allows")
-    g.add_argument("--max-duration", dest="max_duration", type=float, default=120.0,
-                   help="seconds per run after which no request is launched")
+    g.add_argument(
+        "--request-rate",
+        dest="request_rate",
+        type=float,
+        default=None,
+        help="requests/s (Poisson); default: as fast as concurrency allows",
+    )
+    g.add_argument(
+        "--max-duration",
+        dest="max_duration",
+        type=float,
+        default=120.0,
+        help="seconds per run after which no request is launched",
+    )
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--label", default=None, help="name of the server in the table and JSON")
-    g.add_argument("--serving-output", dest="serving_output", default="bench-results/serving.json")
+    g.add_argument(
+        "--output",
+        "--serving-output",
+        dest="output",
+        default="bench-results/serving.json",
+        help="JSON file the runs are added to (replacing earlier runs of the same label)",
+    )
 
 
 def run_serving_bench(args: argparse.Namespace) -> int:
@@ -221,10 +245,11 @@ def run_serving_bench(args: argparse.Namespace) -> int:
 
     if args.num_prompts < 1 or args.max_duration <= 0:
         raise SystemExit("bench serving: --num-prompts and --max-duration must be positive")
-    prompts = make_dataset(args)
     label = args.label or args.url
     rows, runs = [], []
     for level in [int(c) for c in str(args.concurrency).split(",") if c.strip()]:
+        # NOTE: new prompts per run, so a run never hits the cache the previous one left
+        prompts = make_dataset(args, seed=args.seed * 1000 + level)
         results, duration = asyncio.run(run_load(
             args.url, args.backend, prompts, level, args.request_rate, args.max_duration,
             args.model_name, args.seed,
@@ -243,7 +268,7 @@ def run_serving_bench(args: argparse.Namespace) -> int:
                  "TTFT med", "TTFT p99", "ITL mean", "ITL med", "ITL p99", "TPOT mean",
                  "E2E med", "cache hit"], rows)  # fmt: skip
     print("(latencies in ms)")
-    _write(args.serving_output, {"label": label, "config": {k: v for k, v in vars(args).items()
+    _write(args.output, {"label": label, "config": {k: v for k, v in vars(args).items()
                                  if isinstance(v, (str, int, float, bool, type(None)))}, "runs": runs})  # fmt: skip
     return 0
 

@@ -72,6 +72,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from plait.benchmarks.latency import run_latency_bench
 
         return run_latency_bench(args)
+    if args.workload == "serving":
+        from plait.benchmarks.serving import run_serving_bench
+
+        return run_serving_bench(args)
     if args.workload == "json":
         from plait.benchmarks.json_bench import run_json_bench
 
@@ -120,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
     js.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=160)
     js.add_argument("--mask-batch", dest="mask_batch", type=int, default=16)
     js.add_argument("--output", default="bench-results/json.json")
+    from plait.benchmarks.serving import add_serving_args
+    from plait.server.cli import add_serve_parser
+
+    add_serve_parser(sub)
+    srv = bench_sub.add_parser("serving", help="load-test a running server (plait, SGLang, llama.cpp, vLLM)")
+    add_serving_args(srv)
+    srv.set_defaults(func=_cmd_bench)
     for p in (lat, thr, js):
         p.add_argument("--no-transformers", dest="transformers", action="store_false", help="skip the transformers baseline")
         add_engine_args(p)

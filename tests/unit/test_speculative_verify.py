@@ -50,7 +50,7 @@ def test_rejection_sampling_keeps_the_target_distribution(params, with_draft_pro
     r = row(seed=1, **params)
     counts = torch.zeros(V)
     draws = 6000
-    for n in range(draws):
+    for _ in range(draws):
         # the draft token itself follows q (or is a fixed guess for a deterministic drafter)
         d = int(torch.multinomial(q, 1, generator=gen)) if with_draft_probs else 2
         out = verify_draft(logits.clone(), [d], lambda i: r, no_mask, draft_probs)

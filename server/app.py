@@ -1,0 +1,49 @@
+"""`create_app(engine)`: the FastAPI application around one `Engine`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from plait.server import native, openai_api, programs
+from plait.server.auth import APIKeyMiddleware
+from plait.server.errors import install_error_handlers
+from plait.server.metrics import CONTENT_TYPE
+from plait.server.state import ServerConfig, ServerState
+
+if TYPE_CHECKING:
+    from plait.lang.program import Program
+
+
+def create_app(
+    engine: Any,
+    config: ServerConfig | None = None,
+    program_registry: dict[str, Program] | None = None,
+) -> FastAPI:
+    """The server for `engine` (which the caller owns and shuts down). Programs come from
+    `config.programs` (files or modules) unless `program_registry` is given."""
+    config = config or ServerConfig()
+    if program_registry is None:
+        program_registry = programs.load_programs(config.programs) if config.programs else {}
+    app = FastAPI(title="plait", version=_version(), docs_url=None, redoc_url=None)
+    app.state.plait = ServerState(engine, config, dict(program_registry))
+    install_error_handlers(app)
+    app.include_router(native.router)
+    app.include_router(openai_api.router)
+    app.include_router(programs.router)
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(request.app.state.plait.metrics.render(), media_type=CONTENT_TYPE)
+
+    if config.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    return app
+
+
+def _version() -> str:
+    import plait
+
+    return plait.__version__

@@ -1,0 +1,191 @@
+"""Engine calls on behalf of HTTP requests: admission (503 when full), request ids, aborting when
+the client goes away, and feeding the metrics.
+
+A route builds the `async_generate` keyword arguments; `generate` returns the native result(s),
+`stream` yields the engine's cumulative chunks. Both abort every engine request they started if
+the client disconnects or the caller stops early, so its KV pages are freed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Request
+
+from plait.server.errors import bad_request, from_value_error, queue_full
+from plait.server.metrics import StreamTimer
+
+if TYPE_CHECKING:
+    from plait.server.state import ServerState
+
+
+class ClientGone(Exception):
+    """The client disconnected before its result was ready."""
+
+
+class Admission:
+    """Counts engine requests in flight; refuses new ones past `limit` (None: no limit).
+
+    Also remembers which engine requests each client-visible rid stands for (a prompt with
+    `n` samples is n engine requests), so `/abort_request` can stop all of them.
+    """
+
+    def __init__(self, limit: int | None, retry_after: int = 1) -> None:
+        self.limit = limit
+        self.retry_after = retry_after
+        self.in_flight = 0
+        self.live: dict[str, list[str]] = {}
+
+    @contextlib.contextmanager
+    def admit(self, rids: str | list[str], n: int) -> Iterator[list[str]]:
+        """Yields the engine's ids for these requests."""
+        prompts = rids if isinstance(rids, list) else [rids]
+        busy = [r for r in prompts if r in self.live]
+        if busy or len(set(prompts)) != len(prompts):
+            raise bad_request(
+                f"rid: {(busy or prompts)[0]!r} is already in use by a running request", "rid"
+            )
+        count = len(prompts) * n
+        # NOTE: single-threaded (the event loop), so check-then-add needs no lock.
+        if self.limit is not None and self.in_flight + count > self.limit:
+            raise queue_full(self.limit, self.retry_after)
+        self.in_flight += count
+        mapping = {r: [f"{r}-{i}" for i in range(n)] if n > 1 else [r] for r in prompts}
+        self.live.update(mapping)
+        try:
+            yield [e for r in prompts for e in mapping[r]]
+        finally:
+            self.in_flight -= count
+            for r in prompts:
+                self.live.pop(r, None)
+
+    def engine_rids(self, rid: str) -> list[str]:
+        return self.live.get(rid, [rid])
+
+
+def assign_rids(rid: Any, num_prompts: int, batched: bool) -> str | list[str]:
+    """One id per prompt (the engine appends `-i` for the n samples of each)."""
+    if rid is None:
+        base = uuid.uuid4().hex
+        return [f"{base}-p{i}" for i in range(num_prompts)] if batched else base
+    if batched and isinstance(rid, str):
+        return [f"{rid}-p{i}" for i in range(num_prompts)]
+    return rid
+
+
+async def wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _samples(kwargs: dict[str, Any]) -> int:
+    params = kwargs.get("sampling_params") or {}
+    if isinstance(params, list):
+        n = max((p.get("n") or 1 for p in params if isinstance(p, dict)), default=1)
+    else:
+        n = params.get("n") or 1 if isinstance(params, dict) else 1
+    return n if isinstance(n, int) and n >= 1 else 1
+
+
+async def generate(
+    state: ServerState, request: Request, endpoint: str, **kwargs: Any
+) -> dict | list[dict]:
+    """The native result(s); ValueError -> 400; a disconnect aborts and raises `ClientGone`."""
+    with state.admission.admit(kwargs["rid"], _samples(kwargs)):
+        task = asyncio.ensure_future(state.engine.async_generate(**kwargs))
+        watcher = asyncio.ensure_future(wait_disconnect(request))
+        try:
+            done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+        if task not in done:
+            task.cancel()  # async_generate aborts its requests when cancelled
+            with contextlib.suppress(BaseException):
+                await task
+            raise ClientGone()
+        try:
+            out = task.result()
+        except ValueError as e:
+            raise from_value_error(e) from None
+    for o in out if isinstance(out, list) else [out]:
+        state.metrics.observe_finished(endpoint, o["meta_info"])
+    return out
+
+
+async def stream(
+    state: ServerState, request: Request, endpoint: str, **kwargs: Any
+) -> AsyncIterator[dict]:
+    """Starts the call (raising a 400 or 503 before the first chunk) and returns its chunks."""
+    start = time.perf_counter()
+    admitted = state.admission.admit(kwargs["rid"], _samples(kwargs))
+    rids = admitted.__enter__()
+    try:
+        chunks = await state.engine.async_generate(stream=True, **kwargs)
+    except BaseException as e:
+        admitted.__exit__(None, None, None)
+        if isinstance(e, ValueError):
+            raise from_value_error(e) from None
+        raise
+    release = _Release(state, rids, admitted)
+    relay = _relay(state, request, endpoint, chunks, release, start)
+    # NOTE: a response that is dropped before its first chunk never enters `_relay`'s finally.
+    weakref.finalize(relay, release)
+    return relay
+
+
+class _Release:
+    """Idempotent end of a streamed call: abort what is unfinished, leave admission."""
+
+    def __init__(self, state: ServerState, rids: list[str], admitted: Any) -> None:
+        self.state, self.rids, self.admitted = state, rids, admitted
+        self.finished = 0
+        self.done = False
+
+    def __call__(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        if self.finished < len(self.rids):
+            for rid in self.rids:
+                self.state.engine.abort(rid)
+        self.admitted.__exit__(None, None, None)
+
+
+async def _relay(
+    state: ServerState,
+    request: Request,
+    endpoint: str,
+    chunks: AsyncIterator[dict],
+    release: _Release,
+    start: float,
+) -> AsyncIterator[dict]:
+    timers: dict[int, StreamTimer] = {}
+
+    async def watch() -> None:
+        await wait_disconnect(request)
+        for rid in release.rids:
+            state.engine.abort(rid)
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        async for chunk in chunks:
+            index = chunk.get("index", 0)
+            meta = chunk["meta_info"]
+            timers.setdefault(index, state.metrics.stream_timer(start)).tick(
+                meta["completion_tokens"], time.perf_counter()
+            )
+            if meta.get("finish_reason") is not None:
+                release.finished += 1
+                state.metrics.observe_finished(endpoint, meta)
+            yield chunk
+    finally:
+        watcher.cancel()
+        release()

@@ -1,0 +1,97 @@
+"""`plait serve`: the engine behind the HTTP server. `plait.cli` adds the parser and calls `serve`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from plait.cli import add_engine_args
+
+    parser = subparsers.add_parser(
+        "serve", help="serve a model over HTTP (SGLang-native and OpenAI-compatible APIs)"
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument(
+        "--programs",
+        action="append",
+        default=[],
+        metavar="FILE_OR_MODULE",
+        help="serve the @program functions of a .py file or module (repeatable)",
+    )
+    parser.add_argument(
+        "--api-key",
+        dest="api_key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every route but /health",
+    )
+    parser.add_argument(
+        "--max-queue",
+        dest="max_queue",
+        type=int,
+        default=None,
+        help="requests that may wait beyond the running batch; more get 503",
+    )
+    parser.add_argument(
+        "--served-model-name",
+        dest="served_model_name",
+        default=None,
+        help="the model id in /v1/models (default: the model path)",
+    )
+    parser.add_argument(
+        "--log-level",
+        dest="log_level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+    )
+    add_engine_args(parser)
+    parser.set_defaults(func=serve)
+    return parser
+
+
+def serve(args: argparse.Namespace) -> int:
+    import time
+
+    import uvicorn
+
+    from plait.cli import engine_kwargs
+    from plait.runtime.engine import Engine
+    from plait.server.app import create_app
+    from plait.server.programs import load_programs
+    from plait.server.state import ServerConfig
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    log = logging.getLogger("plait.server")
+    config = ServerConfig(
+        host=args.host, port=args.port, api_key=args.api_key, programs=tuple(args.programs),
+        served_model_name=args.served_model_name, max_queue=args.max_queue, log_level=args.log_level,
+    )  # fmt: skip
+    registry = load_programs(config.programs) if config.programs else {}  # fail before loading
+    start = time.perf_counter()
+    engine = Engine(**engine_kwargs(args))
+    log.info("engine ready in %.1f s: %s", time.perf_counter() - start, engine.model_path)
+    try:
+        app = create_app(engine, config, registry)
+        uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level,
+                    timeout_graceful_shutdown=5)  # fmt: skip
+    finally:
+        engine.shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m plait.server.cli ARGS` == `plait serve ARGS`."""
+    root = argparse.ArgumentParser(prog="plait")
+    sub = root.add_subparsers(dest="command", required=True)
+    add_serve_parser(sub)
+    args = root.parse_args(["serve", *(argv if argv is not None else sys.argv[1:])])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

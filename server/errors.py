@@ -1,0 +1,153 @@
+"""Error responses: `{"error": {"message", "type", "param", "code"}}` with the right status.
+
+Every failure a client can cause is a 400 that names the offending field; a full queue is a 503
+with `Retry-After`; anything else is a 500 that never leaks a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger("plait.server")
+
+_PARAM = re.compile(r"^([A-Za-z_][\w.\[\]]*)(?:, [A-Za-z_][\w.\[\]]*)*:")
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "dict", "list", "literal"})
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          405: "invalid_request_error", 503: "overloaded_error"}  # fmt: skip
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        type: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.type = type or _TYPES.get(status, "server_error")
+        self.headers = headers or {}
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.status}}  # fmt: skip
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    """A 400; `param` defaults to the field the message starts with (`"top_p: must be ..."`)."""
+    return APIError(400, message, param=param or param_of(message))
+
+
+def param_of(message: str) -> str | None:
+    match = _PARAM.match(message)
+    return match.group(1) if match else None
+
+
+def from_value_error(exc: ValueError, prefix: str = "") -> APIError:
+    """The engine's `ValueError("field: reason")` as a 400 naming `prefix + field`."""
+    message = str(exc)
+    param = param_of(message)
+    if prefix and param:
+        message, param = prefix + message, prefix + param
+    return APIError(400, message, param=param)
+
+
+def queue_full(limit: int, retry_after: int = 1) -> APIError:
+    return APIError(
+        503,
+        f"the server is at capacity ({limit} requests running or queued); retry later",
+        headers={"Retry-After": str(retry_after)},
+    )
+
+
+def format_validation_error(exc: ValidationError | RequestValidationError) -> APIError:
+    """The first pydantic error as `loc: message` (e.g. `messages.0.role: Input should be ...`)."""
+    first = exc.errors()[0]
+    # NOTE: union members add their type to `loc` ("str", "list[str]", "NamedToolChoice",
+    # "literal['a','b']"); drop those so the path is the field's own.
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _is_type_tag(str(p))]
+    param = ".".join(loc) or None
+    message = first.get("msg", "invalid value")
+    if first.get("type") == "extra_forbidden":
+        message = "unknown field; remove it (this server does not support it)"
+    if "input" in first and first.get("type") not in ("missing", "extra_forbidden"):
+        shown = json.dumps(first["input"], default=str)
+        message += f", got {shown[:200]}"
+    return APIError(400, f"{param}: {message}" if param else message, param=param)
+
+
+def _is_type_tag(part: str) -> bool:
+    return part in _TYPE_TAGS or part[:1].isupper() or any(c in part for c in "[('-")
+
+
+def parse_model(model: type[BaseModel], body: Any, prefix: str = "") -> Any:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        err = format_validation_error(exc)
+        if prefix:
+            err.param = prefix + (err.param or "")
+            err.message = prefix + err.message
+        raise err from None
+
+
+async def read_json(request: Request) -> Any:
+    """The body as JSON, or a 400 saying why it is not."""
+    raw = await request.body()
+    if not raw:
+        raise APIError(400, "body: expected a JSON object, got an empty body", param="body")
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(400, f"body: invalid JSON: {e}", param="body") from None
+
+
+async def read_object(request: Request) -> dict[str, Any]:
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise APIError(
+            400, f"body: expected a JSON object, got {type(body).__name__}", param="body"
+        )
+    return body
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        state = getattr(request.app.state, "plait", None)
+        if state is not None:
+            state.metrics.errors.labels(str(exc.status)).inc()
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return await _api_error(request, format_validation_error(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        if exc.status_code == 404:
+            message = f"{request.url.path}: no such route"
+        return await _api_error(request, APIError(exc.status_code, message, headers=exc.headers))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error on %s", request.url.path)
+        return await _api_error(
+            request, APIError(500, f"internal error: {type(exc).__name__}: {exc}")
+        )

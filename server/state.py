@@ -1,0 +1,69 @@
+"""The server's configuration and the state its routes share."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from plait.server.calls import Admission
+from plait.server.metrics import ServerMetrics
+
+if TYPE_CHECKING:
+    from plait.lang.program import Program
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    programs: tuple[str, ...] = ()  # files or modules whose @program functions are served
+    served_model_name: str | None = None  # the model id in /v1/models (default: the model path)
+    max_queue: int | None = None  # requests allowed to wait beyond the running batch
+    retry_after: int = 1  # seconds, in the Retry-After header of a 503
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ValueError(f"port: must be in [0, 65535], got {self.port!r}")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("api_key: must not be empty (leave it unset for no key)")
+        if self.max_queue is not None and self.max_queue < 0:
+            raise ValueError(f"max_queue: must be non-negative, got {self.max_queue}")
+        if self.retry_after < 1:
+            raise ValueError(f"retry_after: must be at least 1 second, got {self.retry_after}")
+        if isinstance(self.programs, str):
+            object.__setattr__(self, "programs", (self.programs,))
+
+
+@dataclass
+class ServerState:
+    engine: Any
+    config: ServerConfig
+    programs: dict[str, Program] = field(default_factory=dict)
+    started: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        sched = self.engine.config.scheduler
+        queue = self.config.max_queue
+        if queue is None:
+            queue = sched.max_queued_requests
+        limit = None if queue is None else sched.max_running_requests + queue
+        self.admission = Admission(limit, self.config.retry_after)
+        self.metrics = ServerMetrics(self.engine, self.admission)
+        stats = self.engine.stats()
+        self.pool_tokens: int = stats["kv_pages_total"] * stats["page_size"]
+        self._backend: Any = None
+
+    @property
+    def model_name(self) -> str:
+        return self.config.served_model_name or str(self.engine.model_path)
+
+    def backend(self) -> Any:
+        """The interpreter backend programs run on: this server's engine, in process."""
+        if self._backend is None:
+            from plait.interpreter.backends.local import Runtime
+
+            self._backend = Runtime(engine=self.engine)
+        return self._backend

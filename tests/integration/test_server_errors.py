@@ -1,0 +1,153 @@
+"""Bad input gets a 400 naming the field, and the server stays healthy afterwards."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.integration.server_support import CONSTRAINTS_PENDING, tiny_server, wait_until_idle
+
+SP = {"max_new_tokens": 2}
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama_dir):
+    with tiny_server(tiny_llama_dir) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+NATIVE = [
+    ({"text": "a", "sampling_params": SP, "bogus": 1}, "bogus"),
+    ({"sampling_params": SP}, "text"),
+    ({"text": "a", "input_ids": [1], "sampling_params": SP}, "text"),
+    ({"text": 5}, "text"),
+    ({"text": []}, "text"),
+    ({"input_ids": [1, "x"]}, "input_ids"),
+    ({"input_ids": [10**7]}, "input_ids"),
+    ({"input_ids": [5] * 1100}, "text"),  # longer than the context (1024)
+    ({"text": "a", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
+    ({"text": "a", "sampling_params": {"max_new_tokens": 10**9}}, "max_new_tokens"),
+    ({"text": "a", "sampling_params": {"max_new_tokens": 1.5}}, "max_new_tokens"),
+    ({"text": "a", "sampling_params": {"temperature": "hot"}}, "temperature"),
+    ({"text": "a", "sampling_params": {"top_p": 0}}, "top_p"),
+    ({"text": "a", "sampling_params": {"top_k": 0}}, "top_k"),
+    ({"text": "a", "sampling_params": {"stop": [3]}}, "stop"),
+    ({"text": "a", "sampling_params": {"n": 0}}, "n"),
+    ({"text": "a", "sampling_params": {"colour": "red"}}, "sampling_params"),
+    ({"text": "a", "sampling_params": "fast"}, "sampling_params"),
+    ({"text": "a", "sampling_params": {"json_schema": "{not json"}}, "json_schema"),
+    (
+        {"text": "a", "sampling_params": {"json_schema": '{"type": "object", "not": {}}'}},
+        "json_schema",
+    ),
+    ({"text": "a", "sampling_params": {"regex": "a", "json_schema": "{}"}}, "constraint"),
+    ({"text": "a", "return_logprob": "yes"}, "return_logprob"),
+    ({"text": "a", "return_logprob": True, "logprob_start_len": -5}, "logprob_start_len"),
+    ({"text": "a", "return_logprob": True, "top_logprobs_num": -1}, "top_logprobs_num"),
+    ({"text": "a", "stream": "yes"}, "stream"),
+    ({"text": "a", "rid": 7}, "rid"),
+    ({"text": ["a", "b"], "rid": ["x"]}, "rid"),
+    ({"text": "a", "image_data": "data:image/png;base64,AAAA"}, "image_data"),
+]
+
+
+@pytest.mark.parametrize(("body", "param"), NATIVE, ids=[p for _, p in NATIVE])
+def test_native_bad_input(client, body, param):
+    r = client.post("/generate", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and param in error["message"], error
+    assert error["type"] == "invalid_request_error"
+
+
+@CONSTRAINTS_PENDING
+def test_invalid_regex_is_a_400(client):
+    r = client.post("/generate", json={"text": "a", "sampling_params": {"regex": "(unclosed"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "regex"
+
+
+def test_malformed_bodies(client):
+    for raw in (b"{not json", b"", b"[1, 2]", b'"text"'):
+        r = client.post("/generate", content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "body", raw
+    assert client.post("/v1/chat/completions", content=b"{").status_code == 400
+    r = client.get("/no/such/route")
+    assert r.status_code == 404 and "error" in r.json()
+
+
+OPENAI = [
+    ({"model": "m"}, "messages"),
+    ({**CHAT, "messages": []}, "messages"),
+    ({**CHAT, "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+    ({**CHAT, "messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+    ({**CHAT, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages.0.content"),
+    ({**CHAT, "temperature": 5}, "temperature"),
+    ({**CHAT, "top_p": 0}, "top_p"),
+    ({**CHAT, "n": 0}, "n"),
+    ({**CHAT, "max_tokens": -1}, "max_tokens"),
+    ({**CHAT, "max_tokens": 5000}, "max_tokens"),
+    ({**CHAT, "messages": [{"role": "user", "content": "word " * 1100}]}, "messages"),
+    ({**CHAT, "top_logprobs": 50, "logprobs": True}, "top_logprobs"),
+    ({**CHAT, "frobnicate": True}, "frobnicate"),
+    ({**CHAT, "logit_bias": {"1": 5}}, "logit_bias"),
+    ({**CHAT, "stop": [1]}, "stop"),
+    ({**CHAT, "response_format": {"type": "xml"}}, "response_format.type"),
+    ({**CHAT, "response_format": {"type": "json_schema"}}, "response_format.json_schema.schema"),
+    ({**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "if": {}}}}}, "response_format"),
+    ({**CHAT, "tool_choice": "required"}, "tool_choice"),
+    ({**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice.function.name"),
+    ({**CHAT, "tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name"),
+    ({**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({**CHAT, "tool_choice": "sometimes", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("body", "param"), OPENAI, ids=[f"{i}-{p}" for i, (_, p) in enumerate(OPENAI)]
+)
+def test_chat_bad_input(client, body, param):
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["message"].startswith(param), error
+
+
+COMPLETIONS = [
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [[]]}, "prompt"),
+    ({"prompt": [10**8]}, "prompt"),
+    ({"prompt": "a", "best_of": 3}, "best_of"),
+    ({"prompt": "a", "suffix": "z"}, "suffix"),
+    ({"prompt": "a", "max_tokens": 2000}, "max_tokens"),
+    ({"prompt": "a", "logprobs": 99}, "logprobs"),
+    ({"prompt": {"text": "a"}}, "prompt"),
+]
+
+
+@pytest.mark.parametrize(("body", "param"), COMPLETIONS, ids=[p for _, p in COMPLETIONS])
+def test_completions_bad_input(client, body, param):
+    r = client.post("/v1/completions", json={"model": "m", **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.json()
+
+
+def test_healthy_after_bad_input(server, client):
+    assert client.get("/health").status_code == 200
+    out = client.post("/generate", json={"text": "still fine", "sampling_params": SP}).json()
+    assert out["meta_info"]["completion_tokens"] == 2
+    r = client.post("/v1/chat/completions", json=CHAT)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["role"] == "assistant"
+    wait_until_idle(server.engine)
+    errors = [
+        line
+        for line in client.get("/metrics").text.splitlines()
+        if line.startswith("plait_request_errors_total")
+    ]
+    assert errors and any('status="400"' in line for line in errors)
