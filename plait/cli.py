@@ -76,6 +76,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from plait.benchmarks.serving import run_serving_bench
 
         return run_serving_bench(args)
+    if args.workload == "speculative":
+        from plait.benchmarks.speculative import run_speculative_bench
+
+        return run_speculative_bench(args)
     if args.workload == "json":
         from plait.benchmarks.json_bench import run_json_bench
 
@@ -124,6 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     js.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=160)
     js.add_argument("--mask-batch", dest="mask_batch", type=int, default=16)
     js.add_argument("--output", default="bench-results/json.json")
+    spec = bench_sub.add_parser("speculative", help="decode speed with each drafter vs none")
+    spec.add_argument("--algorithms", default="ngram,self", help="comma-separated drafters to compare")
+    spec.add_argument("--batch-sizes", dest="batch_sizes", default="1,8")
+    spec.add_argument("--num-prompts", dest="num_prompts", type=int, default=8)
+    spec.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=96)
+    spec.add_argument("--output", default="bench-results/speculative.json")
     from plait.benchmarks.serving import add_serving_args
     from plait.server.cli import add_serve_parser
 
@@ -131,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv = bench_sub.add_parser("serving", help="load-test a running server (plait, SGLang, llama.cpp, vLLM)")
     add_serving_args(srv)
     srv.set_defaults(func=_cmd_bench)
-    for p in (lat, thr, js):
+    for p in (lat, thr, js, spec):
         p.add_argument("--no-transformers", dest="transformers", action="store_false", help="skip the transformers baseline")
         add_engine_args(p)
         p.set_defaults(func=_cmd_bench)
