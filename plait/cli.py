@@ -67,6 +67,23 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    """Runs a Python file with the default backend set to an in-process Runtime."""
+    import runpy
+
+    from plait.interpreter.backends.local import Runtime
+    from plait.lang import set_default_backend
+
+    runtime = Runtime(**engine_kwargs(args))
+    set_default_backend(runtime)
+    sys.argv = [args.file, *args.args]
+    try:
+        runpy.run_path(args.file, run_name="__main__")
+    finally:
+        runtime.shutdown()
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     if args.workload == "latency":
         from plait.benchmarks.latency import run_latency_bench
@@ -103,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None)
     add_engine_args(gen)
     gen.set_defaults(func=_cmd_generate)
+
+    run = sub.add_parser("run", help="run a Python file of plait programs on the default model")
+    run.add_argument("file")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the file")
+    add_engine_args(run)
+    run.set_defaults(func=_cmd_run)
 
     bench = sub.add_parser("bench", help="benchmarks that print a table and write JSON")
     bench_sub = bench.add_subparsers(dest="workload", required=True)

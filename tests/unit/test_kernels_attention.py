@@ -21,6 +21,7 @@ from plait.kernels.attention_triton import (  # noqa: E402
     decode_attention_triton,
     paged_attention_triton,
     store_kv_triton,
+    tables_from_pages,
     triton_metadata_from,
 )
 
@@ -84,7 +85,11 @@ def make_batch(case: Case, device: str = "cpu", seed: int = 0):
             slot_chunks.append(s[-1:])
         decode_lens = torch.tensor(case.decodes)
         decode_mask = (torch.arange(width)[None, :] < decode_lens[:, None])[:, None, None, :]
-        decode_slots, decode_lens, decode_mask = table.to(device), decode_lens.to(device), decode_mask.to(device)
+        decode_slots, decode_lens, decode_mask = (
+            table.to(device),
+            decode_lens.to(device),
+            decode_mask.to(device),
+        )
     meta = AttentionMetadata(
         slot_mapping=torch.cat(slot_chunks).to(device),
         extend_q_starts=q_starts,
@@ -96,22 +101,25 @@ def make_batch(case: Case, device: str = "cpu", seed: int = 0):
         decode_mask=decode_mask,
     )
     to = lambda t: t.to(device)  # noqa: E731
-    return to(q), to(k), to(v), to(k_cache), to(v_cache), meta
+    return to(q), to(k), to(v), to(k_cache), to(v_cache), meta, tables
 
 
 def tolerance(dtype: torch.dtype) -> dict[str, float]:
-    return {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.float16: dict(atol=2e-3, rtol=2e-3)}.get(
-        dtype, dict(atol=1.6e-2, rtol=1.6e-2)
-    )
+    return {
+        torch.float32: dict(atol=2e-5, rtol=1e-4),
+        torch.float16: dict(atol=2e-3, rtol=2e-3),
+    }.get(dtype, dict(atol=1.6e-2, rtol=1.6e-2))
 
 
 def check(case: Case, device: str = "cpu", num_kv_splits: int | None = None, seed: int = 0) -> None:
-    q, k, v, k_cache, v_cache, meta = make_batch(case, device, seed)
+    q, k, v, k_cache, v_cache, meta, _ = make_batch(case, device, seed)
     scale = case.head_dim**-0.5
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     expected = paged_attention(q, k, v, ref_k, ref_v, meta, scale, case.sliding_window)
     tables = triton_metadata_from(meta, case.page_size, case.num_kv_heads, num_kv_splits)
-    actual = paged_attention_triton(q, k, v, k_cache, v_cache, meta, scale, case.sliding_window, tables)
+    actual = paged_attention_triton(
+        q, k, v, k_cache, v_cache, meta, scale, case.sliding_window, tables
+    )
     assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v)
     torch.testing.assert_close(actual, expected, **tolerance(case.dtype))
 
@@ -176,7 +184,7 @@ def test_store_kv_matches_write_kv():
 
 def test_adapter_page_tables():
     case = Case([(16, 4)], [17, 3], page_size=16)
-    *_, meta = make_batch(case, seed=3)
+    *_, meta, _ = make_batch(case, seed=3)
     tables = triton_metadata_from(meta, 16, 2, num_kv_splits=4)
     for i, n in enumerate([17, 3]):
         pages = tables.decode_page_table[i]
@@ -185,6 +193,50 @@ def test_adapter_page_tables():
         assert torch.equal(slots, meta.decode_kv_slots[i, :n])
     assert tables.decode_kv_lens.tolist() == [17, 3] and tables.num_kv_splits == 4
     assert tables.extend_kv_lens.tolist() == [20] and not tables.extends_have_no_prefix
+
+
+def test_tables_from_pages_match_the_adapter():
+    case = Case([(16, 3), (0, 12)], [9, 48, 1], num_heads=4, num_kv_heads=2)
+    q, k, v, k_cache, v_cache, meta, pages = make_batch(case, seed=4)
+    n_ext = len(case.extends)
+    lens = dict(extend_q_lens=[n for _, n in case.extends], extend_kv_lens=meta.extend_kv_lens)
+    built = tables_from_pages(
+        16,
+        2,
+        "cpu",
+        pages[:n_ext],
+        **lens,
+        decode_pages=pages[n_ext:],
+        decode_kv_lens=case.decodes,
+        num_kv_splits=2,
+    )
+    adapted = triton_metadata_from(meta, 16, 2, num_kv_splits=2)
+    for name in (
+        "extend_page_table",
+        "extend_q_starts",
+        "extend_q_lens",
+        "extend_kv_lens",
+        "extend_cu_seqlens",
+        "decode_page_table",
+        "decode_kv_lens",
+    ):
+        assert torch.equal(getattr(built, name), getattr(adapted, name)), name
+    assert built.max_extend_q_len == adapted.max_extend_q_len == 12
+    wide = tables_from_pages(
+        16,
+        2,
+        "cpu",
+        pages[:n_ext],
+        **lens,
+        decode_pages=pages[n_ext:],
+        decode_kv_lens=case.decodes,
+        num_kv_splits=2,
+        decode_width=7,
+    )
+    assert wide.decode_page_table.shape == (3, 7)
+    expected = paged_attention(q, k, v, k_cache.clone(), v_cache.clone(), meta, 0.125)
+    actual = paged_attention_triton(q, k, v, k_cache, v_cache, meta, 0.125, None, wide)
+    torch.testing.assert_close(actual, expected, **tolerance(torch.float32))
 
 
 def test_decode_padded_row_is_finite():
@@ -213,10 +265,15 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @gpu
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("heads", [(32, 8, 64), (9, 3, 64), (32, 8, 128), (16, 16, 128)])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_decode_and_extend(page_size, heads, dtype):
+def test_gpu_decode_and_extend(page_size, heads, dtype=torch.bfloat16):
     num_heads, num_kv_heads, head_dim = heads
-    shapes = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, dtype=dtype)
+    shapes = dict(
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        page_size=page_size,
+        dtype=dtype,
+    )
     check(Case([], [1, 16, 17, 255, 256, 257, 4096, 8191], **shapes), "cuda")
     check(Case([], [32768, 1000], **shapes), "cuda")
     check(Case([(0, 1000), (512, 333), (17, 1), (4096, 64)], [77, 2049], **shapes), "cuda")
@@ -226,11 +283,22 @@ def test_gpu_decode_and_extend(page_size, heads, dtype):
 @gpu
 def test_gpu_sliding_window_and_fixed_splits():
     for splits in (1, 7, 64):
-        case = Case([(300, 100)], [5000, 31], sliding_window=1024, num_heads=32, num_kv_heads=8, dtype=torch.bfloat16)
+        case = Case(
+            [(300, 100)],
+            [5000, 31],
+            sliding_window=1024,
+            num_heads=32,
+            num_kv_heads=8,
+            dtype=torch.bfloat16,
+        )
         check(case, "cuda", num_kv_splits=splits)
 
 
 @pytest.mark.gpu
 @gpu
-def test_gpu_float32():
-    check(Case([(100, 50)], [300, 4], num_heads=8, num_kv_heads=2), "cuda")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_gpu_other_dtypes(dtype):
+    check(
+        Case([(100, 50), (0, 300)], [300, 4, 4097], num_heads=8, num_kv_heads=2, dtype=dtype),
+        "cuda",
+    )
