@@ -8,9 +8,12 @@ ragged: the tokens of extend (prefill) sequences come first, then one token per 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from plait.kernels.dispatch import use_triton
 
 
 @dataclass
@@ -25,6 +28,7 @@ class AttentionMetadata:
     decode_kv_slots: torch.Tensor | None = None  # [B, max_kv_len] long, padded with 0
     decode_kv_lens: torch.Tensor | None = None  # [B] long
     decode_mask: torch.Tensor | None = None  # [B, 1, 1, max_kv_len] bool, True = attend
+    triton: Any = None  # PagedAttentionTables for the CUDA kernels, built once per forward
 
     @property
     def num_extend_tokens(self) -> int:
@@ -86,6 +90,26 @@ def decode_attention_ref(
 
 
 def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """The dispatch point: Triton kernels on CUDA tensors, the torch reference elsewhere."""
+    if use_triton(q):
+        from plait.kernels.attention_triton import paged_attention_triton
+
+        return paged_attention_triton(
+            q, k, v, k_cache, v_cache, meta, scale, sliding_window, meta.triton
+        )
+    return paged_attention_ref(q, k, v, k_cache, v_cache, meta, scale, sliding_window)
+
+
+def paged_attention_ref(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,

@@ -9,6 +9,7 @@ import torch
 
 from plait.kernels.attention import AttentionMetadata
 from plait.kernels.constraint_mask import allocate_token_bitmask, apply_token_bitmask
+from plait.kernels.dispatch import use_triton
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.models.llama import LlamaForCausalLM
@@ -141,6 +142,16 @@ class ModelRunner:
             decode_kv_lens=decode_lens,
             decode_mask=decode_mask,
         )
+        if use_triton(meta.slot_mapping):
+            from plait.kernels.attention_triton import tables_from_pages
+
+            args = self.model.args
+            meta.triton = tables_from_pages(
+                self.page_size, args.num_kv_heads, self.device,
+                extend_pages=[e.req.pages for e in batch.extends], extend_q_lens=q_lens,
+                extend_kv_lens=kv_lens, decode_pages=[r.pages for r in batch.decodes],
+                decode_kv_lens=[r.num_tokens for r in batch.decodes],
+            )
         forward_batch = ForwardBatch(
             kv_pool=self.kv_pool,
             attn=meta,
