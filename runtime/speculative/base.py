@@ -40,7 +40,7 @@ class Drafter(ABC):
         state.mean_accepted = EMA * state.mean_accepted + (1 - EMA) * accepted
         if proposed and state.mean_accepted < MIN_MEAN_ACCEPTED:
             state.backoff = BACKOFF_STEPS
-            state.mean_accepted = 1.0  # try again after the back-off
+            state.mean_accepted = MIN_MEAN_ACCEPTED + 0.4  # try again, briefly, after the back-off
 
 
 _DRAFTERS: dict[str, Callable[..., Drafter]] = {}

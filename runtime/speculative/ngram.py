@@ -36,7 +36,7 @@ class NgramIndex:
 class NgramDrafter(Drafter):
     name = "ngram"
 
-    def __init__(self, max_ngram: int = 4, min_ngram: int = 1, **_: Any) -> None:
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 2, **_: Any) -> None:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
@@ -45,5 +45,7 @@ class NgramDrafter(Drafter):
         for req in reqs:
             if req.spec.index is None:
                 req.spec.index = NgramIndex(self.max_ngram)
-            drafts.append(req.spec.index.lookup(req.all_ids, num_tokens, self.min_ngram))
+            # propose about as far as recent drafts were accepted, plus a little more
+            k = min(num_tokens, int(req.spec.mean_accepted) + 2)
+            drafts.append(req.spec.index.lookup(req.all_ids, k, self.min_ngram))
         return drafts
