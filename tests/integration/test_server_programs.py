@@ -35,6 +35,7 @@ def pick(s, topic):
 
 @program
 def broken(s):
+    s += "Hi"
     s += gen("x", max_tokens=2)
     raise RuntimeError("this program always fails")
 '''
