@@ -93,6 +93,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from plait.benchmarks.serving import run_serving_bench
 
         return run_serving_bench(args)
+    if args.workload == "programs":
+        from plait.benchmarks.programs import run_programs_bench
+
+        return run_programs_bench(args)
     if args.workload == "speculative":
         from plait.benchmarks.speculative import run_speculative_bench
 
@@ -157,6 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument("--num-prompts", dest="num_prompts", type=int, default=8)
     spec.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=96)
     spec.add_argument("--output", default="bench-results/speculative.json")
+    from plait.benchmarks.programs import add_programs_args
+
+    prog = bench_sub.add_parser(
+        "programs", help="few-shot select, tree of thought, agent: cache on/off vs transformers"
+    )
+    add_programs_args(prog)
+    add_engine_args(prog)
+    prog.set_defaults(func=_cmd_bench)
     from plait.benchmarks.serving import add_serving_args
     from plait.server.cli import add_serve_parser
 
