@@ -24,6 +24,7 @@ class SpecState:
     draft_valid: int = 0  # tokens whose KV a separate draft model has computed
     mean_accepted: float = 1.0
     backoff: int = 0
+    next_backoff: int = 0
     num_steps: int = 0  # verification steps
     num_proposed: int = 0
     num_accepted: int = 0

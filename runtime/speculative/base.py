@@ -8,9 +8,11 @@ from typing import Any
 
 from plait.runtime.request import Request
 
-# Below this running mean of accepted drafts per proposal, a request stops speculating for a while.
+# Below this running mean of accepted drafts per proposal, a request stops speculating for a while;
+# each failed retry doubles the pause (up to MAX_BACKOFF_STEPS), a success resets it.
 MIN_MEAN_ACCEPTED = 0.6
 BACKOFF_STEPS = 16
+MAX_BACKOFF_STEPS = 512
 EMA = 0.7
 
 
@@ -39,8 +41,11 @@ class Drafter(ABC):
         state = req.spec
         state.mean_accepted = EMA * state.mean_accepted + (1 - EMA) * accepted
         if proposed and state.mean_accepted < MIN_MEAN_ACCEPTED:
-            state.backoff = BACKOFF_STEPS
+            state.next_backoff = min(max(state.next_backoff * 2, BACKOFF_STEPS), MAX_BACKOFF_STEPS)
+            state.backoff = state.next_backoff
             state.mean_accepted = MIN_MEAN_ACCEPTED + 0.4  # try again, briefly, after the back-off
+        elif accepted:
+            state.next_backoff = 0
 
 
 _DRAFTERS: dict[str, Callable[..., Drafter]] = {}
