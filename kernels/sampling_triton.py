@@ -42,7 +42,7 @@ def filter_probs_ref(
     """Zeroes probabilities outside each row's top-k / top-p / min-p support, then renormalizes.
 
     probs [B, V]; top_k [B] long (vocab size = off); top_p, min_p [B] float.
-    NOTE: kept identical to `plait.runtime.sampling.filter_probs` (a test checks they agree).
+    `plait.runtime.sampling` samples with this very function on the CPU.
     """
     vocab = probs.shape[1]
     if bool((min_p > 0).any()):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from plait.kernels.sampling_triton import filter_probs_ref as filter_probs
 from plait.runtime.protocol import SamplingParams
 
 
@@ -44,28 +45,6 @@ def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
                 )
         if row.banned_ids:
             logits[i, list(row.banned_ids)] = float("-inf")
-
-
-def filter_probs(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """Zeroes probabilities outside each row's top-k / top-p / min-p support, then renormalizes.
-
-    probs [B, V]; top_k [B] long (vocab size = off); top_p, min_p [B] float.
-    """
-    vocab = probs.shape[1]
-    if bool((min_p > 0).any()):
-        threshold = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
-        probs = probs.masked_fill(probs < threshold, 0.0)
-    if bool((top_k < vocab).any()) or bool((top_p < 1.0).any()):
-        sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)
-        ranks = torch.arange(vocab, device=probs.device)[None, :]
-        drop = ranks >= top_k[:, None]
-        # a token is kept if the mass strictly before it is below top_p (the first is always kept)
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        drop |= mass_before >= top_p[:, None] * sorted_probs.sum(dim=-1, keepdim=True)
-        drop[:, 0] = False
-        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter_(1, sorted_ids, sorted_probs)
-    return probs / probs.sum(dim=-1, keepdim=True)
 
 
 def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
