@@ -143,12 +143,9 @@ async def chat_completions(request: Request) -> Response:
     if req.stream:
         chunks = await calls.stream(state, request, "chat", **kwargs)
         return event_stream(_chat_events(state, req, plan, chunks, rid, model, len(ids)))
-    try:
-        out = await calls.generate(state, request, "chat", **kwargs)
-    except calls.ClientGone:
-        return Response(status_code=499)
-    outs = out if isinstance(out, list) else [out]
-    fmt.check_not_aborted(outs)
+    outs = await _generate_all(state, request, "chat", kwargs)
+    if isinstance(outs, Response):
+        return outs
     choices = []
     for i, o in enumerate(outs):
         message, reason = fmt.chat_message(o, plan)
@@ -232,12 +229,9 @@ async def completions(request: Request) -> Response:
         return event_stream(
             _completion_events(state, req, chunks, rid, model, texts, prompt_tokens, len(prompts))
         )
-    try:
-        out = await calls.generate(state, request, "completions", **kwargs)
-    except calls.ClientGone:
-        return Response(status_code=499)
-    outs = out if isinstance(out, list) else [out]
-    fmt.check_not_aborted(outs)
+    outs = await _generate_all(state, request, "completions", kwargs)
+    if isinstance(outs, Response):
+        return outs
     choices = []
     for i, o in enumerate(outs):
         prefix = texts[i // req.n] if texts else ""
@@ -305,3 +299,14 @@ async def _completion_events(
         outs = [finals[i] for i in sorted(finals)]
         yield sse({**base, "choices": [], "usage": fmt.usage(prompt_tokens, outs, num_prompts)})
     yield sse("[DONE]")
+
+
+async def _generate_all(state: Any, request: Any, kind: str, kwargs: dict) -> list[dict] | Response:
+    """The engine's results as a list (aborts raised as errors), or a 499 if the client left."""
+    try:
+        out = await calls.generate(state, request, kind, **kwargs)
+    except calls.ClientGone:
+        return Response(status_code=499)
+    outs = out if isinstance(out, list) else [out]
+    fmt.check_not_aborted(outs)
+    return outs
