@@ -29,6 +29,7 @@ class AttentionMetadata:
     decode_kv_lens: torch.Tensor | None = None  # [B] long
     decode_mask: torch.Tensor | None = None  # [B, 1, 1, max_kv_len] bool, True = attend
     triton: Any = None  # PagedAttentionTables for the CUDA kernels, built once per forward
+    cpu: Any = None  # attention_cpu.CpuRows for the native CPU kernel, built by its first layer
 
     @property
     def num_extend_tokens(self) -> int:
@@ -99,12 +100,19 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """The dispatch point: Triton kernels on CUDA tensors, the torch reference elsewhere."""
+    """The dispatch point: Triton kernels on CUDA tensors, the native row kernel on float32 CPU
+    tensors (when it builds), the torch reference elsewhere."""
     if use_triton(q):
         from plait.kernels.attention_triton import paged_attention_triton
 
         return paged_attention_triton(
             q, k, v, k_cache, v_cache, meta, scale, sliding_window, meta.triton
+        )
+    from plait.kernels import attention_cpu
+
+    if attention_cpu.use_native_attention(q, k_cache):
+        return attention_cpu.paged_attention_cpu(
+            q, k, v, k_cache, v_cache, meta, scale, sliding_window
         )
     return paged_attention_ref(q, k, v, k_cache, v_cache, meta, scale, sliding_window)
 
