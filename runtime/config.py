@@ -7,6 +7,7 @@ from typing import Any
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _POLICIES = ("lpm", "fcfs", "dfs-weight")
+_QUANTIZATIONS = ("int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -15,10 +16,16 @@ class ModelConfig:
     dtype: str = "auto"
     device: str = "auto"
     context_length: int | None = None
+    quantization: str | None = None  # weight-only: None (the checkpoint's dtype), int8, int4
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype: expected one of {', '.join(_DTYPES)}, got {self.dtype!r}")
+        if self.quantization is not None and self.quantization not in _QUANTIZATIONS:
+            raise ValueError(
+                f"quantization: expected None or one of {', '.join(_QUANTIZATIONS)}, "
+                f"got {self.quantization!r}"
+            )
         if self.context_length is not None and self.context_length < 1:
             raise ValueError(f"context_length: must be positive, got {self.context_length}")
 

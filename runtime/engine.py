@@ -21,6 +21,7 @@ from plait.runtime.config import EngineConfig
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.model_loader import load_model
 from plait.runtime.model_runner import ModelRunner, ScheduleBatch
+from plait.runtime.models.quantized import weight_bytes
 from plait.runtime.output_processor import OutputProcessor
 from plait.runtime.outputs import build_output
 from plait.runtime.protocol import FinishReason, LogprobOptions, SamplingParams
@@ -53,10 +54,11 @@ class Engine:
         mc = self.config.model
         self.device = resolve_device(mc.device)
         self.dtype = resolve_dtype(mc.dtype, self.device)
-        loaded = load_model(mc.model_path, self.dtype, self.device)
+        loaded = load_model(mc.model_path, self.dtype, self.device, mc.quantization)
         self.model, self.args, self.tokenizer = loaded.model, loaded.args, loaded.tokenizer
         self.model_path = loaded.location.path
         self.context_len = mc.context_length or self.args.max_position_embeddings
+        self.weight_bytes = weight_bytes(self.model)  # read by one decode step: the roofline
         cc = self.config.cache
         self.page_size = cc.page_size
         num_pages = self._num_pages()
@@ -508,6 +510,8 @@ class Engine:
             "total_computed_tokens": sched.computed_tokens,
             **self._spec_stats(),
             "new_token_ratio": sched.new_token_ratio,
+            "quantization": self.config.model.quantization,
+            "weight_bytes": self.weight_bytes,
             **{f"total_{k}": v for k, v in self._totals.items()},
         }
 

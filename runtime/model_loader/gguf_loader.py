@@ -1,4 +1,6 @@
-"""Reading a GGUF file: hyperparameters and tokenizer from its metadata, weights dequantized."""
+"""Reading a GGUF file: hyperparameters and tokenizer from its metadata; weights dequantized, or
+kept in their blocks where plait's quantized kernels read them directly (Q4_1 and Q4_0 as int4,
+Q8_0 as int8, all with groups of 32)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from plait.kernels.quant_matmul import QuantizedWeight
 from plait.runtime.models.llama import LlamaArgs
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "mistral")
@@ -106,8 +109,40 @@ def _dequantize(tensor: Any) -> np.ndarray:
     return gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(shape)
 
 
-def iter_gguf_weights(reader: Any, args: LlamaArgs) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yields (Hugging Face name, float32 tensor) for every tensor in the file."""
+_BLOCK_TYPES = ("Q4_1", "Q4_0", "Q8_0")
+
+
+def _quantized_blocks(tensor: Any) -> QuantizedWeight:
+    """A Q4_1 / Q4_0 / Q8_0 matrix as a `QuantizedWeight`, its blocks copied, not re-quantized."""
+    kind = tensor.tensor_type.name
+    n, k = (int(d) for d in reversed(tensor.shape.tolist()))
+    block_bytes = {"Q4_1": 20, "Q4_0": 18, "Q8_0": 34}[kind]
+    raw = np.asarray(tensor.data).view(np.uint8).reshape(n, k // 32, block_bytes)
+    scale = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    if kind == "Q8_0":
+        q = raw[..., 2:34].copy().view(np.int8).reshape(n, k)
+        return QuantizedWeight("int8", torch.from_numpy(q), torch.from_numpy(scale), None, 32)
+    if kind == "Q4_1":
+        low = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        packed = raw[..., 4:20]
+    else:  # Q4_0: w = (q - 8) * d
+        low = -8.0 * scale
+        packed = raw[..., 2:18]
+    return QuantizedWeight(
+        "int4", torch.from_numpy(packed.reshape(n, k // 2).copy()), torch.from_numpy(scale),
+        torch.from_numpy(np.ascontiguousarray(low, dtype=np.float32)), 32,
+    )
+
+
+def iter_gguf_weights(
+    reader: Any, args: LlamaArgs, keep_blocks: bool = False
+) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+    """Yields (Hugging Face name, float32 tensor) for every tensor in the file.
+
+    With `keep_blocks`, 2-D Q4_1 / Q4_0 / Q8_0 tensors come as `QuantizedWeight`s instead; the
+    token embedding then comes twice, as float32 (the lookup table) and quantized (under
+    `lm_head.weight` when the file has no separate output matrix).
+    """
     permute = args.architecture != "Qwen2ForCausalLM"
     for tensor in reader.tensors:
         name = tensor.name
@@ -124,6 +159,16 @@ def iter_gguf_weights(reader: Any, args: LlamaArgs) -> Iterator[tuple[str, torch
             continue
         else:
             raise ValueError(f"GGUF: unexpected tensor {name}")
+        if keep_blocks and tensor.tensor_type.name in _BLOCK_TYPES and len(tensor.shape) == 2:
+            qw = _quantized_blocks(tensor)
+            if permute and leaf_is_qk(name):
+                heads = args.num_heads if ".attn_q." in name else args.num_kv_heads
+                qw = qw.rows(torch.from_numpy(_unpermute(np.arange(qw.shape[0]), heads).copy()))
+            if name != "token_embd.weight":
+                yield hf_name, qw
+                continue
+            if args.tie_word_embeddings:
+                yield "lm_head.weight", qw
         array = _dequantize(tensor)
         if permute and leaf_is_qk(name):
             heads = args.num_heads if ".attn_q." in name else args.num_kv_heads

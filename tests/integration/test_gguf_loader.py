@@ -108,15 +108,26 @@ def write_gguf(path, hf_model, tokenizer_meta: dict, qtype: str) -> dict[str, to
     return stored
 
 
-@pytest.mark.parametrize("qtype", TYPES)
-def test_gguf_types_match_transformers(tmp_path, smollm_tokenizer, gguf_metadata, qtype):
+@pytest.mark.parametrize(
+    "qtype,quantization",
+    [(t, None) for t in TYPES] + [("Q8_0", "int8"), ("Q4_0", "int4"), ("Q4_1", "int4")],
+)
+def test_gguf_types_match_transformers(tmp_path, smollm_tokenizer, gguf_metadata, qtype, quantization):
+    """Dequantized, or (with `quantization`) kept in their blocks for the quantized kernels."""
     import transformers
 
     hf_dir = write_tiny_checkpoint(tmp_path / "hf", "llama", smollm_tokenizer, seed=3)
     hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     stored = write_gguf(tmp_path / f"tiny-{qtype}.gguf", hf, gguf_metadata, qtype)
     hf.load_state_dict(stored)
-    loaded = load_model(str(tmp_path / f"tiny-{qtype}.gguf"), torch.float32, torch.device("cpu"))
+    loaded = load_model(
+        str(tmp_path / f"tiny-{qtype}.gguf"), torch.float32, torch.device("cpu"), quantization
+    )
+    if quantization is not None:
+        from plait.runtime.models.quantized import QuantLinear
+
+        formats = {m.format for m in loaded.model.modules() if isinstance(m, QuantLinear)}
+        assert formats == {"int8" if qtype == "Q8_0" else "int4"}
     ids = torch.randint(3, 49152, (1, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = hf(ids).logits[0]

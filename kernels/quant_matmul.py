@@ -1,0 +1,187 @@
+"""Weight-only quantized linear layers: formats, quantizers, the torch reference and the native
+CPU kernel (`csrc/cpu_quant_matmul.cpp`).
+
+Two formats, both grouped along the input dimension K:
+
+- `int8`: symmetric, `w = q * scale`, q in [-127, 127]; one scale per row (per-channel, the
+  default) or per group (GGUF Q8_0 is int8 with groups of 32).
+- `int4`: asymmetric, `w = q * scale + min`, q in [0, 15], groups of 32 by default — the GGUF
+  Q4_1 block, so a Q4_1 file loads without re-quantizing. Two weights per byte: in each group, byte
+  j holds weight j (low nibble) and weight j + group/2 (high nibble), as in GGUF.
+
+`quant_matmul(x, qw, bias)` runs the native kernel on CPU float32 inputs when it builds, and the
+reference (dequantize, then matmul) elsewhere. For small M (decode) the kernel reads the packed
+weights once and dequantizes tiles of rows in L1; for M >= `DEQUANT_GEMM_MIN_ROWS` (prefill
+chunks, compute-bound) it dequantizes the matrix into a scratch buffer and calls the float32 GEMM,
+whose cost then dwarfs one pass over the weights — except for very large matrices (an LM head),
+where the tile kernel measured as fast as the GEMM and the scratch would cost more than it saves.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+from plait.kernels import native
+
+FORMATS = ("int8", "int4")
+_FORMAT_CODE = {"int8": 0, "int4": 1}
+DEQUANT_GEMM_MIN_ROWS = 48
+DEQUANT_GEMM_MAX_ELEMENTS = 8 << 20  # larger matrices (an LM head) stay on the tile kernel
+
+
+@dataclass
+class QuantizedWeight:
+    """A [N, K] weight matrix in one of `FORMATS`."""
+
+    format: str
+    qweight: torch.Tensor  # int8 [N, K] or uint8 [N, K // 2]
+    scales: torch.Tensor  # float32 [N, K // group]
+    mins: torch.Tensor | None  # float32 [N, K // group] (int4 only)
+    group: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.scales.shape[0], self.scales.shape[1] * self.group
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes one matmul reads: the packed weights and their scales (and mins)."""
+        extra = 0 if self.mins is None else self.mins.nbytes
+        return self.qweight.nbytes + self.scales.nbytes + extra
+
+    def rows(self, index: torch.Tensor) -> QuantizedWeight:
+        """The rows `index` (a permutation or a selection), in that order."""
+        return QuantizedWeight(
+            self.format, self.qweight[index].contiguous(), self.scales[index].contiguous(),
+            None if self.mins is None else self.mins[index].contiguous(), self.group,
+        )
+
+    @staticmethod
+    def cat(parts: list[QuantizedWeight]) -> QuantizedWeight:
+        """Stacks weights with the same format, K and group along N (fused qkv / gate_up)."""
+        first = parts[0]
+        if any(p.format != first.format or p.group != first.group or p.shape[1] != first.shape[1] for p in parts):
+            raise ValueError("QuantizedWeight.cat: parts differ in format, group or K")
+        mins = None if first.mins is None else torch.cat([p.mins for p in parts])
+        return QuantizedWeight(
+            first.format, torch.cat([p.qweight for p in parts]), torch.cat([p.scales for p in parts]), mins, first.group
+        )
+
+
+def _check_group(k: int, group: int, name: str) -> None:
+    if group <= 0 or k % group or group % 2:
+        raise ValueError(f"{name}: group {group} must be even and divide K = {k}")
+
+
+def quantize_int8(w: torch.Tensor, group: int | None = None) -> QuantizedWeight:
+    """Symmetric int8, one scale per row (`group=None`) or per `group` columns."""
+    n, k = w.shape
+    group = k if group is None else group
+    if k % group:
+        raise ValueError(f"quantize_int8: group {group} must divide K = {k}")
+    g = w.detach().float().reshape(n, k // group, group)
+    scales = g.abs().amax(-1) / 127.0
+    scales = torch.where(scales == 0, torch.ones_like(scales), scales)
+    q = torch.round(g / scales[..., None]).clamp_(-127, 127).to(torch.int8).reshape(n, k)
+    return QuantizedWeight("int8", q.contiguous(), scales.contiguous(), None, group)
+
+
+def quantize_int4(w: torch.Tensor, group: int = 32) -> QuantizedWeight:
+    """Asymmetric int4 per `group` columns (GGUF Q4_1's scheme: min and (max - min) / 15)."""
+    n, k = w.shape
+    _check_group(k, group, "quantize_int4")
+    g = w.detach().float().reshape(n, k // group, group)
+    lo, hi = g.amin(-1), g.amax(-1)
+    scales = (hi - lo) / 15.0
+    safe = torch.where(scales == 0, torch.ones_like(scales), scales)
+    q = torch.round((g - lo[..., None]) / safe[..., None]).clamp_(0, 15).to(torch.uint8)
+    return QuantizedWeight("int4", pack_int4(q.reshape(n, k), group), scales.contiguous(), lo.contiguous(), group)
+
+
+def pack_int4(q: torch.Tensor, group: int) -> torch.Tensor:
+    """[N, K] values 0..15 -> [N, K // 2] bytes in the GGUF nibble order (see module doc)."""
+    n, k = q.shape
+    g = q.reshape(n, k // group, 2, group // 2).to(torch.uint8)
+    return (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+
+
+def unpack_int4(packed: torch.Tensor, group: int) -> torch.Tensor:
+    n, half_k = packed.shape
+    g = packed.reshape(n, half_k * 2 // group, group // 2)
+    return torch.stack([g & 0x0F, g >> 4], dim=2).reshape(n, half_k * 2)
+
+
+def dequantize_ref(qw: QuantizedWeight) -> torch.Tensor:
+    """The float32 [N, K] matrix a quantized weight stands for."""
+    n, k = qw.shape
+    if qw.format == "int8":
+        q = qw.qweight.float().reshape(n, k // qw.group, qw.group)
+        return (q * qw.scales[..., None]).reshape(n, k)
+    q = unpack_int4(qw.qweight, qw.group).float().reshape(n, k // qw.group, qw.group)
+    return (q * qw.scales[..., None] + qw.mins[..., None]).reshape(n, k)
+
+
+def quant_matmul_ref(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    y = x.float() @ dequantize_ref(qw).t()
+    return y if bias is None else y + bias
+
+
+@cache
+def _kernels() -> tuple | None:
+    lib = native.load("cpu_quant_matmul")
+    if lib is None:
+        return None
+    ptr, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    mm = lib.plait_qmatmul_f32
+    mm.argtypes = [ptr, i64, i64, i64, ptr, c_int, i64, ptr, ptr, ptr, ptr, c_int]
+    mm.restype = None
+    dq = lib.plait_dequantize_f32
+    dq.argtypes = [ptr, c_int, i64, i64, i64, ptr, ptr, ptr, c_int]
+    dq.restype = None
+    return mm, dq
+
+
+def native_quant_available() -> bool:
+    return not native.native_disabled() and _kernels() is not None
+
+
+def dequantize(qw: QuantizedWeight) -> torch.Tensor:
+    """`dequantize_ref`, by the native kernel when it is available."""
+    if qw.qweight.device.type != "cpu" or not native_quant_available():
+        return dequantize_ref(qw)
+    n, k = qw.shape
+    out = torch.empty(n, k, dtype=torch.float32)
+    mins = 0 if qw.mins is None else qw.mins.data_ptr()
+    _kernels()[1](
+        qw.qweight.data_ptr(), _FORMAT_CODE[qw.format], n, k, qw.group, qw.scales.data_ptr(), mins,
+        out.data_ptr(), torch.get_num_threads(),
+    )
+    return out
+
+
+def quant_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ dequant(qw).T (+ bias) -> float32 [..., N]."""
+    n, k = qw.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"quant_matmul: x has {x.shape[-1]} features, the weight expects {k}")
+    if x.device.type != "cpu" or x.dtype != torch.float32 or not native_quant_available():
+        return quant_matmul_ref(x, qw, bias)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k).contiguous()
+    m = x2.shape[0]
+    if m >= DEQUANT_GEMM_MIN_ROWS and n * k <= DEQUANT_GEMM_MAX_ELEMENTS:
+        y = torch.nn.functional.linear(x2, dequantize(qw), bias)
+        return y.reshape(*lead, n)
+    y = torch.empty(m, n, dtype=torch.float32)
+    if m:
+        mins = 0 if qw.mins is None else qw.mins.data_ptr()
+        b = 0 if bias is None else bias.contiguous().data_ptr()
+        _kernels()[0](
+            x2.data_ptr(), m, k, n, qw.qweight.data_ptr(), _FORMAT_CODE[qw.format], qw.group,
+            qw.scales.data_ptr(), mins, b, y.data_ptr(), torch.get_num_threads(),
+        )
+    return y.reshape(*lead, n)

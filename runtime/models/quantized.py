@@ -1,0 +1,78 @@
+"""Weight-only quantized linear layers swapped into a loaded model.
+
+`quantize_linears(model, mode, prequantized)` replaces every projection (qkv, o, gate_up, down)
+and the LM head with a `QuantLinear`. Weights found in `prequantized` (blocks a GGUF file already
+holds in a format the kernel reads: Q4_1 for int4, Q8_0 for int8) are used as they are; the others
+are quantized from their float values. Norms and the embedding table stay float32 (a decode step
+reads one embedding row, not the table); with tied embeddings the LM head gets its own quantized
+copy of the table.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from plait.kernels.quant_matmul import QuantizedWeight, quant_matmul, quantize_int4, quantize_int8
+
+PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+class QuantLinear(nn.Module):
+    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.format, self.group = qw.format, qw.group
+        self.out_features, self.in_features = qw.shape
+        self.register_buffer("qweight", qw.qweight)
+        self.register_buffer("scales", qw.scales)
+        self.register_buffer("mins", qw.mins)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+
+    @property
+    def qw(self) -> QuantizedWeight:  # from the buffers, so that `.to(device)` carries over
+        return QuantizedWeight(self.format, self.qweight, self.scales, self.mins, self.group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return quant_matmul(x, self.qw, self.bias).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, format={self.format}, group={self.group}"
+
+
+def quantize_weight(w: torch.Tensor, mode: str) -> QuantizedWeight:
+    return quantize_int8(w) if mode == "int8" else quantize_int4(w)
+
+
+def quantize_linears(
+    model: nn.Module, mode: str, prequantized: dict[str, QuantizedWeight] | None = None
+) -> None:
+    """Swaps the model's projections and LM head for `QuantLinear`s (in place)."""
+    prequantized = prequantized or {}
+    targets = [
+        name for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and (name.rsplit(".", 1)[-1] in PROJECTIONS or name == "lm_head")
+    ]
+    for name in targets:
+        parent_name, _, leaf = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        linear: nn.Linear = getattr(parent, leaf)
+        qw = prequantized.get(f"{name}.weight")
+        if qw is None:
+            qw = quantize_weight(linear.weight.detach().float(), mode)
+        setattr(parent, leaf, QuantLinear(qw, linear.bias))
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of weights one decode step reads: every linear and norm (quantized or not), plus one
+    embedding row per token (counted as one row)."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            total += module.qw.nbytes + (0 if module.bias is None else module.bias.nbytes)
+        elif isinstance(module, nn.Linear):
+            total += module.weight.nbytes + (0 if module.bias is None else module.bias.nbytes)
+        elif isinstance(module, nn.Embedding):
+            total += module.weight[0].nbytes
+        elif hasattr(module, "weight") and isinstance(module.weight, nn.Parameter) and not list(module.children()):
+            total += module.weight.nbytes
+    return total

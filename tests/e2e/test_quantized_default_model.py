@@ -1,0 +1,36 @@
+"""The embedded model quantized: greedy int8 (re-quantized per channel) and int4 (the GGUF's own
+Q4_1 blocks, its Q8_0 embedding as the int8 LM head) agree with float32 on at least 95% of
+tokens over a fixed set of prompts."""
+
+from __future__ import annotations
+
+import pytest
+
+from plait import Engine
+
+pytestmark = pytest.mark.e2e
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n",
+    "<|im_start|>user\nList three colors.<|im_end|>\n<|im_start|>assistant\n",
+    "Water boils at 100 degrees Celsius. At high altitude,",
+    "<|im_start|>user\nWrite a haiku about the sea.<|im_end|>\n<|im_start|>assistant\n",
+    "1, 2, 3, 5, 8, 13,",
+]
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    same = sum(x == y for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+    return same / sum(len(r) for r in a)
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_quantized_greedy_agrees_with_float32(default_engine, mode):
+    params = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
+    ref = [o["output_ids"] for o in default_engine.generate(PROMPTS, sampling_params=params)]
+    with Engine(quantization=mode, max_total_tokens=8192) as engine:
+        ours = [o["output_ids"] for o in engine.generate(PROMPTS, sampling_params=params)]
+        stats = engine.stats()
+    assert agreement(ours, ref) >= 0.95, (ours, ref)
+    assert stats["weight_bytes"] < default_engine.stats()["weight_bytes"] / 3

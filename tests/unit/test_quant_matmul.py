@@ -1,0 +1,104 @@
+"""Weight-only quantization: the formats round-trip within half a step, the native CPU kernel
+equals the dequantize-then-matmul reference at decode and prefill sizes, and GGUF blocks load
+without re-quantizing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from plait.kernels import quant_matmul as qm
+from plait.kernels.quant_matmul import (
+    QuantizedWeight,
+    dequantize,
+    dequantize_ref,
+    pack_int4,
+    quant_matmul,
+    quant_matmul_ref,
+    quantize_int4,
+    quantize_int8,
+    unpack_int4,
+)
+
+
+def test_int8_per_channel_error_is_at_most_half_a_step() -> None:
+    w = torch.randn(37, 96, generator=torch.Generator().manual_seed(0))
+    qw = quantize_int8(w)
+    assert qw.qweight.dtype == torch.int8 and qw.scales.shape == (37, 1) and qw.group == 96
+    err = (dequantize_ref(qw) - w).abs()
+    assert torch.all(err <= qw.scales / 2 + 1e-6)
+    assert qw.nbytes == 37 * 96 + 37 * 4
+
+
+def test_int4_group_error_is_at_most_half_a_step_and_packing_round_trips() -> None:
+    w = torch.randn(10, 128, generator=torch.Generator().manual_seed(1)) * 3
+    qw = quantize_int4(w, group=32)
+    assert qw.qweight.shape == (10, 64) and qw.scales.shape == (10, 4)
+    err = (dequantize_ref(qw) - w).abs().reshape(10, 4, 32)
+    assert torch.all(err <= qw.scales[..., None] / 2 + 1e-5)
+    q = torch.randint(0, 16, (3, 64), dtype=torch.uint8)
+    assert torch.equal(unpack_int4(pack_int4(q, 32), 32), q)
+    # GGUF order: byte j of a group holds weight j (low nibble) and j + 16 (high nibble)
+    assert pack_int4(q, 32)[0, 0].item() == q[0, 0].item() | (q[0, 16].item() << 4)
+
+
+def test_constant_rows_quantize_exactly() -> None:
+    w = torch.zeros(4, 64)
+    w[1] = 2.5
+    for qw in (quantize_int8(w), quantize_int4(w)):
+        torch.testing.assert_close(dequantize_ref(qw), w)
+
+
+def test_bad_arguments_name_the_argument() -> None:
+    with pytest.raises(ValueError, match="group"):
+        quantize_int4(torch.randn(4, 48), group=32)
+    with pytest.raises(ValueError, match="features"):
+        quant_matmul(torch.randn(2, 10), quantize_int8(torch.randn(4, 12)))
+    with pytest.raises(ValueError, match="format"):
+        QuantizedWeight.cat([quantize_int8(torch.randn(4, 64)), quantize_int4(torch.randn(4, 64))])
+
+
+needs_native = pytest.mark.skipif(not qm.native_quant_available(), reason="native CPU kernels did not build")
+
+
+@needs_native
+@pytest.mark.parametrize("fmt", ["int8", "int8-g32", "int4"])
+@pytest.mark.parametrize("m", [1, 2, 3, 17, qm.DEQUANT_GEMM_MIN_ROWS, 100])
+@pytest.mark.parametrize("n,k", [(64, 96), (37, 160), (6, 32)])
+def test_native_kernel_matches_reference(fmt: str, m: int, n: int, k: int) -> None:
+    gen = torch.Generator().manual_seed(m * 1000 + n + k)
+    w = torch.randn(n, k, generator=gen)
+    qw = {"int8": lambda: quantize_int8(w), "int8-g32": lambda: quantize_int8(w, 32), "int4": lambda: quantize_int4(w)}[fmt]()
+    x = torch.randn(m, k, generator=gen)
+    bias = torch.randn(n, generator=gen)
+    expected = quant_matmul_ref(x, qw, bias)
+    torch.testing.assert_close(quant_matmul(x, qw, bias), expected, atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(quant_matmul(x, qw), expected - bias, atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(dequantize(qw), dequantize_ref(qw))
+
+
+@needs_native
+def test_leading_dimensions_and_empty_batches() -> None:
+    qw = quantize_int4(torch.randn(8, 64))
+    x = torch.randn(2, 3, 64)
+    assert quant_matmul(x, qw).shape == (2, 3, 8)
+    torch.testing.assert_close(quant_matmul(x, qw), quant_matmul_ref(x, qw), atol=1e-4, rtol=1e-4)
+    assert quant_matmul(torch.randn(0, 64), qw).shape == (0, 8)
+
+
+def test_gguf_blocks_equal_the_dequantized_tensor(gguf_path) -> None:
+    import gguf
+
+    from plait.runtime.model_loader.gguf_loader import _dequantize, _quantized_blocks
+
+    reader = gguf.GGUFReader(gguf_path)
+    by_type = {}
+    for t in reader.tensors:
+        if len(t.shape) == 2 and t.tensor_type.name in ("Q4_1", "Q8_0"):
+            by_type.setdefault(t.tensor_type.name, t)
+    assert set(by_type) == {"Q4_1", "Q8_0"}
+    for t in by_type.values():
+        qw = _quantized_blocks(t)
+        expected = torch.from_numpy(np.array(_dequantize(t), dtype=np.float32))
+        torch.testing.assert_close(dequantize_ref(qw), expected, atol=1e-6, rtol=1e-6)
