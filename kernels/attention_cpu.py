@@ -37,7 +37,7 @@ class CpuRows:
 
 @cache
 def _kernel() -> ctypes._CFuncPtr | None:
-    lib = native.load("cpu_attention")
+    lib = native.load("cpu_kernels")
     if lib is None:
         return None
     fn = lib.plait_paged_attention_rows_f32

@@ -1,16 +1,15 @@
 """Native CPU kernels: C++ sources in `kernels/csrc/`, compiled on first use, loaded with ctypes.
 
-The sources include nothing from torch (plain C ABI over raw pointers), so a build takes about a
-second with the system C++ compiler. The shared object is cached under
+The sources include nothing from torch (plain C ABI over raw pointers), so a build takes a few
+seconds with the system C++ compiler. All kernels live in one library, `cpu_kernels`. They
+parallelize with OpenMP (`csrc/parallel.h`); torch is imported first, so `libgomp.so.1` resolves to
+the runtime torch already loaded, and the kernels share torch's threads. The shared object is cached under
 `$PLAIT_CACHE_DIR/native` (default `~/.cache/plait/native`), keyed by a hash of the source, the
 flags, the compiler and the CPU, so a machine never loads code built for another CPU.
 
 `load(name)` returns the `ctypes.CDLL`, or None when the kernels are unavailable: not Linux/x86,
 no compiler, a build error (logged once), or `PLAIT_DISABLE_NATIVE=1`. Every caller keeps a torch
 fallback, so a machine without a compiler is slower, never broken.
-
-NOTE: the sources use OpenMP. torch is imported first, so `libgomp.so.1` resolves to the runtime
-torch already loaded: one thread pool, no oversubscription between the two.
 """
 
 from __future__ import annotations
@@ -34,6 +33,8 @@ logger = logging.getLogger(__name__)
 DISABLE_NATIVE_ENV = "PLAIT_DISABLE_NATIVE"
 CSRC = Path(__file__).parent / "csrc"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++17", "-fno-math-errno"]
+# library name -> its sources (every header in csrc/ is part of each build's cache key)
+LIBRARIES = {"cpu_kernels": ("cpu_attention.cpp", "cpu_quant_matmul.cpp")}
 
 _lock = threading.Lock()
 
@@ -71,14 +72,15 @@ def _compiler_version(cxx: str) -> str:
 
 
 def build(name: str) -> Path:
-    """Compiles `csrc/{name}.cpp` (or returns the cached build); raises on failure."""
+    """Compiles library `name` (`LIBRARIES[name]`, or `csrc/{name}.cpp` alone) or returns the
+    cached build; raises on failure."""
     cxx = _compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler found (set CXX)")
-    source = CSRC / f"{name}.cpp"
-    text = source.read_bytes()
+    sources = [CSRC / f for f in LIBRARIES.get(name, (f"{name}.cpp",))]
+    texts = [p.read_bytes() for p in sources] + [p.read_bytes() for p in sorted(CSRC.glob("*.h"))]
     key = hashlib.sha256(
-        b"\0".join([text, " ".join(FLAGS).encode(), _compiler_version(cxx).encode(), _cpu_key().encode()])
+        b"\0".join([*texts, " ".join(FLAGS).encode(), _compiler_version(cxx).encode(), _cpu_key().encode()])
     ).hexdigest()[:16]
     out = cache_dir() / f"{name}-{key}.so"
     if out.exists():
@@ -87,10 +89,10 @@ def build(name: str) -> Path:
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         tmp_out = Path(tmp) / out.name
         proc = subprocess.run(
-            [cxx, *FLAGS, str(source), "-o", str(tmp_out)], capture_output=True, text=True, timeout=300
+            [cxx, *FLAGS, *map(str, sources), "-o", str(tmp_out)], capture_output=True, text=True, timeout=300
         )
         if proc.returncode != 0:
-            raise RuntimeError(f"building {source.name} failed:\n{proc.stderr[-4000:]}")
+            raise RuntimeError(f"building {name} failed:\n{proc.stderr[-4000:]}")
         os.replace(tmp_out, out)  # atomic: a concurrent builder finds a whole file or none
     return out
 

@@ -132,7 +132,7 @@ def quant_matmul_ref(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | 
 
 @cache
 def _kernels() -> tuple | None:
-    lib = native.load("cpu_quant_matmul")
+    lib = native.load("cpu_kernels")
     if lib is None:
         return None
     ptr, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int

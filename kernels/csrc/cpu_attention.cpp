@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 #include <algorithm>
+
+#include "parallel.h"
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
@@ -75,46 +77,45 @@ extern "C" void plait_paged_attention_rows_f32(
     float scale, int num_threads) {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t slot_stride = num_kv_heads * head_dim;  // floats between consecutive slots
-    const int64_t tasks = num_rows * num_kv_heads;
-#pragma omp parallel num_threads(num_threads)
-    {
-        std::vector<float> scores;
-        std::vector<float> acc(group * head_dim);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < tasks; ++t) {
-            const int64_t r = t / num_kv_heads, h = t % num_kv_heads;
-            const int64_t lo = first[r], n = kv_len[r] - first[r];
-            const int64_t* slots = tables + table_index[r] * table_width + lo;
-            const float* qh = q + q_index[r] * num_heads * head_dim + h * group * head_dim;
-            float* oh = out + q_index[r] * num_heads * head_dim + h * group * head_dim;
-            if (n <= 0) {
-                std::fill(oh, oh + group * head_dim, 0.0f);
-                continue;
-            }
-            scores.resize(group * n);
-            for (int64_t j = 0; j < n; ++j) {
-                const float* kr = k + slots[j] * slot_stride + h * head_dim;
-                for (int64_t g = 0; g < group; ++g)
-                    scores[g * n + j] = dot(qh + g * head_dim, kr, head_dim) * scale;
-            }
-            std::vector<float> inv(group);
-            for (int64_t g = 0; g < group; ++g) {
-                float* p = scores.data() + g * n;
-                float m = *std::max_element(p, p + n);
-                inv[g] = 1.0f / exp_shift_sum(p, n, m);
-            }
-            std::fill(acc.begin(), acc.end(), 0.0f);
-            for (int64_t j = 0; j < n; ++j) {
-                const float* vr = v + slots[j] * slot_stride + h * head_dim;
-                for (int64_t g = 0; g < group; ++g) {
-                    const float p = scores[g * n + j];
-                    float* a = acc.data() + g * head_dim;
-#pragma omp simd
-                    for (int64_t d = 0; d < head_dim; ++d) a[d] += p * vr[d];
-                }
-            }
-            for (int64_t g = 0; g < group; ++g)
-                for (int64_t d = 0; d < head_dim; ++d) oh[g * head_dim + d] = acc[g * head_dim + d] * inv[g];
+    // A task is one row and a range of KV heads: all of them when there are enough rows to keep
+    // every thread busy (each slot's K/V row is then read as one contiguous run), else one.
+    const int64_t heads_per_task = num_rows >= 2 * num_threads ? num_kv_heads : 1;
+    const int64_t tasks_per_row = num_kv_heads / heads_per_task;
+    plait::parallel_for(num_rows * tasks_per_row, num_threads, true, [&](int64_t t) {
+        thread_local std::vector<float> scores, acc, inv;
+        const int64_t r = t / tasks_per_row, h0 = (t % tasks_per_row) * heads_per_task;
+        const int64_t rows = heads_per_task * group;  // query heads of this task
+        const int64_t lo = first[r], n = kv_len[r] - first[r];
+        const int64_t* slots = tables + table_index[r] * table_width + lo;
+        const float* qh = q + q_index[r] * num_heads * head_dim + h0 * group * head_dim;
+        float* oh = out + q_index[r] * num_heads * head_dim + h0 * group * head_dim;
+        if (n <= 0) {
+            std::fill(oh, oh + rows * head_dim, 0.0f);
+            return;
         }
-    }
+        scores.resize(rows * n);
+        acc.assign(rows * head_dim, 0.0f);
+        inv.resize(rows);
+        for (int64_t j = 0; j < n; ++j) {
+            const float* kr = k + slots[j] * slot_stride + h0 * head_dim;
+            for (int64_t i = 0; i < rows; ++i)  // query head i reads KV head i / group
+                scores[i * n + j] = dot(qh + i * head_dim, kr + (i / group) * head_dim, head_dim) * scale;
+        }
+        for (int64_t i = 0; i < rows; ++i) {
+            float* p = scores.data() + i * n;
+            inv[i] = 1.0f / exp_shift_sum(p, n, *std::max_element(p, p + n));
+        }
+        for (int64_t j = 0; j < n; ++j) {
+            const float* vr = v + slots[j] * slot_stride + h0 * head_dim;
+            for (int64_t i = 0; i < rows; ++i) {
+                const float p = scores[i * n + j];
+                const float* vh = vr + (i / group) * head_dim;
+                float* a = acc.data() + i * head_dim;
+#pragma omp simd
+                for (int64_t d = 0; d < head_dim; ++d) a[d] += p * vh[d];
+            }
+        }
+        for (int64_t i = 0; i < rows; ++i)
+            for (int64_t d = 0; d < head_dim; ++d) oh[i * head_dim + d] = acc[i * head_dim + d] * inv[i];
+    });
 }

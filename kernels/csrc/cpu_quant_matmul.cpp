@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include "parallel.h"
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
@@ -121,18 +123,114 @@ void tile_matmul(const float* x, int64_t M, int64_t K, const float* w, int64_t n
         }
 }
 
+// Few rows of x (decode): no tile buffer. Each weight row is unpacked in registers and dotted
+// with every row of x directly; group scales multiply a per-group partial sum, and the int4
+// minimum multiplies the precomputed sum of x over the group (sum_g q*s*x + m*x = s*(q.x) + m*sum x).
+constexpr int64_t MAX_FUSED_M = 4;
+
+template <int M>
+void fused_rows(const float* x, int64_t K, int64_t n_begin, int64_t n_end, int64_t N, const void* qweight,
+                int format, int64_t group, const float* scales, const float* mins, const float* xsum,
+                const float* bias, float* y) {
+    const int64_t groups = K / group;
+    for (int64_t n = n_begin; n < n_end; ++n) {
+        float out[M];
+        for (int m = 0; m < M; ++m) out[m] = 0.0f;
+        const float* sc = scales + n * groups;
+#ifdef __AVX2__
+        __m256 acc[M];
+        for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
+        if (format == 1 && group == 32) {
+            const uint8_t* row = static_cast<const uint8_t*>(qweight) + n * (K / 2);
+            const float* mn = mins + n * groups;
+            const __m128i low4 = _mm_set1_epi8(0x0F);
+            for (int64_t g = 0; g < groups; ++g) {
+                __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + g * 16));
+                __m128i lo = _mm_and_si128(bytes, low4);
+                __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low4);
+                __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+                __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+                __m256 q2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+                __m256 q3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+                const __m256 s = _mm256_set1_ps(sc[g]);
+                for (int m = 0; m < M; ++m) {
+                    const float* xg = x + m * K + g * 32;
+                    __m256 t = _mm256_mul_ps(q0, _mm256_loadu_ps(xg));
+                    t = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xg + 8), t);
+                    t = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xg + 16), t);
+                    t = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xg + 24), t);
+                    acc[m] = _mm256_fmadd_ps(t, s, acc[m]);
+                    out[m] += mn[g] * xsum[m * groups + g];
+                }
+            }
+        } else if (format == 0 && group % 8 == 0) {
+            const int8_t* row = static_cast<const int8_t*>(qweight) + n * K;
+            for (int64_t g = 0; g < groups; ++g) {
+                __m256 t[M];
+                for (int m = 0; m < M; ++m) t[m] = _mm256_setzero_ps();
+                for (int64_t k = g * group; k < (g + 1) * group; k += 8) {
+                    __m256 q = _mm256_cvtepi32_ps(
+                        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k))));
+                    for (int m = 0; m < M; ++m) t[m] = _mm256_fmadd_ps(q, _mm256_loadu_ps(x + m * K + k), t[m]);
+                }
+                const __m256 s = _mm256_set1_ps(sc[g]);
+                for (int m = 0; m < M; ++m) acc[m] = _mm256_fmadd_ps(t[m], s, acc[m]);
+            }
+        } else
+#endif
+        {
+            std::vector<float> w(K);
+            if (format == 0)
+                dequant_int8_row(static_cast<const int8_t*>(qweight) + n * K, sc, K, group, w.data());
+            else
+                dequant_int4_row(static_cast<const uint8_t*>(qweight) + n * (K / 2), sc, mins + n * groups, K,
+                                 group, w.data());
+            for (int m = 0; m < M; ++m) {
+                float d = 0.0f;
+                for (int64_t k = 0; k < K; ++k) d += x[m * K + k] * w[k];
+                out[m] = d;
+            }
+            for (int m = 0; m < M; ++m) y[m * N + n] = out[m] + (bias ? bias[n] : 0.0f);
+            continue;
+        }
+#ifdef __AVX2__
+        for (int m = 0; m < M; ++m) {
+            __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[m]), _mm256_extractf128_ps(acc[m], 1));
+            h = _mm_hadd_ps(h, h);
+            h = _mm_hadd_ps(h, h);
+            y[m * N + n] = out[m] + _mm_cvtss_f32(h) + (bias ? bias[n] : 0.0f);
+        }
+#endif
+    }
+}
+
 }  // namespace
 
 extern "C" void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t N, const void* qweight,
                                   int format, int64_t group, const float* scales, const float* mins,
                                   const float* bias, float* y, int num_threads) {
-    const int64_t tiles = (N + TILE_N - 1) / TILE_N;
     const int64_t groups = K / group;
-#pragma omp parallel num_threads(num_threads)
-    {
-        std::vector<float> wbuf(TILE_N * K);
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < tiles; ++t) {
+    if (M <= MAX_FUSED_M) {
+        std::vector<float> xsum(M * groups, 0.0f);
+        for (int64_t m = 0; m < M; ++m)
+            for (int64_t k = 0; k < K; ++k) xsum[m * groups + k / group] += x[m * K + k];
+        const int64_t chunk = 16;
+        const int64_t chunks = (N + chunk - 1) / chunk;
+        plait::parallel_for(chunks, num_threads, false, [&](int64_t c) {
+            const int64_t b = c * chunk, e = std::min(N, b + chunk);
+            switch (M) {
+                case 1: fused_rows<1>(x, K, b, e, N, qweight, format, group, scales, mins, xsum.data(), bias, y); break;
+                case 2: fused_rows<2>(x, K, b, e, N, qweight, format, group, scales, mins, xsum.data(), bias, y); break;
+                case 3: fused_rows<3>(x, K, b, e, N, qweight, format, group, scales, mins, xsum.data(), bias, y); break;
+                default: fused_rows<4>(x, K, b, e, N, qweight, format, group, scales, mins, xsum.data(), bias, y); break;
+            }
+        });
+        return;
+    }
+    const int64_t tiles = (N + TILE_N - 1) / TILE_N;
+    plait::parallel_for(tiles, num_threads, false, [&](int64_t t) {
+            thread_local std::vector<float> wbuf;
+            wbuf.resize(TILE_N * K);
             const int64_t n0 = t * TILE_N, nt = std::min(TILE_N, N - n0);
             for (int64_t i = 0; i < nt; ++i) {
                 const int64_t n = n0 + i;
@@ -147,8 +245,7 @@ extern "C" void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t 
             if (bias != nullptr)
                 for (int64_t m = 0; m < M; ++m)
                     for (int64_t i = 0; i < nt; ++i) y[m * N + n0 + i] += bias[n0 + i];
-        }
-    }
+    });
 }
 
 // Dequantizes rows [0, N) into out[N, K] (the reference, and the large-M path: one pass over the
@@ -156,12 +253,11 @@ extern "C" void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t 
 extern "C" void plait_dequantize_f32(const void* qweight, int format, int64_t N, int64_t K, int64_t group,
                                      const float* scales, const float* mins, float* out, int num_threads) {
     const int64_t groups = K / group;
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
+    plait::parallel_for(N, num_threads, false, [&](int64_t n) {
         if (format == 0)
             dequant_int8_row(static_cast<const int8_t*>(qweight) + n * K, scales + n * groups, K, group, out + n * K);
         else
             dequant_int4_row(static_cast<const uint8_t*>(qweight) + n * (K / 2), scales + n * groups,
                              mins + n * groups, K, group, out + n * K);
-    }
+    });
 }
