@@ -6,7 +6,7 @@ STAMP := $(VENV)/.plait-setup
 # CPU machines get the CPU build of torch; a machine with an NVIDIA GPU keeps pip's default (CUDA) build.
 TORCH_CONSTRAINT := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints-cpu.txt)
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo test test-fast lint bench bench-deps clean
 
 setup: $(STAMP)
 
@@ -35,6 +35,11 @@ lint: setup
 
 bench: setup
 	$(BIN)/plait bench latency
+
+# The benchmarks' own baselines (not runtime dependencies): llama-cpp-python builds llama.cpp from
+# source with the system compiler (a few minutes).
+bench-deps: setup
+	$(BIN)/python -m pip install -q llama-cpp-python
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,6 +1,13 @@
-"""`plait bench latency`: prefill and single-stream decode speed, plait beside transformers.
+"""`plait bench latency`: prefill and single-stream decode speed against the machine's limits,
+plait beside transformers and llama.cpp.
 
-Same model, same dtype, same process, one after the other; ratios are plait / transformers.
+Formats are float32 / bfloat16 (dtypes) or int8 / int4 (weight-only quantization, float32
+compute). For each, plait's prefill (512-token prompt) and decode (128 tokens, one stream), the
+weights one decode step reads (`weight_bytes`), the roofline (measured read bandwidth / those
+bytes) and the share of it reached, the prefill's share of the measured float32 matmul rate, and
+the perplexity of a fixed text. transformers runs the float dtypes on the same weights;
+llama-cpp-python (if installed: `make bench-deps`) runs the GGUF file itself once, with the same
+thread count. Everything runs in one process, one after the other.
 """
 
 from __future__ import annotations
@@ -16,6 +23,38 @@ import torch
 from plait.benchmarks.common import best_of, print_table, write_json
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+FORMATS = ("float32", "bfloat16", "int8", "int4")
+
+PERPLEXITY_TEXT = (
+    "The lighthouse stood at the end of a narrow spit of rock, and for ninety years its keepers had "
+    "climbed the same hundred and twelve steps each evening to light the lamp. The last keeper, a "
+    "quiet woman who had come to the island as a child, kept a logbook in which she wrote the "
+    "weather, the ships that passed, and the birds that rested on the gallery rail. When the light "
+    "was automated, she stayed on as a caretaker, painting the iron railings every spring and "
+    "answering letters from people who remembered the sound of the foghorn. Scientists later used "
+    "her logbooks to study how the migration of seabirds had shifted as the winters grew milder."
+)
+
+
+def _format_kwargs(fmt: str) -> dict:
+    if fmt in ("int8", "int4"):
+        return {"dtype": "float32", "quantization": fmt}
+    return {"dtype": fmt}
+
+
+def measure_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
+    """Read bandwidth in bytes/s: the best time to sum a float32 tensor far larger than the caches."""
+    x = torch.ones(int(gib * (1 << 30)) // 4)
+    x.sum()
+    seconds = best_of(lambda: x.sum(), repeats)
+    return x.numel() * 4 / seconds
+
+
+def measure_matmul_flops(repeats: int = 5) -> float:
+    """float32 FLOP/s of a prefill-shaped matmul ([512, 576] x [576, 3072])."""
+    a, b = torch.randn(512, 576), torch.randn(576, 3072)
+    a @ b
+    return 2 * 512 * 576 * 3072 / best_of(lambda: a @ b, repeats)
 
 
 def _prompt_ids(tokenizer: Any, n: int) -> list[int]:
@@ -29,10 +68,12 @@ def _prompt_ids(tokenizer: Any, n: int) -> list[int]:
     return ids[:n]
 
 
-def measure_plait(model_path: str | None, dtype: str, prompt_len: int, decode_len: int, repeats: int) -> dict:
+def measure_plait(model_path: str | None, fmt: str, prompt_len: int, decode_len: int, repeats: int) -> dict:
     from plait.runtime.engine import Engine
 
-    engine = Engine(model_path=model_path, dtype=dtype, max_total_tokens=prompt_len + decode_len + 64)
+    engine = Engine(
+        model_path=model_path, max_total_tokens=max(prompt_len + decode_len + 64, 1024), **_format_kwargs(fmt)
+    )
     try:
         ids = _prompt_ids(engine.tokenizer, prompt_len)
         prefill_only = {"max_new_tokens": 0}
@@ -53,9 +94,23 @@ def measure_plait(model_path: str | None, dtype: str, prompt_len: int, decode_le
             return (decode_len - 1) / (time.perf_counter() - first)
 
         decode_tps = max(decode_once() for _ in range(repeats))
+        text_ids = engine.tokenizer.encode(PERPLEXITY_TEXT)
+        out = engine.generate(
+            input_ids=text_ids, sampling_params={"max_new_tokens": 0}, return_logprob=True, logprob_start_len=0
+        )
+        logprobs = [e[0] for e in out["meta_info"]["input_token_logprobs"][1:]]
+        perplexity = float(torch.tensor(logprobs).neg().mean().exp())
+        linear_params = sum(
+            m.in_features * m.out_features for name, m in engine.model.named_modules()
+            if hasattr(m, "in_features") and name != "lm_head"
+        )
+        weight_bytes = engine.stats()["weight_bytes"]
     finally:
         engine.shutdown()
-    return {"prefill_tok_s": prompt_len / prefill_s, "decode_tok_s": decode_tps}
+    return {
+        "prefill_tok_s": prompt_len / prefill_s, "decode_tok_s": decode_tps, "weight_bytes": weight_bytes,
+        "perplexity": perplexity, "prefill_flops_per_token": 2 * linear_params,
+    }
 
 
 def measure_transformers(model_path: str | None, dtype: str, prompt_len: int, decode_len: int, repeats: int) -> dict:
@@ -94,31 +149,83 @@ def measure_transformers(model_path: str | None, dtype: str, prompt_len: int, de
     return {"prefill_tok_s": prompt_len / prefill_s, "decode_tok_s": (decode_len - 1) / (full - one)}
 
 
+def measure_llama_cpp(model_path: str | None, prompt_len: int, decode_len: int, repeats: int) -> dict | None:
+    """llama-cpp-python on the same GGUF file and thread count, or None when not installed."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    from plait.runtime.model_loader.locate import locate_checkpoint
+
+    loc = locate_checkpoint(model_path)
+    if loc.kind != "gguf":
+        return None
+    threads = torch.get_num_threads()
+    llm = llama_cpp.Llama(
+        loc.path, n_ctx=prompt_len + decode_len + 64, n_threads=threads, n_threads_batch=threads,
+        n_batch=prompt_len, verbose=False,
+    )
+    ids = llm.tokenize(PERPLEXITY_TEXT.encode())
+    ids = (ids * (prompt_len // len(ids) + 1))[:prompt_len]
+
+    def prefill_once() -> None:
+        llm.reset()
+        llm.eval(ids)
+
+    prefill_s = best_of(prefill_once, repeats)
+
+    def decode_once() -> float:
+        llm.reset()
+        llm.eval(ids[:16])
+        start = time.perf_counter()
+        for _ in range(decode_len):
+            token = llm.sample(temp=0.0)
+            llm.eval([token])
+        return decode_len / (time.perf_counter() - start)
+
+    decode_tps = max(decode_once() for _ in range(repeats))
+    return {"prefill_tok_s": prompt_len / prefill_s, "decode_tok_s": decode_tps, "version": llama_cpp.__version__}
+
+
 def run_latency_bench(args: argparse.Namespace) -> int:
-    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    for d in dtypes:
-        if d not in _DTYPES:
-            raise SystemExit(f"--dtypes: unknown dtype {d!r} (choose from {', '.join(_DTYPES)})")
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    for f in formats:
+        if f not in FORMATS:
+            raise SystemExit(f"--formats: unknown format {f!r} (choose from {', '.join(FORMATS)})")
     repeats = getattr(args, "repeats", 3)
+    bandwidth = measure_bandwidth()
+    matmul_flops = measure_matmul_flops()
     results: dict[str, dict[str, Any]] = {}
     rows = []
-    for dtype in dtypes:
-        ours = measure_plait(args.model_path, dtype, args.prompt_len, args.decode_len, repeats)
+    for fmt in formats:
+        ours = measure_plait(args.model_path, fmt, args.prompt_len, args.decode_len, repeats)
         ref = (
-            measure_transformers(args.model_path, dtype, args.prompt_len, args.decode_len, repeats)
-            if args.transformers
+            measure_transformers(args.model_path, fmt, args.prompt_len, args.decode_len, repeats)
+            if args.transformers and fmt in _DTYPES
             else None
         )
-        results[dtype] = {"plait": ours, "transformers": ref}
-        for metric, label in (("prefill_tok_s", f"prefill tok/s ({args.prompt_len})"),
-                              ("decode_tok_s", f"decode tok/s ({args.decode_len})")):
-            theirs = ref[metric] if ref else None
-            rows.append([dtype, label, ours[metric], theirs, ours[metric] / theirs if theirs else None])
+        roofline = bandwidth / ours["weight_bytes"]
+        prefill_share = ours["prefill_tok_s"] * ours["prefill_flops_per_token"] / matmul_flops
+        results[fmt] = {"plait": ours, "transformers": ref, "roofline_steps_s": roofline,
+                        "prefill_share_of_matmul": prefill_share}
+        rows.append([fmt, f"prefill tok/s ({args.prompt_len})", ours["prefill_tok_s"],
+                     f"{prefill_share:.0%} of matmul", ref and ref["prefill_tok_s"], ours["perplexity"]])
+        rows.append([fmt, f"decode tok/s ({args.decode_len})", ours["decode_tok_s"],
+                     f"{ours['decode_tok_s'] / roofline:.0%} of {roofline:.0f}", ref and ref["decode_tok_s"],
+                     None])
+    llama = measure_llama_cpp(args.model_path, args.prompt_len, args.decode_len, repeats) if args.llama_cpp else None
+    if llama is not None:
+        results["llama_cpp"] = llama
+        rows.append(["llama.cpp (gguf)", f"prefill tok/s ({args.prompt_len})", llama["prefill_tok_s"], None, None, None])
+        rows.append(["llama.cpp (gguf)", f"decode tok/s ({args.decode_len})", llama["decode_tok_s"], None, None, None])
     print()
-    print_table(["dtype", "metric", "plait", "transformers", "ratio"], rows)
+    print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s, float32 matmul {matmul_flops / 1e9:.0f} GFLOP/s, "
+          f"{torch.get_num_threads()} threads")
+    print_table(["format", "metric", "plait", "vs limit", "transformers", "perplexity"], rows)
     write_json(
         args.output,
         {"benchmark": "latency", "prompt_len": args.prompt_len, "decode_len": args.decode_len,
+         "bandwidth_bytes_s": bandwidth, "matmul_flops": matmul_flops,
          "torch_threads": torch.get_num_threads(), "results": results},
     )
     return 0

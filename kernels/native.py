@@ -34,13 +34,19 @@ DISABLE_NATIVE_ENV = "PLAIT_DISABLE_NATIVE"
 CSRC = Path(__file__).parent / "csrc"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++17", "-fno-math-errno"]
 # library name -> its sources (every header in csrc/ is part of each build's cache key)
-LIBRARIES = {"cpu_kernels": ("cpu_attention.cpp", "cpu_quant_matmul.cpp")}
+LIBRARIES = {"cpu_kernels": ("cpu_attention.cpp", "cpu_quant_matmul.cpp", "cpu_fused.cpp")}
 
 _lock = threading.Lock()
 
 
+# Read once at import: the model asks several times per layer, and an environment lookup costs
+# more than some of the kernels it guards. Tests flip `native.DISABLED` directly.
+DISABLED = os.environ.get(DISABLE_NATIVE_ENV, "") in ("1", "true", "yes")
+
+
 def native_disabled() -> bool:
-    return os.environ.get(DISABLE_NATIVE_ENV, "") in ("1", "true", "yes")
+    """`PLAIT_DISABLE_NATIVE=1` was set when plait was imported."""
+    return DISABLED
 
 
 def cache_dir() -> Path:

@@ -134,7 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks that print a table and write JSON")
     bench_sub = bench.add_subparsers(dest="workload", required=True)
     lat = bench_sub.add_parser("latency", help="prefill and single-stream decode vs transformers")
-    lat.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes to measure")
+    lat.add_argument(
+        "--formats", default="float32,int8,int4",
+        help="comma-separated: float32, bfloat16 (dtypes), int8, int4 (weight-only quantization)",
+    )
+    lat.add_argument("--no-llama-cpp", dest="llama_cpp", action="store_false",
+                     help="skip llama-cpp-python even when installed")
     lat.add_argument("--prompt-len", dest="prompt_len", type=int, default=512)
     lat.add_argument("--decode-len", dest="decode_len", type=int, default=128)
     lat.add_argument("--repeats", type=int, default=3)

@@ -68,6 +68,39 @@ inline float dot(const float* a, const float* b, int64_t n) {
     return s;
 }
 
+
+// Attention of all query heads of row r over its slots [j0, j1): unnormalized accumulators
+// acc [H, D], per-head running max m [H] and sum l [H]. Each slot's K/V row (all KV heads) is read
+// as one contiguous run.
+void attend_chunk(const float* qr, const float* k, const float* v, const int64_t* slots, int64_t j0, int64_t j1,
+                  int64_t num_heads, int64_t group, int64_t head_dim, int64_t slot_stride, float scale,
+                  float* acc, float* m, float* l) {
+    thread_local std::vector<float> scores;
+    const int64_t n = j1 - j0;
+    scores.resize(num_heads * n);
+    for (int64_t j = 0; j < n; ++j) {
+        const float* kr = k + slots[j0 + j] * slot_stride;
+        for (int64_t i = 0; i < num_heads; ++i)  // query head i reads KV head i / group
+            scores[i * n + j] = dot(qr + i * head_dim, kr + (i / group) * head_dim, head_dim) * scale;
+    }
+    for (int64_t i = 0; i < num_heads; ++i) {
+        float* p = scores.data() + i * n;
+        m[i] = *std::max_element(p, p + n);
+        l[i] = exp_shift_sum(p, n, m[i]);
+    }
+    std::fill(acc, acc + num_heads * head_dim, 0.0f);
+    for (int64_t j = 0; j < n; ++j) {
+        const float* vr = v + slots[j0 + j] * slot_stride;
+        for (int64_t i = 0; i < num_heads; ++i) {
+            const float p = scores[i * n + j];
+            const float* vh = vr + (i / group) * head_dim;
+            float* a = acc + i * head_dim;
+#pragma omp simd
+            for (int64_t d = 0; d < head_dim; ++d) a[d] += p * vh[d];
+        }
+    }
+}
+
 }  // namespace
 
 extern "C" void plait_paged_attention_rows_f32(
@@ -77,45 +110,72 @@ extern "C" void plait_paged_attention_rows_f32(
     float scale, int num_threads) {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t slot_stride = num_kv_heads * head_dim;  // floats between consecutive slots
-    // A task is one row and a range of KV heads: all of them when there are enough rows to keep
-    // every thread busy (each slot's K/V row is then read as one contiguous run), else one.
-    const int64_t heads_per_task = num_rows >= 2 * num_threads ? num_kv_heads : 1;
-    const int64_t tasks_per_row = num_kv_heads / heads_per_task;
-    plait::parallel_for(num_rows * tasks_per_row, num_threads, true, [&](int64_t t) {
-        thread_local std::vector<float> scores, acc, inv;
-        const int64_t r = t / tasks_per_row, h0 = (t % tasks_per_row) * heads_per_task;
-        const int64_t rows = heads_per_task * group;  // query heads of this task
-        const int64_t lo = first[r], n = kv_len[r] - first[r];
-        const int64_t* slots = tables + table_index[r] * table_width + lo;
-        const float* qh = q + q_index[r] * num_heads * head_dim + h0 * group * head_dim;
-        float* oh = out + q_index[r] * num_heads * head_dim + h0 * group * head_dim;
-        if (n <= 0) {
-            std::fill(oh, oh + rows * head_dim, 0.0f);
+    const int64_t hd = num_heads * head_dim;
+    int64_t longest = 0, slots_read = 0;
+    for (int64_t r = 0; r < num_rows; ++r) {
+        longest = std::max(longest, kv_len[r] - first[r]);
+        slots_read += kv_len[r] - first[r];
+    }
+    if (slots_read < 1024) num_threads = 1;  // one short row: waking the team costs more
+    // With too few rows to occupy every thread, each row's context is split in chunks (at least
+    // 256 slots) whose partial softmax results are merged afterwards (split-K).
+    int64_t splits = 1;
+    if (num_rows < 2 * num_threads)
+        splits = std::max<int64_t>(1, std::min<int64_t>((2 * num_threads + num_rows - 1) / num_rows, longest / 256));
+    const int64_t chunk = (longest + splits - 1) / splits;
+    std::vector<float> part_acc, part_m, part_l;
+    if (splits > 1) {
+        part_acc.resize(num_rows * splits * hd);
+        part_m.assign(num_rows * splits * num_heads, -INFINITY);
+        part_l.assign(num_rows * splits * num_heads, 0.0f);
+    }
+    plait::parallel_for(num_rows * splits, num_threads, true, [&](int64_t t) {
+        plait::FlushDenormals ftz;  // far-off keys' weights underflow; denormal math is ~100x slower
+        thread_local std::vector<float> acc, m, l;
+        const int64_t r = t / splits, s = t % splits;
+        const int64_t n = kv_len[r] - first[r];
+        const int64_t j0 = std::min(n, s * chunk), j1 = std::min(n, (s + 1) * chunk);
+        const int64_t* slots = tables + table_index[r] * table_width + first[r];
+        const float* qr = q + q_index[r] * hd;
+        if (splits > 1) {
+            if (j1 > j0)
+                attend_chunk(qr, k, v, slots, j0, j1, num_heads, group, head_dim, slot_stride, scale,
+                             part_acc.data() + t * hd, part_m.data() + t * num_heads, part_l.data() + t * num_heads);
             return;
         }
-        scores.resize(rows * n);
-        acc.assign(rows * head_dim, 0.0f);
-        inv.resize(rows);
-        for (int64_t j = 0; j < n; ++j) {
-            const float* kr = k + slots[j] * slot_stride + h0 * head_dim;
-            for (int64_t i = 0; i < rows; ++i)  // query head i reads KV head i / group
-                scores[i * n + j] = dot(qh + i * head_dim, kr + (i / group) * head_dim, head_dim) * scale;
+        float* o = out + q_index[r] * hd;
+        if (n <= 0) {
+            std::fill(o, o + hd, 0.0f);
+            return;
         }
-        for (int64_t i = 0; i < rows; ++i) {
-            float* p = scores.data() + i * n;
-            inv[i] = 1.0f / exp_shift_sum(p, n, *std::max_element(p, p + n));
+        acc.resize(hd);
+        m.resize(num_heads);
+        l.resize(num_heads);
+        attend_chunk(qr, k, v, slots, 0, n, num_heads, group, head_dim, slot_stride, scale, acc.data(), m.data(),
+                     l.data());
+        for (int64_t i = 0; i < num_heads; ++i) {
+            const float inv = 1.0f / l[i];
+            for (int64_t d = 0; d < head_dim; ++d) o[i * head_dim + d] = acc[i * head_dim + d] * inv;
         }
-        for (int64_t j = 0; j < n; ++j) {
-            const float* vr = v + slots[j] * slot_stride + h0 * head_dim;
-            for (int64_t i = 0; i < rows; ++i) {
-                const float p = scores[i * n + j];
-                const float* vh = vr + (i / group) * head_dim;
-                float* a = acc.data() + i * head_dim;
-#pragma omp simd
-                for (int64_t d = 0; d < head_dim; ++d) a[d] += p * vh[d];
-            }
-        }
-        for (int64_t i = 0; i < rows; ++i)
-            for (int64_t d = 0; d < head_dim; ++d) oh[i * head_dim + d] = acc[i * head_dim + d] * inv[i];
     });
+    if (splits == 1) return;
+    for (int64_t r = 0; r < num_rows; ++r) {  // merge the chunks of each row
+        float* o = out + q_index[r] * hd;
+        for (int64_t i = 0; i < num_heads; ++i) {
+            float mx = -INFINITY;
+            for (int64_t s = 0; s < splits; ++s) mx = std::max(mx, part_m[(r * splits + s) * num_heads + i]);
+            float total = 0.0f;
+            float* oi = o + i * head_dim;
+            std::fill(oi, oi + head_dim, 0.0f);
+            for (int64_t s = 0; s < splits; ++s) {
+                const int64_t t = r * splits + s;
+                const float w = part_l[t * num_heads + i] > 0.0f ? std::exp(part_m[t * num_heads + i] - mx) : 0.0f;
+                total += w * part_l[t * num_heads + i];
+                const float* a = part_acc.data() + t * hd + i * head_dim;
+                for (int64_t d = 0; d < head_dim; ++d) oi[d] += w * a[d];
+            }
+            const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+            for (int64_t d = 0; d < head_dim; ++d) oi[d] *= inv;
+        }
+    }
 }

@@ -4,8 +4,20 @@
 // `runtime/engine.py:off_main_thread` for the one libgomp pitfall that remains.
 #pragma once
 #include <cstdint>
+#if defined(__SSE__) || defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 namespace plait {
+
+// Flush-to-zero and denormals-are-zero for the current thread while in scope.
+struct FlushDenormals {
+#if defined(__SSE__) || defined(__x86_64__)
+    unsigned int saved = _mm_getcsr();
+    FlushDenormals() { _mm_setcsr(saved | 0x8040); }
+    ~FlushDenormals() { _mm_setcsr(saved); }
+#endif
+};
 
 // f(i) for every i in [0, n): `dynamic` for tasks of uneven cost (attention rows).
 template <class F>

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plait.kernels import attention
+from plait.kernels import attention, cpu_fused
 from plait.runtime.forward_batch import ForwardBatch
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -81,7 +81,20 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """rmsnorm(x) * weight; with `residual`, (rmsnorm(x + residual) * weight, x + residual)."""
+        if cpu_fused.usable(x):
+            if residual is None:
+                return cpu_fused.rms_norm(x, self.weight, self.eps)
+            return cpu_fused.add_rms_norm(x, residual, self.weight, self.eps)
+        if residual is not None:
+            residual = x + residual
+            return self._norm(residual), residual
+        return self._norm(x)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -126,6 +139,17 @@ class RotaryEmbedding(nn.Module):
         return emb.cos(), emb.sin()
 
 
+@dataclass
+class Rope:
+    """What every layer needs to rotate q and k: cos/sin tables, or (on the CPU fused path) the
+    positions and inverse frequencies the kernel computes them from."""
+
+    cos: torch.Tensor | None
+    sin: torch.Tensor | None
+    positions: torch.Tensor
+    inv_freq: torch.Tensor
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # x: [T, heads, head_dim]; cos, sin: [T, head_dim]
     half = x.shape[-1] // 2
@@ -149,13 +173,18 @@ class Attention(nn.Module):
         )
         self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=False)
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Rope, batch: ForwardBatch) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        qkv = self.qkv_proj(x)
+        if rope.cos is None:  # the CPU fused path: rotate q and k inside qkv, in place
+            qkv = qkv.contiguous()
+            cpu_fused.rope_(qkv, rope.positions, rope.inv_freq, self.num_heads, self.num_kv_heads, self.head_dim)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        if rope.cos is not None:
+            q = apply_rotary(q, rope.cos, rope.sin)
+            k = apply_rotary(k, rope.cos, rope.sin)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = batch.kv_pool.layer(self.layer_id)
         out = attention.paged_attention(
@@ -172,7 +201,10 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if cpu_fused.usable(gate_up):
+            return self.down_proj(cpu_fused.silu_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -185,10 +217,18 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(args)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        self, x: torch.Tensor, residual: torch.Tensor | None, rope: Rope, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (this layer's MLP output, the residual stream before it); the next layer (or
+        the final norm) adds the two, fused with its norm."""
+        if residual is None:
+            residual = x
+            h = self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, rope, batch)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -207,11 +247,18 @@ class LlamaModel(nn.Module):
         num_layers: int | None = None,
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [T, hidden]
-        cos, sin = self.rotary_emb(positions)
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        inv_freq = self.rotary_emb.inv_freq
+        if cpu_fused.usable(x):
+            rope = Rope(None, None, positions, inv_freq)
+        else:
+            cos, sin = self.rotary_emb(positions)
+            rope = Rope(cos.to(x.dtype), sin.to(x.dtype), positions, inv_freq)
+        residual = None
         for layer in self.layers[:num_layers]:
-            x = layer(x, cos, sin, batch)
-        return self.norm(x)
+            x, residual = layer(x, residual, rope, batch)
+        if residual is None:  # no layers ran
+            return self.norm(x)
+        return self.norm(x, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):

@@ -52,3 +52,22 @@ def test_bench_throughput_smoke(tiny_llama_dir, tmp_path):
     data = json.loads(out_file.read_text())
     assert len(data["results"]["random"]) == 2
     assert data["results"]["shared_prefix"][0]["cache_hit_rate"] > 0.5
+
+
+def test_bench_latency_reports_roofline_and_perplexity_per_format(tiny_llama_dir, tmp_path):
+    import json
+
+    out_path = tmp_path / "latency.json"
+    out = run(
+        "bench", "latency", "--model", str(tiny_llama_dir), "--formats", "float32,int4", "--prompt-len", "32",
+        "--decode-len", "6", "--repeats", "1", "--no-transformers", "--no-llama-cpp", "--output", str(out_path),
+    )
+    assert out.returncode == 0, out.stderr
+    assert "of matmul" in out.stdout and "read bandwidth" in out.stdout
+    report = json.loads(out_path.read_text())
+    assert report["bandwidth_bytes_s"] > 1e8
+    f32, int4 = report["results"]["float32"], report["results"]["int4"]
+    assert int4["plait"]["weight_bytes"] < f32["plait"]["weight_bytes"] / 4
+    assert int4["roofline_steps_s"] > f32["roofline_steps_s"]
+    for r in (f32, int4):
+        assert r["plait"]["decode_tok_s"] > 0 and r["plait"]["perplexity"] > 1

@@ -22,6 +22,10 @@ CASES = [
     Case(extends=[(33, 1)], decodes=[], num_heads=4, num_kv_heads=4, head_dim=32),
     Case(extends=[(30, 5)], decodes=[3, 100, 45], sliding_window=8, page_size=16),
     Case(extends=[(0, 2)], decodes=[7], num_heads=8, num_kv_heads=1, head_dim=80, page_size=2),
+    # few rows over long contexts: each row's context is split across threads, then merged
+    Case(extends=[], decodes=[1500], num_heads=9, num_kv_heads=3, page_size=1),
+    Case(extends=[], decodes=[1200, 10], page_size=16),
+    Case(extends=[(900, 2)], decodes=[], sliding_window=600, page_size=4),
 ]
 
 
@@ -55,7 +59,7 @@ def test_dispatch_uses_native_on_cpu_float32_and_falls_back_when_disabled(monkey
     monkeypatch.setattr(attention_cpu, "attention_rows", lambda *a: calls.append(1) or real(*a))
     first = paged_attention(q, k, v, k_cache.clone(), v_cache.clone(), meta, 0.125)
     assert calls == [1]
-    monkeypatch.setenv(native.DISABLE_NATIVE_ENV, "1")
+    monkeypatch.setattr(native, "DISABLED", True)
     meta.cpu = None
     second = paged_attention(q, k, v, k_cache.clone(), v_cache.clone(), meta, 0.125)
     assert calls == [1] and meta.cpu is None  # the reference ran

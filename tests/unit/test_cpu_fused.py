@@ -1,0 +1,62 @@
+"""The fused CPU elementwise kernels equal the model's torch math: RMSNorm, residual add +
+RMSNorm (residual updated in place), rotary embedding on a fused qkv row, SiLU-and-multiply."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from plait.kernels import cpu_fused
+from plait.runtime.models.llama import LlamaArgs, RMSNorm, RotaryEmbedding, apply_rotary
+
+pytestmark = pytest.mark.skipif(not cpu_fused.usable(torch.zeros(1)), reason="native CPU kernels did not build")
+
+GEN = torch.Generator().manual_seed(0)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 40])
+def test_rms_norm_and_add_rms_norm(rows):
+    norm = RMSNorm(96, 1e-5)
+    norm.weight.data = torch.randn(96, generator=GEN)
+    x, res = torch.randn(rows, 96, generator=GEN), torch.randn(rows, 96, generator=GEN)
+    torch.testing.assert_close(cpu_fused.rms_norm(x, norm.weight, 1e-5), norm._norm(x))
+    expected_res = x + res
+    out, new_res = cpu_fused.add_rms_norm(x, res.clone(), norm.weight, 1e-5)
+    torch.testing.assert_close(new_res, expected_res)
+    torch.testing.assert_close(out, norm._norm(expected_res))
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 32), (8, 2, 128)])
+def test_rope_in_place_on_fused_qkv(heads, kv_heads, head_dim):
+    args = LlamaArgs(
+        vocab_size=10, hidden_size=heads * head_dim, intermediate_size=8, num_layers=1, num_heads=heads,
+        num_kv_heads=kv_heads, head_dim=head_dim, rope_theta=100000.0,
+    )
+    rotary = RotaryEmbedding(args)
+    tokens = 11
+    positions = torch.tensor([0, 1, 2, 7, 100, 513, 2047, 3, 4, 5, 4095])
+    q_size, kv_size = heads * head_dim, kv_heads * head_dim
+    qkv = torch.randn(tokens, q_size + 2 * kv_size, generator=GEN)
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    cos, sin = rotary(positions)
+    expected_q = apply_rotary(q.reshape(tokens, heads, head_dim), cos, sin)
+    expected_k = apply_rotary(k.reshape(tokens, kv_heads, head_dim), cos, sin)
+    expected_v = v.clone()
+    cpu_fused.rope_(qkv, positions, rotary.inv_freq, heads, kv_heads, head_dim)
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    torch.testing.assert_close(q.reshape(tokens, heads, head_dim), expected_q, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(k.reshape(tokens, kv_heads, head_dim), expected_k, atol=2e-5, rtol=1e-5)
+    assert torch.equal(v, expected_v)
+
+
+def test_silu_mul():
+    gate_up = torch.randn(5, 2 * 48, generator=GEN) * 4
+    gate, up = gate_up.split(48, dim=-1)
+    torch.testing.assert_close(cpu_fused.silu_mul(gate_up), F.silu(gate) * up)
+
+
+def test_usable_only_for_float32_cpu(monkeypatch):
+    assert not cpu_fused.usable(torch.zeros(2, dtype=torch.bfloat16))
+    monkeypatch.setattr(cpu_fused.native, "DISABLED", True)
+    assert not cpu_fused.usable(torch.zeros(2))
