@@ -193,14 +193,18 @@ def run_latency_bench(args: argparse.Namespace) -> int:
         if f not in FORMATS:
             raise SystemExit(f"--formats: unknown format {f!r} (choose from {', '.join(FORMATS)})")
     repeats = getattr(args, "repeats", 3)
-    bandwidth = measure_bandwidth()
-    matmul_flops = measure_matmul_flops()
+    from plait.runtime.engine import off_main_thread
+
+    # NOTE: off the main thread, so that its OpenMP team does not linger and throttle the engine's
+    # (see `off_main_thread`): measured on the main thread, plait's decode here ran ~2x slower.
+    bandwidth = off_main_thread(measure_bandwidth)
+    matmul_flops = off_main_thread(measure_matmul_flops)
     results: dict[str, dict[str, Any]] = {}
     rows = []
     for fmt in formats:
         ours = measure_plait(args.model_path, fmt, args.prompt_len, args.decode_len, repeats)
         ref = (
-            measure_transformers(args.model_path, fmt, args.prompt_len, args.decode_len, repeats)
+            off_main_thread(measure_transformers, args.model_path, fmt, args.prompt_len, args.decode_len, repeats)
             if args.transformers and fmt in _DTYPES
             else None
         )

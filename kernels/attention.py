@@ -158,6 +158,35 @@ def paged_attention(
     return paged_attention_ref(q, k, v, k_cache, v_cache, meta, scale, sliding_window)
 
 
+def attend_extends(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_flat: torch.Tensor,
+    v_flat: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None,
+    out: torch.Tensor,
+    skip: frozenset[int] = frozenset(),
+) -> None:
+    """Writes each extend sequence's attention into `out` (those in `skip` excepted): over its new
+    k/v alone when nothing is cached, else over its cached prefix gathered from the pages."""
+    for i, (start, q_len, kv_len, slots) in enumerate(
+        zip(meta.extend_q_starts, meta.extend_q_lens, meta.extend_kv_lens, meta.extend_kv_slots)
+    ):
+        if i in skip:
+            continue
+        prefix_len = kv_len - q_len
+        if prefix_len == 0:
+            kk, vv = k[start : start + q_len], v[start : start + q_len]
+        else:
+            kk, vv = k_flat.index_select(0, slots), v_flat.index_select(0, slots)
+        out[start : start + q_len] = extend_attention_ref(
+            q[start : start + q_len], kk, vv, prefix_len, scale, sliding_window
+        )
+
+
 def paged_attention_ref(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -174,17 +203,7 @@ def paged_attention_ref(
     k_flat = k_cache.view(-1, num_kv_heads, head_dim)
     v_flat = v_cache.view(-1, num_kv_heads, head_dim)
     out = torch.empty_like(q)
-    for start, q_len, kv_len, slots in zip(
-        meta.extend_q_starts, meta.extend_q_lens, meta.extend_kv_lens, meta.extend_kv_slots
-    ):
-        prefix_len = kv_len - q_len
-        if prefix_len == 0:
-            kk, vv = k[start : start + q_len], v[start : start + q_len]
-        else:
-            kk, vv = k_flat[slots], v_flat[slots]
-        out[start : start + q_len] = extend_attention_ref(
-            q[start : start + q_len], kk, vv, prefix_len, scale, sliding_window
-        )
+    attend_extends(q, k, v, k_flat, v_flat, meta, scale, sliding_window, out)
     if meta.decode_kv_slots is not None:
         first = meta.num_extend_tokens
         mask = meta.decode_mask

@@ -19,7 +19,7 @@ from functools import cache
 import torch
 
 from plait.kernels import native
-from plait.kernels.attention import AttentionMetadata, extend_attention_ref, write_kv
+from plait.kernels.attention import AttentionMetadata, attend_extends, write_kv
 
 # An extend with at most this many new tokens runs as rows; longer ones go to SDPA.
 MAX_ROW_EXTEND = 16
@@ -147,18 +147,6 @@ def paged_attention_cpu(
     rows: CpuRows = meta.cpu
     q = q.contiguous()
     out = torch.empty_like(q)
-    for i, (start, q_len, kv_len, slots) in enumerate(
-        zip(meta.extend_q_starts, meta.extend_q_lens, meta.extend_kv_lens, meta.extend_kv_slots)
-    ):
-        if i in rows.row_extends:
-            continue
-        prefix_len = kv_len - q_len
-        if prefix_len == 0:
-            kk, vv = k[start : start + q_len], v[start : start + q_len]
-        else:
-            kk, vv = k_flat.index_select(0, slots), v_flat.index_select(0, slots)
-        out[start : start + q_len] = extend_attention_ref(
-            q[start : start + q_len], kk, vv, prefix_len, scale, sliding_window
-        )
+    attend_extends(q, k, v, k_flat, v_flat, meta, scale, sliding_window, out, skip=rows.row_extends)
     attention_rows(q, k_flat, v_flat, rows, out, scale)
     return out

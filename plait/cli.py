@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_sub = bench.add_subparsers(dest="workload", required=True)
     lat = bench_sub.add_parser("latency", help="prefill and single-stream decode vs transformers")
     lat.add_argument(
-        "--formats", default="float32,int8,int4",
+        "--formats", default="float32,int4",
         help="comma-separated: float32, bfloat16 (dtypes), int8, int4 (weight-only quantization)",
     )
     lat.add_argument("--no-llama-cpp", dest="llama_cpp", action="store_false",
