@@ -63,6 +63,23 @@ def timed_batch(engine: Any, texts: list[str], params: list[dict]) -> tuple[floa
     return time.perf_counter() - start, outs
 
 
+def step_costs(engine: Any, texts: list[str], schema: str, batch: int, max_new_tokens: int) -> dict[str, float]:
+    """Mean decode-step time of `batch` constrained requests (jump-forward off, so every step is a
+    plain decode step) against unconstrained requests of exactly the same output lengths."""
+    texts = texts[:batch]
+
+    def per_step(params: list[dict]) -> tuple[float, list[dict]]:
+        steps = engine.stats()["total_steps"]
+        seconds, outs = timed_batch(engine, texts, params)
+        return seconds / (engine.stats()["total_steps"] - steps), outs
+
+    constrained, outs = per_step([{"max_new_tokens": max_new_tokens, "temperature": 0, "json_schema": schema}] * len(texts))
+    lengths = [o["meta_info"]["completion_tokens"] for o in outs]
+    free, _ = per_step([{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in lengths])
+    return {"constrained_step_ms": 1e3 * constrained, "unconstrained_step_ms": 1e3 * free,
+            "constrained_step_overhead": constrained / free - 1}
+
+
 def mask_costs(engine: Any, outs: list[dict], batch: int) -> dict[str, float]:
     """Replays the generated tokens through fresh grammars, timing fill and apply per step."""
     from plait.kernels.constraint_mask import allocate_token_bitmask, apply_token_bitmask
@@ -125,6 +142,8 @@ def run_json_bench(args: argparse.Namespace) -> int:
             runs[f"jump-forward {'on' if jf else 'off'}"] = timed_batch(
                 engine, texts, [{**base, "json_schema": schema}] * len(texts)
             )
+            if not jf:
+                results["steps"] = step_costs(engine, texts, schema, args.mask_batch, args.max_new_tokens)
             if jf:
                 lengths = [o["meta_info"]["completion_tokens"] for o in runs["jump-forward on"][1]]
                 runs["unconstrained"] = timed_batch(
@@ -155,6 +174,9 @@ def run_json_bench(args: argparse.Namespace) -> int:
     print(f"\nmask fill per token: {m['fill_us_mean']:.1f} us mean, {m['fill_us_p99']:.1f} us P99; "
           f"apply for {args.mask_batch} rows: {m[f'apply_us_mean_batch{args.mask_batch}']:.1f} us; "
           f"schema compile {results['compile_s']:.2f} s")
+    st = results["steps"]
+    print(f"decode step at batch {args.mask_batch} (jump-forward off): constrained {st['constrained_step_ms']:.1f} ms, "
+          f"unconstrained {st['unconstrained_step_ms']:.1f} ms ({st['constrained_step_overhead']:+.1%})")
     print(f"sample: {results['jump-forward on']['sample']}")
     write_json(args.output, {"benchmark": "json", "results": results})
     return 0
