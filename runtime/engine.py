@@ -27,6 +27,7 @@ from plait.runtime.outputs import build_output
 from plait.runtime.protocol import FinishReason, LogprobOptions, SamplingParams
 from plait.runtime.request import Request
 from plait.runtime.scheduler import Scheduler
+from plait.runtime.speculative.governor import SpeculationGovernor
 
 logger = logging.getLogger("plait.engine")
 
@@ -77,6 +78,7 @@ class Engine:
         )
         self.processor = OutputProcessor(self.tokenizer, self.context_len)
         self.drafter = self._make_drafter()
+        self.governor = SpeculationGovernor()
         self._spec_totals = {"steps": 0, "proposed": 0, "accepted": 0}
         self._grammars: Any = None  # GrammarCache, made on the first constrained request
         self._grammar_lock = threading.Lock()
@@ -420,7 +422,9 @@ class Engine:
     def step(self) -> None:
         """One forward pass over the scheduler's next batch, then bookkeeping and delivery."""
         batch = self.scheduler.schedule()
-        if self.drafter is not None and batch.decodes:
+        started = time.perf_counter()
+        plain_decode = not batch.extends  # a step the speculation governor can learn from
+        if self.drafter is not None and batch.decodes and self.governor.speculate(len(batch.decodes)):
             self._propose_drafts(batch)
         if not batch:
             return
@@ -434,6 +438,10 @@ class Engine:
         entries = [e.req for e in batch.extends] + batch.decodes
         last_chunk = [e.is_last_chunk for e in batch.extends] + [True] * len(batch.decodes)
         updated: list[Request] = []
+        if self.drafter is not None and plain_decode and entries:
+            speculated = any(e.draft_ids for e in batch.extends)
+            tokens = sum(len(r.tokens) for r in results)
+            self.governor.record(len(entries), speculated, tokens, time.perf_counter() - started)
         for entry, req, result, done_prompt in zip(
             [*batch.extends, *[None] * len(batch.decodes)], entries, results, last_chunk
         ):
