@@ -42,10 +42,14 @@ class AttentionMetadata:
 
 def write_kv(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
-) -> None:
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stores the new k/v [T, Hkv, D] at `slots`; returns the caches viewed flat, [slots, Hkv, D]."""
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k)
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v)
+    k_flat = k_cache.view(-1, num_kv_heads, head_dim)
+    v_flat = v_cache.view(-1, num_kv_heads, head_dim)
+    k_flat.index_copy_(0, slots, k)
+    v_flat.index_copy_(0, slots, v)
+    return k_flat, v_flat
 
 
 def extend_attention_ref(
@@ -198,10 +202,7 @@ def paged_attention_ref(
     sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Writes the new k/v [T, Hkv, D] into the cache, then attends q [T, H, D]; returns [T, H, D]."""
-    write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-    num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    k_flat = k_cache.view(-1, num_kv_heads, head_dim)
-    v_flat = v_cache.view(-1, num_kv_heads, head_dim)
+    k_flat, v_flat = write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     out = torch.empty_like(q)
     attend_extends(q, k, v, k_flat, v_flat, meta, scale, sliding_window, out)
     if meta.decode_kv_slots is not None:

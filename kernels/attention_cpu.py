@@ -138,10 +138,7 @@ def paged_attention_cpu(
     sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Same contract as `attention.paged_attention_ref`."""
-    write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-    num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    k_flat = k_cache.view(-1, num_kv_heads, head_dim)
-    v_flat = v_cache.view(-1, num_kv_heads, head_dim)
+    k_flat, v_flat = write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     if meta.cpu is None:
         meta.cpu = cpu_rows(meta, sliding_window)
     rows: CpuRows = meta.cpu
