@@ -6,6 +6,10 @@
   interpreter on CPU tensors (how the tests check kernels on a machine without a GPU).
 - `use_flash_attn(tensor)` / `flash_attn_varlen_func()`: flash-attn's varlen prefill, imported
   lazily on first use.
+- Native CPU kernels (C++ in `csrc/`, built by `native.load`): float32 CPU tensors go to them when
+  the library builds and `PLAIT_DISABLE_NATIVE=1` was not set at import; each module says so
+  itself (`attention_cpu.use_native_attention`, `quant_matmul.native_quant_available`,
+  `cpu_fused.usable`), since each falls back to its own torch reference.
 """
 
 from __future__ import annotations
