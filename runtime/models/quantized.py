@@ -27,10 +27,16 @@ class QuantLinear(nn.Module):
         self.register_buffer("scales", qw.scales)
         self.register_buffer("mins", qw.mins)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+        self._refresh()
 
-    @property
-    def qw(self) -> QuantizedWeight:  # from the buffers, so that `.to(device)` carries over
-        return QuantizedWeight(self.format, self.qweight, self.scales, self.mins, self.group)
+    def _refresh(self) -> None:
+        # NOTE: a plain attribute built once, not per call: forward runs ~120 times a decode step.
+        self.qw = QuantizedWeight(self.format, self.qweight, self.scales, self.mins, self.group)
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202  (nn.Module's signature)
+        super()._apply(fn, recurse)
+        self._refresh()  # `.to(device)` replaced the buffers
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return quant_matmul(x, self.qw, self.bias).to(x.dtype)

@@ -102,3 +102,14 @@ def test_gguf_blocks_equal_the_dequantized_tensor(gguf_path) -> None:
         qw = _quantized_blocks(t)
         expected = torch.from_numpy(np.array(_dequantize(t), dtype=np.float32))
         torch.testing.assert_close(dequantize_ref(qw), expected, atol=1e-6, rtol=1e-6)
+
+
+def test_quant_linear_follows_its_buffers_when_moved():
+    from plait.runtime.models.quantized import QuantLinear
+
+    layer = QuantLinear(quantize_int4(torch.randn(8, 64)), torch.randn(8))
+    old = layer.qweight
+    layer._apply(lambda t: t.clone())  # what `.to(device)` does: new buffers
+    assert layer.qweight is not old and layer.qw.qweight is layer.qweight and layer.qw.scales is layer.scales
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(layer(x), quant_matmul_ref(x, layer.qw, layer.bias), atol=1e-4, rtol=1e-4)
