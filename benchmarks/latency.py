@@ -5,9 +5,11 @@ Formats are float32 / bfloat16 (dtypes) or int8 / int4 (weight-only quantization
 compute). For each, plait's prefill (512-token prompt) and decode (128 tokens, one stream), the
 weights one decode step reads (`weight_bytes`), the roofline (measured read bandwidth / those
 bytes) and the share of it reached, the prefill's share of the measured float32 matmul rate, and
-the perplexity of a fixed text. transformers runs the float dtypes on the same weights;
+the perplexity of the second half of a fixed text, computed over its first half read back from
+the KV cache (so that the cache's storage format counts). transformers runs the float dtypes on the same weights;
 llama-cpp-python (if installed: `make bench-deps`) runs the GGUF file itself once, with the same
-thread count. Everything runs in one process, one after the other.
+thread count. `--kv-cache-dtype` stores plait's KV cache as bfloat16 or int8 (the perplexity
+column shows what that costs). Everything runs in one process, one after the other.
 """
 
 from __future__ import annotations
@@ -68,11 +70,14 @@ def _prompt_ids(tokenizer: Any, n: int) -> list[int]:
     return ids[:n]
 
 
-def measure_plait(model_path: str | None, fmt: str, prompt_len: int, decode_len: int, repeats: int) -> dict:
+def measure_plait(
+    model_path: str | None, fmt: str, prompt_len: int, decode_len: int, repeats: int, kv_cache_dtype: str = "auto"
+) -> dict:
     from plait.runtime.engine import Engine
 
     engine = Engine(
-        model_path=model_path, max_total_tokens=max(prompt_len + decode_len + 64, 1024), **_format_kwargs(fmt)
+        model_path=model_path, max_total_tokens=max(prompt_len + decode_len + 64, 1024),
+        kv_cache_dtype=kv_cache_dtype, **_format_kwargs(fmt),
     )
     try:
         ids = _prompt_ids(engine.tokenizer, prompt_len)
@@ -95,8 +100,11 @@ def measure_plait(model_path: str | None, fmt: str, prompt_len: int, decode_len:
 
         decode_tps = max(decode_once() for _ in range(repeats))
         text_ids = engine.tokenizer.encode(PERPLEXITY_TEXT)
+        half = len(text_ids) // 2
+        engine.flush_cache()
+        engine.generate(input_ids=text_ids[:half], sampling_params={"max_new_tokens": 0})  # now cached
         out = engine.generate(
-            input_ids=text_ids, sampling_params={"max_new_tokens": 0}, return_logprob=True, logprob_start_len=0
+            input_ids=text_ids, sampling_params={"max_new_tokens": 0}, return_logprob=True, logprob_start_len=half
         )
         logprobs = [e[0] for e in out["meta_info"]["input_token_logprobs"][1:]]
         perplexity = float(torch.tensor(logprobs).neg().mean().exp())
@@ -202,7 +210,9 @@ def run_latency_bench(args: argparse.Namespace) -> int:
     results: dict[str, dict[str, Any]] = {}
     rows = []
     for fmt in formats:
-        ours = measure_plait(args.model_path, fmt, args.prompt_len, args.decode_len, repeats)
+        ours = measure_plait(
+            args.model_path, fmt, args.prompt_len, args.decode_len, repeats, getattr(args, "kv_cache_dtype", "auto")
+        )
         ref = (
             off_main_thread(measure_transformers, args.model_path, fmt, args.prompt_len, args.decode_len, repeats)
             if args.transformers and fmt in _DTYPES
@@ -229,6 +239,7 @@ def run_latency_bench(args: argparse.Namespace) -> int:
     write_json(
         args.output,
         {"benchmark": "latency", "prompt_len": args.prompt_len, "decode_len": args.decode_len,
+         "kv_cache_dtype": getattr(args, "kv_cache_dtype", "auto"),
          "bandwidth_bytes_s": bandwidth, "matmul_flops": matmul_flops,
          "torch_threads": torch.get_num_threads(), "results": results},
     )

@@ -14,6 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from plait.kernels.dispatch import use_triton
+from plait.kernels.kv_cache import flat_scales, read_kv, store_kv
+
+KVScales = tuple[torch.Tensor, torch.Tensor] | None  # int8 caches: (k_scale, v_scale) [pages, page_size, Hkv]
 
 
 @dataclass
@@ -41,15 +44,15 @@ class AttentionMetadata:
 
 
 def write_kv(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    kv_scales: KVScales = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stores the new k/v [T, Hkv, D] at `slots`; returns the caches viewed flat, [slots, Hkv, D]."""
-    num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    k_flat = k_cache.view(-1, num_kv_heads, head_dim)
-    v_flat = v_cache.view(-1, num_kv_heads, head_dim)
-    k_flat.index_copy_(0, slots, k)
-    v_flat.index_copy_(0, slots, v)
-    return k_flat, v_flat
+    return store_kv(k, v, k_cache, v_cache, slots, kv_scales)
 
 
 def extend_attention_ref(
@@ -124,10 +127,12 @@ def decode_attention_ref(
     kv_slots: torch.Tensor,
     mask: torch.Tensor,
     scale: float,
+    kv_scales: KVScales = None,
 ) -> torch.Tensor:
     """A batch of single-token queries q [B, H, D] over gathered pages; mask [B, 1, 1, L]."""
-    k = k_flat[kv_slots].transpose(1, 2)  # [B, Hkv, L, D]
-    v = v_flat[kv_slots].transpose(1, 2)
+    ks, vs = flat_scales(kv_scales) or (None, None)
+    k = read_kv(k_flat, ks, kv_slots, q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
+    v = read_kv(v_flat, vs, kv_slots, q.dtype).transpose(1, 2)
     gqa = q.shape[1] != k.shape[1]
     out = F.scaled_dot_product_attention(
         q.unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=gqa
@@ -144,10 +149,11 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int | None = None,
+    kv_scales: KVScales = None,
 ) -> torch.Tensor:
-    """The dispatch point: Triton kernels on CUDA tensors, the native row kernel on float32 CPU
-    tensors (when it builds), the torch reference elsewhere."""
-    if use_triton(q):
+    """The dispatch point: Triton kernels on CUDA tensors (a cache of the model's dtype), the
+    native row kernel on float32 CPU queries (when it builds), the torch reference elsewhere."""
+    if use_triton(q) and kv_scales is None and k_cache.dtype == q.dtype:
         from plait.kernels.attention_triton import paged_attention_triton
 
         return paged_attention_triton(
@@ -157,9 +163,9 @@ def paged_attention(
 
     if attention_cpu.use_native_attention(q, k_cache):
         return attention_cpu.paged_attention_cpu(
-            q, k, v, k_cache, v_cache, meta, scale, sliding_window
+            q, k, v, k_cache, v_cache, meta, scale, sliding_window, kv_scales
         )
-    return paged_attention_ref(q, k, v, k_cache, v_cache, meta, scale, sliding_window)
+    return paged_attention_ref(q, k, v, k_cache, v_cache, meta, scale, sliding_window, kv_scales)
 
 
 def attend_extends(
@@ -173,6 +179,7 @@ def attend_extends(
     sliding_window: int | None,
     out: torch.Tensor,
     skip: frozenset[int] = frozenset(),
+    kv_scales: KVScales = None,
 ) -> None:
     """Writes each extend sequence's attention into `out` (those in `skip` excepted): over its new
     k/v alone when nothing is cached, else over its cached prefix gathered from the pages."""
@@ -185,7 +192,8 @@ def attend_extends(
         if prefix_len == 0:
             kk, vv = k[start : start + q_len], v[start : start + q_len]
         else:
-            kk, vv = k_flat.index_select(0, slots), v_flat.index_select(0, slots)
+            ks, vs = flat_scales(kv_scales) or (None, None)
+            kk, vv = read_kv(k_flat, ks, slots, q.dtype), read_kv(v_flat, vs, slots, q.dtype)
         out[start : start + q_len] = extend_attention_ref(
             q[start : start + q_len], kk, vv, prefix_len, scale, sliding_window
         )
@@ -200,11 +208,12 @@ def paged_attention_ref(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int | None = None,
+    kv_scales: KVScales = None,
 ) -> torch.Tensor:
     """Writes the new k/v [T, Hkv, D] into the cache, then attends q [T, H, D]; returns [T, H, D]."""
-    k_flat, v_flat = write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    k_flat, v_flat = write_kv(k, v, k_cache, v_cache, meta.slot_mapping, kv_scales)
     out = torch.empty_like(q)
-    attend_extends(q, k, v, k_flat, v_flat, meta, scale, sliding_window, out)
+    attend_extends(q, k, v, k_flat, v_flat, meta, scale, sliding_window, out, kv_scales=kv_scales)
     if meta.decode_kv_slots is not None:
         first = meta.num_extend_tokens
         mask = meta.decode_mask
@@ -213,6 +222,6 @@ def paged_attention_ref(
             lower = (meta.decode_kv_lens - sliding_window)[:, None, None, None]
             mask = mask & (positions >= lower)
         out[first:] = decode_attention_ref(
-            q[first:], k_flat, v_flat, meta.decode_kv_slots, mask, scale
+            q[first:], k_flat, v_flat, meta.decode_kv_slots, mask, scale, kv_scales
         )
     return out

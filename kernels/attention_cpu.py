@@ -19,7 +19,8 @@ from functools import cache
 import torch
 
 from plait.kernels import native
-from plait.kernels.attention import AttentionMetadata, attend_extends, write_kv
+from plait.kernels.attention import AttentionMetadata, KVScales, attend_extends, write_kv
+from plait.kernels.kv_cache import flat_scales, kv_type_code
 
 # An extend with at most this many new tokens runs as rows; longer ones go to SDPA.
 MAX_ROW_EXTEND = 16
@@ -40,9 +41,9 @@ def _kernel() -> ctypes._CFuncPtr | None:
     lib = native.load("cpu_kernels")
     if lib is None:
         return None
-    fn = lib.plait_paged_attention_rows_f32
+    fn = lib.plait_paged_attention_rows
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [ptr] * 4 + [i64] + [ptr] * 5 + [i64] * 4 + [ctypes.c_float, ctypes.c_int]
+    fn.argtypes = [ptr] * 5 + [ctypes.c_int, ptr, i64] + [ptr] * 5 + [i64] * 4 + [ctypes.c_float, ctypes.c_int]
     fn.restype = None
     return fn
 
@@ -52,11 +53,12 @@ def native_attention_available() -> bool:
 
 
 def use_native_attention(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """CPU float32 tensors, and the native kernels built (see `kernels/native.py`)."""
+    """CPU float32 queries over a float32, bfloat16 or int8 cache, and the native kernels built
+    (see `kernels/native.py`)."""
     return (
         q.device.type == "cpu"
         and q.dtype == torch.float32
-        and k_cache.dtype == torch.float32
+        and kv_type_code(k_cache.dtype) is not None
         and not native.native_disabled()
         and native_attention_available()
     )
@@ -111,6 +113,7 @@ def attention_rows(
     rows: CpuRows,
     out: torch.Tensor,
     scale: float,
+    kv_scales: KVScales = None,
 ) -> None:
     """out[q_index[r]] = attention of q[q_index[r]] over its slots, for every row r (in place)."""
     num_rows = rows.q_index.shape[0]
@@ -119,8 +122,11 @@ def attention_rows(
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_flat.shape[1]
     assert q.is_contiguous() and out.is_contiguous() and k_flat.is_contiguous() and v_flat.is_contiguous()
+    ks, vs = flat_scales(kv_scales) or (None, None)
     _kernel()(
-        q.data_ptr(), k_flat.data_ptr(), v_flat.data_ptr(), rows.tables.data_ptr(),
+        q.data_ptr(), k_flat.data_ptr(), v_flat.data_ptr(),
+        None if ks is None else ks.data_ptr(), None if vs is None else vs.data_ptr(),
+        kv_type_code(k_flat.dtype), rows.tables.data_ptr(),
         rows.tables.shape[1], rows.q_index.data_ptr(), rows.table_index.data_ptr(),
         rows.first.data_ptr(), rows.kv_len.data_ptr(), out.data_ptr(), num_rows, num_heads,
         num_kv_heads, head_dim, scale, torch.get_num_threads(),
@@ -136,14 +142,17 @@ def paged_attention_cpu(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int | None = None,
+    kv_scales: KVScales = None,
 ) -> torch.Tensor:
     """Same contract as `attention.paged_attention_ref`."""
-    k_flat, v_flat = write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    k_flat, v_flat = write_kv(k, v, k_cache, v_cache, meta.slot_mapping, kv_scales)
     if meta.cpu is None:
         meta.cpu = cpu_rows(meta, sliding_window)
     rows: CpuRows = meta.cpu
     q = q.contiguous()
     out = torch.empty_like(q)
-    attend_extends(q, k, v, k_flat, v_flat, meta, scale, sliding_window, out, skip=rows.row_extends)
-    attention_rows(q, k_flat, v_flat, rows, out, scale)
+    attend_extends(
+        q, k, v, k_flat, v_flat, meta, scale, sliding_window, out, rows.row_extends, kv_scales
+    )
+    attention_rows(q, k_flat, v_flat, rows, out, scale, kv_scales)
     return out

@@ -8,6 +8,7 @@ from typing import Any
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _POLICIES = ("lpm", "fcfs", "dfs-weight")
 _QUANTIZATIONS = ("int8", "int4")
+_KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,14 @@ class CacheConfig:
     max_total_tokens: int | None = None
     mem_fraction_static: float | None = None
     disable_radix_cache: bool = False
+    kv_cache_dtype: str = "auto"  # "auto" (the model's dtype), float32, bfloat16, int8 (scaled)
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in _KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype: expected one of {', '.join(_KV_CACHE_DTYPES)}, "
+                f"got {self.kv_cache_dtype!r}"
+            )
         if not isinstance(self.page_size, int) or not 1 <= self.page_size <= 1024:
             raise ValueError(f"page_size: must be an integer in [1, 1024], got {self.page_size!r}")
         if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:

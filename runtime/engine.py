@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from plait.kernels.kv_cache import KV_CACHE_DTYPES
 from plait.radix_cache import PageAllocator, RadixCache
 from plait.runtime.config import EngineConfig
 from plait.runtime.kv_pool import KVPool
@@ -62,10 +63,11 @@ class Engine:
         self.weight_bytes = weight_bytes(self.model)  # read by one decode step: the roofline
         cc = self.config.cache
         self.page_size = cc.page_size
+        self.kv_dtype = self.dtype if cc.kv_cache_dtype == "auto" else KV_CACHE_DTYPES[cc.kv_cache_dtype]
         num_pages = self._num_pages()
         self.kv_pool = KVPool(
             num_pages, cc.page_size, self.args.num_layers, self.args.num_kv_heads,
-            self.args.head_dim, self.dtype, self.device,
+            self.args.head_dim, self.kv_dtype, self.device,
         )
         self.allocator = PageAllocator(num_pages)
         self.cache = RadixCache(cc.page_size, self.allocator, disable=cc.disable_radix_cache)
@@ -94,7 +96,7 @@ class Engine:
         if cc.max_total_tokens is not None:
             return cc.max_total_tokens // cc.page_size
         per_token = KVPool.bytes_per_token(
-            self.args.num_layers, self.args.num_kv_heads, self.args.head_dim, self.dtype
+            self.args.num_layers, self.args.num_kv_heads, self.args.head_dim, self.kv_dtype
         )
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
@@ -520,6 +522,10 @@ class Engine:
             "new_token_ratio": sched.new_token_ratio,
             "quantization": self.config.model.quantization,
             "weight_bytes": self.weight_bytes,
+            "kv_cache_dtype": str(self.kv_dtype).removeprefix("torch."),
+            "kv_bytes_per_token": KVPool.bytes_per_token(
+                self.args.num_layers, self.args.num_kv_heads, self.args.head_dim, self.kv_dtype
+            ),
             **{f"total_{k}": v for k, v in self._totals.items()},
         }
 

@@ -1,12 +1,15 @@
 // Paged attention for single-token and short queries on the CPU, reading K/V in place through
-// per-row slot tables (no gather copy). float32, GQA, any head_dim; AVX2 exp when available.
+// per-row slot tables (no gather copy). GQA, any head_dim; AVX2 exp when available. The cache
+// holds float32, bfloat16, or int8 with one float32 scale per (slot, kv head); queries and
+// outputs are float32.
 //
 // Row r attends query q[q_index[r]] (all H heads) over slots tables[table_index[r]][first[r] ..
-// kv_len[r]) and writes out[q_index[r]]. One task per (row, kv head) handles the whole query
-// group of that KV head, so each K/V row is read once per group. Three passes over the row's
-// context: scores (dot products), softmax, weighted sum of V.
+// kv_len[r]) and writes out[q_index[r]]. One task per row covers every head, so each slot's K/V
+// row is read once. Three passes over the row's context: scores (dot products), softmax,
+// weighted sum of V.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 #include <algorithm>
 
@@ -61,27 +64,51 @@ inline float exp_shift_sum(float* p, int64_t n, float m) {
     return sum;
 }
 
-inline float dot(const float* a, const float* b, int64_t n) {
+// The cache's element types: each reads element d of a head as float32.
+struct F32 {
+    using T = float;
+    static float get(const T* p, int64_t d) { return p[d]; }
+};
+struct BF16 {
+    using T = uint16_t;
+    static float get(const T* p, int64_t d) {
+        const uint32_t u = static_cast<uint32_t>(p[d]) << 16;
+        float f;
+        std::memcpy(&f, &u, sizeof f);
+        return f;
+    }
+};
+struct I8 {  // times the slot's scale, applied by the caller
+    using T = int8_t;
+    static float get(const T* p, int64_t d) { return static_cast<float>(p[d]); }
+};
+
+template <class KV>
+inline float dot(const float* a, const typename KV::T* b, int64_t n) {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+    for (int64_t i = 0; i < n; ++i) s += a[i] * KV::get(b, i);
     return s;
 }
 
-
 // Attention of all query heads of row r over its slots [j0, j1): unnormalized accumulators
 // acc [H, D], per-head running max m [H] and sum l [H]. Each slot's K/V row (all KV heads) is read
-// as one contiguous run.
-void attend_chunk(const float* qr, const float* k, const float* v, const int64_t* slots, int64_t j0, int64_t j1,
-                  int64_t num_heads, int64_t group, int64_t head_dim, int64_t slot_stride, float scale,
-                  float* acc, float* m, float* l) {
+// as one contiguous run. `ks`/`vs` are the int8 scales [slots, Hkv] (null for float caches).
+template <class KV>
+void attend_chunk(const float* qr, const typename KV::T* k, const typename KV::T* v, const float* ks,
+                  const float* vs, const int64_t* slots, int64_t j0, int64_t j1, int64_t num_heads,
+                  int64_t num_kv_heads, int64_t head_dim, float scale, float* acc, float* m, float* l) {
     thread_local std::vector<float> scores;
-    const int64_t n = j1 - j0;
+    const int64_t n = j1 - j0, group = num_heads / num_kv_heads, slot_stride = num_kv_heads * head_dim;
     scores.resize(num_heads * n);
     for (int64_t j = 0; j < n; ++j) {
-        const float* kr = k + slots[j0 + j] * slot_stride;
-        for (int64_t i = 0; i < num_heads; ++i)  // query head i reads KV head i / group
-            scores[i * n + j] = dot(qr + i * head_dim, kr + (i / group) * head_dim, head_dim) * scale;
+        const int64_t slot = slots[j0 + j];
+        const typename KV::T* kr = k + slot * slot_stride;
+        for (int64_t i = 0; i < num_heads; ++i) {  // query head i reads KV head i / group
+            const int64_t h = i / group;
+            const float s = ks ? scale * ks[slot * num_kv_heads + h] : scale;
+            scores[i * n + j] = dot<KV>(qr + i * head_dim, kr + h * head_dim, head_dim) * s;
+        }
     }
     for (int64_t i = 0; i < num_heads; ++i) {
         float* p = scores.data() + i * n;
@@ -90,26 +117,29 @@ void attend_chunk(const float* qr, const float* k, const float* v, const int64_t
     }
     std::fill(acc, acc + num_heads * head_dim, 0.0f);
     for (int64_t j = 0; j < n; ++j) {
-        const float* vr = v + slots[j0 + j] * slot_stride;
+        const int64_t slot = slots[j0 + j];
+        const typename KV::T* vr = v + slot * slot_stride;
         for (int64_t i = 0; i < num_heads; ++i) {
-            const float p = scores[i * n + j];
-            const float* vh = vr + (i / group) * head_dim;
+            const int64_t h = i / group;
+            const float p = vs ? scores[i * n + j] * vs[slot * num_kv_heads + h] : scores[i * n + j];
+            const typename KV::T* vh = vr + h * head_dim;
             float* a = acc + i * head_dim;
 #pragma omp simd
-            for (int64_t d = 0; d < head_dim; ++d) a[d] += p * vh[d];
+            for (int64_t d = 0; d < head_dim; ++d) a[d] += p * KV::get(vh, d);
         }
     }
 }
 
 }  // namespace
 
-extern "C" void plait_paged_attention_rows_f32(
-    const float* q, const float* k, const float* v, const int64_t* tables, int64_t table_width,
-    const int64_t* q_index, const int64_t* table_index, const int64_t* first, const int64_t* kv_len,
-    float* out, int64_t num_rows, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-    float scale, int num_threads) {
-    const int64_t group = num_heads / num_kv_heads;
-    const int64_t slot_stride = num_kv_heads * head_dim;  // floats between consecutive slots
+namespace {
+
+template <class KV>
+void attention_rows(const float* q, const typename KV::T* k, const typename KV::T* v, const float* ks,
+                    const float* vs, const int64_t* tables, int64_t table_width, const int64_t* q_index,
+                    const int64_t* table_index, const int64_t* first, const int64_t* kv_len, float* out,
+                    int64_t num_rows, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
+                    int num_threads) {
     const int64_t hd = num_heads * head_dim;
     int64_t longest = 0, slots_read = 0;
     for (int64_t r = 0; r < num_rows; ++r) {
@@ -139,7 +169,7 @@ extern "C" void plait_paged_attention_rows_f32(
         const float* qr = q + q_index[r] * hd;
         if (splits > 1) {
             if (j1 > j0)
-                attend_chunk(qr, k, v, slots, j0, j1, num_heads, group, head_dim, slot_stride, scale,
+                attend_chunk<KV>(qr, k, v, ks, vs, slots, j0, j1, num_heads, num_kv_heads, head_dim, scale,
                              part_acc.data() + t * hd, part_m.data() + t * num_heads, part_l.data() + t * num_heads);
             return;
         }
@@ -151,8 +181,8 @@ extern "C" void plait_paged_attention_rows_f32(
         acc.resize(hd);
         m.resize(num_heads);
         l.resize(num_heads);
-        attend_chunk(qr, k, v, slots, 0, n, num_heads, group, head_dim, slot_stride, scale, acc.data(), m.data(),
-                     l.data());
+        attend_chunk<KV>(qr, k, v, ks, vs, slots, 0, n, num_heads, num_kv_heads, head_dim, scale, acc.data(),
+                         m.data(), l.data());
         for (int64_t i = 0; i < num_heads; ++i) {
             const float inv = 1.0f / l[i];
             for (int64_t d = 0; d < head_dim; ++d) o[i * head_dim + d] = acc[i * head_dim + d] * inv;
@@ -176,6 +206,77 @@ extern "C" void plait_paged_attention_rows_f32(
             }
             const float inv = total > 0.0f ? 1.0f / total : 0.0f;
             for (int64_t d = 0; d < head_dim; ++d) oi[d] *= inv;
+        }
+    }
+}
+
+}  // namespace
+
+// kv_type: 0 float32, 1 bfloat16, 2 int8 (with k_scale / v_scale [slots, Hkv]).
+extern "C" void plait_paged_attention_rows(
+    const float* q, const void* k, const void* v, const float* k_scale, const float* v_scale, int kv_type,
+    const int64_t* tables, int64_t table_width, const int64_t* q_index, const int64_t* table_index,
+    const int64_t* first, const int64_t* kv_len, float* out, int64_t num_rows, int64_t num_heads,
+    int64_t num_kv_heads, int64_t head_dim, float scale, int num_threads) {
+    switch (kv_type) {
+        case 0:
+            attention_rows<F32>(q, static_cast<const float*>(k), static_cast<const float*>(v), nullptr, nullptr,
+                                tables, table_width, q_index, table_index, first, kv_len, out, num_rows,
+                                num_heads, num_kv_heads, head_dim, scale, num_threads);
+            break;
+        case 1:
+            attention_rows<BF16>(q, static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), nullptr,
+                                 nullptr, tables, table_width, q_index, table_index, first, kv_len, out,
+                                 num_rows, num_heads, num_kv_heads, head_dim, scale, num_threads);
+            break;
+        case 2:
+            attention_rows<I8>(q, static_cast<const int8_t*>(k), static_cast<const int8_t*>(v), k_scale, v_scale,
+                               tables, table_width, q_index, table_index, first, kv_len, out, num_rows,
+                               num_heads, num_kv_heads, head_dim, scale, num_threads);
+            break;
+    }
+}
+
+// Stores new K/V rows (float32 [T, Hkv, D], row stride in floats) at `slots`, converting to the
+// cache's type; int8 rows get a symmetric per-(slot, head) scale = max|x| / 127.
+extern "C" void plait_store_kv(const float* k, const float* v, int64_t row_stride, const int64_t* slots,
+                               int64_t num_tokens, int64_t num_kv_heads, int64_t head_dim, int kv_type,
+                               void* k_cache, void* v_cache, float* k_scale, float* v_scale) {
+    const int64_t width = num_kv_heads * head_dim;
+    for (int64_t t = 0; t < num_tokens; ++t) {
+        const int64_t slot = slots[t];
+        for (int which = 0; which < 2; ++which) {
+            const float* src = (which ? v : k) + t * row_stride;
+            void* cache = which ? v_cache : k_cache;
+            if (kv_type == 0) {
+                std::memcpy(static_cast<float*>(cache) + slot * width, src, width * sizeof(float));
+            } else if (kv_type == 1) {
+                uint16_t* dst = static_cast<uint16_t*>(cache) + slot * width;
+                for (int64_t i = 0; i < width; ++i) {  // round to nearest even, as torch does
+                    uint32_t u;
+                    std::memcpy(&u, src + i, sizeof u);
+                    if ((u & 0x7fffffffu) > 0x7f800000u) {
+                        dst[i] = static_cast<uint16_t>((u >> 16) | 0x40u);  // NaN stays NaN
+                    } else {
+                        dst[i] = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+                    }
+                }
+            } else {
+                int8_t* dst = static_cast<int8_t*>(cache) + slot * width;
+                float* scales = (which ? v_scale : k_scale) + slot * num_kv_heads;
+                for (int64_t h = 0; h < num_kv_heads; ++h) {
+                    const float* x = src + h * head_dim;
+                    float amax = 0.0f;
+                    for (int64_t d = 0; d < head_dim; ++d) amax = std::max(amax, std::fabs(x[d]));
+                    const float s = amax > 0.0f ? amax / 127.0f : 1.0f;
+                    const float inv = 1.0f / s;
+                    scales[h] = s;
+                    for (int64_t d = 0; d < head_dim; ++d) {
+                        const float r = std::nearbyint(x[d] * inv);
+                        dst[h * head_dim + d] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, r)));
+                    }
+                }
+            }
         }
     }
 }

@@ -188,7 +188,8 @@ class Attention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = batch.kv_pool.layer(self.layer_id)
         out = attention.paged_attention(
-            q, k, v, k_cache, v_cache, batch.attn, self.scale, self.sliding_window
+            q, k, v, k_cache, v_cache, batch.attn, self.scale, self.sliding_window,
+            batch.kv_pool.scales(self.layer_id),
         )  # [T, num_heads, head_dim]
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 

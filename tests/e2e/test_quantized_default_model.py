@@ -1,4 +1,4 @@
-"""The embedded model quantized: greedy int8 (re-quantized per channel) and int4 (the GGUF's own
+"""The embedded model quantized (weights, and separately the KV cache): greedy int8 (re-quantized per channel) and int4 (the GGUF's own
 Q4_1 blocks, its Q8_0 embedding as the int8 LM head) agree with float32 on at least 95% of
 tokens over a fixed set of prompts."""
 
@@ -34,3 +34,14 @@ def test_quantized_greedy_agrees_with_float32(default_engine, mode):
         stats = engine.stats()
     assert agreement(ours, ref) >= 0.95, (ours, ref)
     assert stats["weight_bytes"] < default_engine.stats()["weight_bytes"] / 3
+
+
+@pytest.mark.parametrize("kv", ["bfloat16", "int8"])
+def test_compact_kv_cache_greedy_agrees_with_float32(default_engine, kv):
+    params = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
+    ref = [o["output_ids"] for o in default_engine.generate(PROMPTS, sampling_params=params)]
+    with Engine(kv_cache_dtype=kv, max_total_tokens=8192) as engine:
+        ours = [o["output_ids"] for o in engine.generate(PROMPTS, sampling_params=params)]
+        stats = engine.stats()
+    assert agreement(ours, ref) >= 0.95, (ours, ref)
+    assert stats["kv_bytes_per_token"] <= default_engine.stats()["kv_bytes_per_token"] / 2

@@ -1,0 +1,119 @@
+"""Storage formats of the paged KV cache: float32, bfloat16, and int8 with a float32 scale per
+(slot, kv head).
+
+int8 is symmetric: scale = max|x| / 127 over the head's `head_dim` values, x ≈ scale * q. With
+SmolLM2's head_dim of 64 a slot costs 64 + 4 bytes per head instead of 256 (float32), so 3.8x the
+tokens fit; bfloat16 halves float32. The attention kernels read the stored type directly (the
+native CPU kernel converts as it loads); the torch paths gather, then convert with `read_kv`.
+
+A layer's scales are `[num_pages, page_size, num_kv_heads]`, one tensor for K and one for V,
+passed around as `kv_scales = (k_scale, v_scale)`, or None for float caches.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import cache
+
+import torch
+
+from plait.kernels import native
+
+KV_CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}
+_KV_TYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
+
+
+def kv_type_code(dtype: torch.dtype) -> int | None:
+    """The native kernels' code for a cache dtype (None: no native support)."""
+    return _KV_TYPE_CODES.get(dtype)
+
+
+def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., D] -> (int8 [..., D], float32 scales [...]), the reference of the native store."""
+    x = x.float()
+    amax = x.abs().amax(-1)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    q = torch.round(x * (1.0 / scale)[..., None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return (q.float() * scale[..., None]).to(dtype)
+
+
+def flat_scales(kv_scales: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """[pages, page_size, Hkv] -> [slots, Hkv] views."""
+    if kv_scales is None:
+        return None
+    k_scale, v_scale = kv_scales
+    return k_scale.view(-1, k_scale.shape[-1]), v_scale.view(-1, v_scale.shape[-1])
+
+
+def read_kv(flat: torch.Tensor, scales: torch.Tensor | None, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The cache rows at `index` (any shape of slots) as `dtype`: [*index.shape, Hkv, D]."""
+    rows = flat[index]
+    if scales is not None:
+        return dequantize_int8(rows, scales[index], dtype)
+    return rows if rows.dtype == dtype else rows.to(dtype)
+
+
+@cache
+def _store_kernel() -> ctypes._CFuncPtr | None:
+    lib = native.load("cpu_kernels")
+    if lib is None:
+        return None
+    fn = lib.plait_store_kv
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [ptr, ptr, i64, ptr, i64, i64, i64, ctypes.c_int, ptr, ptr, ptr, ptr]
+    fn.restype = None
+    return fn
+
+
+def _native_store_ok(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> bool:
+    """float32 CPU rows whose heads are contiguous, the same row stride for k and v."""
+    return (
+        k.device.type == "cpu"
+        and k.dtype == v.dtype == torch.float32
+        and slots.dtype == torch.long
+        and slots.is_contiguous()
+        and k.stride()[1:] == v.stride()[1:] == (k.shape[2], 1)
+        and k.stride(0) == v.stride(0)
+        and not native.native_disabled()
+        and _store_kernel() is not None
+    )
+
+
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stores the new k/v [T, Hkv, D] at `slots` in the cache's format; returns the caches viewed
+    flat, [slots, Hkv, D]."""
+    num_tokens, num_kv_heads, head_dim = k.shape
+    k_flat = k_cache.view(-1, num_kv_heads, head_dim)
+    v_flat = v_cache.view(-1, num_kv_heads, head_dim)
+    code = kv_type_code(k_cache.dtype)
+    if num_tokens and code is not None and _native_store_ok(k, v, slots):
+        ks, vs = kv_scales if kv_scales is not None else (None, None)
+        _store_kernel()(
+            k.data_ptr(), v.data_ptr(), k.stride(0), slots.data_ptr(), num_tokens, num_kv_heads,
+            head_dim, code, k_cache.data_ptr(), v_cache.data_ptr(),
+            None if ks is None else ks.data_ptr(), None if vs is None else vs.data_ptr(),
+        )
+        return k_flat, v_flat
+    if kv_scales is not None:
+        k_scale, v_scale = flat_scales(kv_scales)
+        kq, kscale = quantize_int8(k)
+        vq, vscale = quantize_int8(v)
+        k_flat.index_copy_(0, slots, kq)
+        v_flat.index_copy_(0, slots, vq)
+        k_scale.index_copy_(0, slots, kscale)
+        v_scale.index_copy_(0, slots, vscale)
+    else:
+        k_flat.index_copy_(0, slots, k.to(k_flat.dtype))
+        v_flat.index_copy_(0, slots, v.to(v_flat.dtype))
+    return k_flat, v_flat
