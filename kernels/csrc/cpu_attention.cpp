@@ -64,38 +64,68 @@ inline float exp_shift_sum(float* p, int64_t n, float m) {
     return sum;
 }
 
-// The cache's element types: each reads element d of a head as float32.
-struct F32 {
-    using T = float;
-    static float get(const T* p, int64_t d) { return p[d]; }
-};
-struct BF16 {
-    using T = uint16_t;
-    static float get(const T* p, int64_t d) {
-        const uint32_t u = static_cast<uint32_t>(p[d]) << 16;
-        float f;
-        std::memcpy(&f, &u, sizeof f);
-        return f;
-    }
-};
-struct I8 {  // times the slot's scale, applied by the caller
-    using T = int8_t;
-    static float get(const T* p, int64_t d) { return static_cast<float>(p[d]); }
-};
+// The cache's element types, read as float32: float, bfloat16 (the high half of a float32) and
+// int8 (times the slot's scale, which the caller applies).
+inline float to_float(float x) { return x; }
+inline float to_float(uint16_t x) {
+    const uint32_t u = static_cast<uint32_t>(x) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+}
+inline float to_float(int8_t x) { return static_cast<float>(x); }
 
-template <class KV>
-inline float dot(const float* a, const typename KV::T* b, int64_t n) {
+#ifdef __AVX2__
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline __m256 load8(const int8_t* p) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+}
+inline float hsum(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+#endif
+
+template <class T>
+inline float dot(const float* a, const T* b, int64_t n) {
+    int64_t i = 0;
     float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < n; ++i) s += a[i] * KV::get(b, i);
+#ifdef __AVX2__
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8(b + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), s0);
+    s = hsum(_mm256_add_ps(s0, s1));
+#endif
+    for (; i < n; ++i) s += a[i] * to_float(b[i]);
     return s;
+}
+
+// a[0..n) += p * b[0..n)
+template <class T>
+inline void axpy(float* a, float p, const T* b, int64_t n) {
+    int64_t i = 0;
+#ifdef __AVX2__
+    const __m256 vp = _mm256_set1_ps(p);
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(a + i, _mm256_fmadd_ps(vp, load8(b + i), _mm256_loadu_ps(a + i)));
+#endif
+    for (; i < n; ++i) a[i] += p * to_float(b[i]);
 }
 
 // Attention of all query heads of row r over its slots [j0, j1): unnormalized accumulators
 // acc [H, D], per-head running max m [H] and sum l [H]. Each slot's K/V row (all KV heads) is read
 // as one contiguous run. `ks`/`vs` are the int8 scales [slots, Hkv] (null for float caches).
-template <class KV>
-void attend_chunk(const float* qr, const typename KV::T* k, const typename KV::T* v, const float* ks,
+template <class T>
+void attend_chunk(const float* qr, const T* k, const T* v, const float* ks,
                   const float* vs, const int64_t* slots, int64_t j0, int64_t j1, int64_t num_heads,
                   int64_t num_kv_heads, int64_t head_dim, float scale, float* acc, float* m, float* l) {
     thread_local std::vector<float> scores;
@@ -103,11 +133,11 @@ void attend_chunk(const float* qr, const typename KV::T* k, const typename KV::T
     scores.resize(num_heads * n);
     for (int64_t j = 0; j < n; ++j) {
         const int64_t slot = slots[j0 + j];
-        const typename KV::T* kr = k + slot * slot_stride;
+        const T* kr = k + slot * slot_stride;
         for (int64_t i = 0; i < num_heads; ++i) {  // query head i reads KV head i / group
             const int64_t h = i / group;
             const float s = ks ? scale * ks[slot * num_kv_heads + h] : scale;
-            scores[i * n + j] = dot<KV>(qr + i * head_dim, kr + h * head_dim, head_dim) * s;
+            scores[i * n + j] = dot(qr + i * head_dim, kr + h * head_dim, head_dim) * s;
         }
     }
     for (int64_t i = 0; i < num_heads; ++i) {
@@ -118,14 +148,11 @@ void attend_chunk(const float* qr, const typename KV::T* k, const typename KV::T
     std::fill(acc, acc + num_heads * head_dim, 0.0f);
     for (int64_t j = 0; j < n; ++j) {
         const int64_t slot = slots[j0 + j];
-        const typename KV::T* vr = v + slot * slot_stride;
+        const T* vr = v + slot * slot_stride;
         for (int64_t i = 0; i < num_heads; ++i) {
             const int64_t h = i / group;
             const float p = vs ? scores[i * n + j] * vs[slot * num_kv_heads + h] : scores[i * n + j];
-            const typename KV::T* vh = vr + h * head_dim;
-            float* a = acc + i * head_dim;
-#pragma omp simd
-            for (int64_t d = 0; d < head_dim; ++d) a[d] += p * KV::get(vh, d);
+            axpy(acc + i * head_dim, p, vr + h * head_dim, head_dim);
         }
     }
 }
@@ -134,8 +161,8 @@ void attend_chunk(const float* qr, const typename KV::T* k, const typename KV::T
 
 namespace {
 
-template <class KV>
-void attention_rows(const float* q, const typename KV::T* k, const typename KV::T* v, const float* ks,
+template <class T>
+void attention_rows(const float* q, const T* k, const T* v, const float* ks,
                     const float* vs, const int64_t* tables, int64_t table_width, const int64_t* q_index,
                     const int64_t* table_index, const int64_t* first, const int64_t* kv_len, float* out,
                     int64_t num_rows, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
@@ -169,7 +196,7 @@ void attention_rows(const float* q, const typename KV::T* k, const typename KV::
         const float* qr = q + q_index[r] * hd;
         if (splits > 1) {
             if (j1 > j0)
-                attend_chunk<KV>(qr, k, v, ks, vs, slots, j0, j1, num_heads, num_kv_heads, head_dim, scale,
+                attend_chunk<T>(qr, k, v, ks, vs, slots, j0, j1, num_heads, num_kv_heads, head_dim, scale,
                              part_acc.data() + t * hd, part_m.data() + t * num_heads, part_l.data() + t * num_heads);
             return;
         }
@@ -181,7 +208,7 @@ void attention_rows(const float* q, const typename KV::T* k, const typename KV::
         acc.resize(hd);
         m.resize(num_heads);
         l.resize(num_heads);
-        attend_chunk<KV>(qr, k, v, ks, vs, slots, 0, n, num_heads, num_kv_heads, head_dim, scale, acc.data(),
+        attend_chunk<T>(qr, k, v, ks, vs, slots, 0, n, num_heads, num_kv_heads, head_dim, scale, acc.data(),
                          m.data(), l.data());
         for (int64_t i = 0; i < num_heads; ++i) {
             const float inv = 1.0f / l[i];
@@ -220,17 +247,17 @@ extern "C" void plait_paged_attention_rows(
     int64_t num_kv_heads, int64_t head_dim, float scale, int num_threads) {
     switch (kv_type) {
         case 0:
-            attention_rows<F32>(q, static_cast<const float*>(k), static_cast<const float*>(v), nullptr, nullptr,
+            attention_rows<float>(q, static_cast<const float*>(k), static_cast<const float*>(v), nullptr, nullptr,
                                 tables, table_width, q_index, table_index, first, kv_len, out, num_rows,
                                 num_heads, num_kv_heads, head_dim, scale, num_threads);
             break;
         case 1:
-            attention_rows<BF16>(q, static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), nullptr,
+            attention_rows<uint16_t>(q, static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), nullptr,
                                  nullptr, tables, table_width, q_index, table_index, first, kv_len, out,
                                  num_rows, num_heads, num_kv_heads, head_dim, scale, num_threads);
             break;
         case 2:
-            attention_rows<I8>(q, static_cast<const int8_t*>(k), static_cast<const int8_t*>(v), k_scale, v_scale,
+            attention_rows<int8_t>(q, static_cast<const int8_t*>(k), static_cast<const int8_t*>(v), k_scale, v_scale,
                                tables, table_width, q_index, table_index, first, kv_len, out, num_rows,
                                num_heads, num_kv_heads, head_dim, scale, num_threads);
             break;
