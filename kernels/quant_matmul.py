@@ -28,7 +28,7 @@ import torch
 from plait.kernels import native
 
 FORMATS = ("int8", "int4")
-_FORMAT_CODE = {"int8": 0, "int4": 1}
+FORMAT_CODE = {"int8": 0, "int4": 1}
 DEQUANT_GEMM_MIN_ROWS = 48
 DEQUANT_GEMM_MAX_ELEMENTS = 8 << 20  # larger matrices (an LM head) stay on the tile kernel
 
@@ -157,7 +157,7 @@ def dequantize(qw: QuantizedWeight) -> torch.Tensor:
     out = torch.empty(n, k, dtype=torch.float32)
     mins = 0 if qw.mins is None else qw.mins.data_ptr()
     _kernels()[1](
-        qw.qweight.data_ptr(), _FORMAT_CODE[qw.format], n, k, qw.group, qw.scales.data_ptr(), mins,
+        qw.qweight.data_ptr(), FORMAT_CODE[qw.format], n, k, qw.group, qw.scales.data_ptr(), mins,
         out.data_ptr(), torch.get_num_threads(),
     )
     return out
@@ -181,7 +181,7 @@ def quant_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
         mins = 0 if qw.mins is None else qw.mins.data_ptr()
         b = 0 if bias is None else bias.contiguous().data_ptr()
         _kernels()[0](
-            x2.data_ptr(), m, k, n, qw.qweight.data_ptr(), _FORMAT_CODE[qw.format], qw.group,
+            x2.data_ptr(), m, k, n, qw.qweight.data_ptr(), FORMAT_CODE[qw.format], qw.group,
             qw.scales.data_ptr(), mins, b, y.data_ptr(), torch.get_num_threads(),
         )
     return y.reshape(*lead, n)

@@ -16,6 +16,7 @@ from torch import nn
 
 from plait.kernels import attention, cpu_fused
 from plait.runtime.forward_batch import ForwardBatch
+from plait.runtime.models import native_decode
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
@@ -249,6 +250,10 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [T, hidden]
         inv_freq = self.rotary_emb.inv_freq
+        stack = native_decode.stack_for(self, x, batch)
+        if stack is not None and (num_layers is None or num_layers > 0):
+            x, residual = stack.run(x, positions, inv_freq, batch, min(num_layers or len(self.layers), len(self.layers)))
+            return self.norm(x, residual)[0]
         if cpu_fused.usable(x):
             rope = Rope(None, None, positions, inv_freq)
         else:

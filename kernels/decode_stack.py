@@ -1,0 +1,98 @@
+"""The decoder layers of a decode step in one native call (`csrc/cpu_decode.cpp`).
+
+The caller (`runtime/models/native_decode.py`) describes each layer once, as pointers to its
+norms, quantized projections and KV pages (`DecodeLayer`); each step then passes the shapes, the
+attention rows, positions and slots, and the hidden states, which the kernel updates in place.
+The structures mirror the C++ ones field for field.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import cache
+
+import torch
+
+from plait.kernels import native
+from plait.kernels.attention_cpu import CpuRows
+from plait.kernels.quant_matmul import FORMAT_CODE, QuantizedWeight
+
+_p, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+class QLinear(ctypes.Structure):
+    _fields_ = [("qweight", _p), ("scales", _p), ("mins", _p), ("bias", _p), ("out_features", _i64),
+                ("in_features", _i64), ("group", _i64), ("format", _i64)]  # fmt: skip
+
+
+class DecodeLayer(ctypes.Structure):
+    _fields_ = [("input_norm", _p), ("post_norm", _p), ("qkv", QLinear), ("o", QLinear),
+                ("gate_up", QLinear), ("down", QLinear), ("k_cache", _p), ("v_cache", _p),
+                ("k_scale", _p), ("v_scale", _p)]  # fmt: skip
+
+
+class DecodeShape(ctypes.Structure):
+    _fields_ = [("tokens", _i64), ("hidden", _i64), ("num_heads", _i64), ("num_kv_heads", _i64),
+                ("head_dim", _i64), ("intermediate", _i64), ("eps", _f32), ("attn_scale", _f32),
+                ("kv_type", _i64)]  # fmt: skip
+
+
+class DecodeRows(ctypes.Structure):
+    _fields_ = [("tables", _p), ("table_width", _i64), ("q_index", _p), ("table_index", _p),
+                ("first", _p), ("kv_len", _p), ("num_rows", _i64)]  # fmt: skip
+
+
+@cache
+def _kernel() -> ctypes._CFuncPtr | None:
+    lib = native.load("cpu_kernels")
+    if lib is None:
+        return None
+    fn = lib.plait_decode_layers
+    fn.argtypes = [ctypes.POINTER(DecodeLayer), _i64, ctypes.POINTER(DecodeShape), ctypes.POINTER(DecodeRows),
+                   _p, _p, _p, _p, _p, ctypes.c_int, _p, ctypes.c_int]  # fmt: skip
+    fn.restype = None
+    return fn
+
+
+def available() -> bool:
+    return not native.native_disabled() and _kernel() is not None
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def qlinear(qw: QuantizedWeight, bias: torch.Tensor | None) -> QLinear:
+    n, k = qw.shape
+    return QLinear(_ptr(qw.qweight), _ptr(qw.scales), _ptr(qw.mins), _ptr(bias), n, k, qw.group, FORMAT_CODE[qw.format])
+
+
+def scratch_floats(tokens: int, shape: DecodeShape) -> int:
+    q = shape.num_heads * shape.head_dim
+    qkv = q + 2 * shape.num_kv_heads * shape.head_dim
+    return tokens * (shape.hidden + qkv + 2 * q + 3 * shape.intermediate)
+
+
+def run_layers(
+    layers: ctypes.Array,
+    num_layers: int,
+    shape: DecodeShape,
+    rows: CpuRows,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    slots: torch.Tensor,
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    has_residual: bool,
+    scratch: torch.Tensor,
+) -> None:
+    """Runs layers [0, num_layers) on x [T, hidden] in place; `residual` receives the stream."""
+    assert x.is_contiguous() and residual.is_contiguous() and scratch.numel() >= scratch_floats(x.shape[0], shape)
+    table = DecodeRows(rows.tables.data_ptr(), rows.tables.shape[1], rows.q_index.data_ptr(),
+                       rows.table_index.data_ptr(), rows.first.data_ptr(), rows.kv_len.data_ptr(),
+                       rows.q_index.shape[0])  # fmt: skip
+    _kernel()(
+        layers, num_layers, ctypes.byref(shape), ctypes.byref(table), positions.data_ptr(), inv_freq.data_ptr(),
+        slots.data_ptr(), x.data_ptr(), residual.data_ptr(), int(has_residual), scratch.data_ptr(),
+        torch.get_num_threads(),
+    )

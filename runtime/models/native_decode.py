@@ -1,0 +1,104 @@
+"""Decode steps of a quantized Llama-family model through the native layer stack.
+
+When every projection is a `QuantLinear`, the batch is small (decode tokens and short extends,
+all of them attention rows) and the native kernels are built, `LlamaModel.forward` hands its
+layers to `kernels/decode_stack.py` in one call instead of ~10 per layer. The layer descriptions
+(pointers to weights and KV pages) are built once per model and KV pool.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from plait.kernels import attention_cpu, cpu_fused, decode_stack
+from plait.kernels.kv_cache import kv_type_code
+from plait.kernels.quant_matmul import DEQUANT_GEMM_MIN_ROWS
+from plait.runtime.forward_batch import ForwardBatch
+from plait.runtime.models.quantized import QuantLinear
+
+if TYPE_CHECKING:
+    from plait.runtime.models.llama import LlamaModel
+
+
+class NativeDecodeStack:
+    def __init__(self, model: LlamaModel, batch: ForwardBatch) -> None:
+        pool = batch.kv_pool
+        first = model.layers[0]
+        attn, mlp = first.self_attn, first.mlp
+        self.kv_pool = pool
+        self.key = _weights_key(model)
+        self.sliding_window = attn.sliding_window
+        self.layers = (decode_stack.DecodeLayer * len(model.layers))()
+        for i, layer in enumerate(model.layers):
+            a, m = layer.self_attn, layer.mlp
+            k_cache, v_cache = pool.layer(i)
+            scales = pool.scales(i) or (None, None)
+            self.layers[i] = decode_stack.DecodeLayer(
+                layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
+                *(decode_stack.qlinear(p.qw, p.bias) for p in (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)),
+                k_cache.data_ptr(), v_cache.data_ptr(),
+                *(None if s is None else s.data_ptr() for s in scales),
+            )
+        self.shape = decode_stack.DecodeShape(
+            0, model.embed_tokens.weight.shape[1], attn.num_heads, attn.num_kv_heads, attn.head_dim,
+            mlp.intermediate_size, first.input_layernorm.eps, attn.scale, kv_type_code(pool.dtype),
+        )
+        self.scratch = torch.empty(0)
+
+    def run(
+        self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, batch: ForwardBatch, num_layers: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the last layer's MLP output, the residual stream before it), as the layers return."""
+        meta = batch.attn
+        if meta.cpu is None:
+            meta.cpu = attention_cpu.cpu_rows(meta, self.sliding_window)
+        tokens = x.shape[0]
+        self.shape.tokens = tokens
+        need = decode_stack.scratch_floats(tokens, self.shape)
+        if self.scratch.numel() < need:
+            self.scratch = torch.empty(need)
+        x = x.contiguous()  # the embedding lookup's own copy, updated in place
+        residual = torch.empty_like(x)
+        decode_stack.run_layers(
+            self.layers, num_layers, self.shape, meta.cpu, positions.contiguous(), inv_freq,
+            meta.slot_mapping.contiguous(), x, residual, False, self.scratch,
+        )
+        return x, residual
+
+
+def _weights_key(model: LlamaModel) -> tuple[int, int]:
+    first = model.layers[0]
+    return first.self_attn.qkv_proj.qweight.data_ptr(), first.input_layernorm.weight.data_ptr()
+
+
+def _batch_eligible(x: torch.Tensor, batch: ForwardBatch) -> bool:
+    meta = batch.attn
+    if not 0 < x.shape[0] < DEQUANT_GEMM_MIN_ROWS or not cpu_fused.usable(x):
+        return False
+    if any(q > attention_cpu.MAX_ROW_EXTEND for q in meta.extend_q_lens):
+        return False  # a prefill chunk: blocked attention and GEMMs win there
+    return kv_type_code(batch.kv_pool.dtype) is not None and decode_stack.available()
+
+
+def _model_eligible(model: LlamaModel) -> bool:
+    return model.layers[0].self_attn.head_dim <= 1024 and all(
+        isinstance(p, QuantLinear)
+        for layer in model.layers
+        for p in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+    )
+
+
+def stack_for(model: LlamaModel, x: torch.Tensor, batch: ForwardBatch) -> NativeDecodeStack | None:
+    """The model's native stack for this batch, or None when the layers must run one by one."""
+    stack = model.__dict__.get("_native_stack")
+    if stack is False or not _batch_eligible(x, batch):
+        return None
+    if stack is None or stack.kv_pool is not batch.kv_pool or stack.key != _weights_key(model):
+        if not _model_eligible(model):
+            model.__dict__["_native_stack"] = False  # float projections: never eligible
+            return None
+        stack = NativeDecodeStack(model, batch)
+        model.__dict__["_native_stack"] = stack
+    return stack

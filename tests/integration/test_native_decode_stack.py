@@ -1,0 +1,60 @@
+"""The native decode stack (`runtime/models/native_decode.py`) computes what the layer-by-layer
+path computes: quantized tiny Llama / Qwen2 (qkv bias) / Mistral (sliding window) engines with
+float32, bfloat16 and int8 KV caches, with and without speculative decoding (short extends), give
+the same tokens and logprobs with the stack on and off."""
+
+from __future__ import annotations
+
+import pytest
+
+from plait import Engine
+from plait.kernels import decode_stack
+from plait.runtime.models import native_decode
+from tests.conftest import write_tiny_checkpoint
+
+pytestmark = pytest.mark.skipif(not decode_stack.available(), reason="native CPU kernels did not build")
+
+CASES = {
+    "llama-int4": ("llama", {}, {"quantization": "int4"}),
+    "qwen2-int8-kv8": ("qwen2", {}, {"quantization": "int8", "kv_cache_dtype": "int8", "page_size": 4}),
+    "mistral-int4-kvbf16": ("mistral", {"sliding_window": 16}, {"quantization": "int4", "kv_cache_dtype": "bfloat16"}),
+    "llama-int4-ngram": ("llama", {}, {"quantization": "int4", "speculative_algorithm": "ngram"}),
+    "llama-int8-self": ("llama", {"num_hidden_layers": 3}, {"quantization": "int8", "speculative_algorithm": "self",
+                                                           "draft_layers": 1}),
+}
+PROMPTS = [[5, 17, 300, 4000, 12, 9, 81] * 3, list(range(40, 90)), [7, 8, 9, 7, 8, 9, 7, 8, 9, 7, 8]]
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def engine(request, tmp_path_factory, smollm_tokenizer):
+    arch, shapes, kwargs = CASES[request.param]
+    path = write_tiny_checkpoint(tmp_path_factory.mktemp(request.param), arch, smollm_tokenizer, seed=2, **shapes)
+    with Engine(model_path=str(path), max_total_tokens=4096, check_invariants=True, **kwargs) as made:
+        yield made
+
+
+def outputs(engine: Engine) -> list[tuple[list[int], list[float]]]:
+    engine.flush_cache()
+    params = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
+    outs = engine.generate(input_ids=PROMPTS, sampling_params=params, return_logprob=True)
+    return [(o["output_ids"], [e[0] for e in o["meta_info"]["output_token_logprobs"]]) for o in outs]
+
+
+def test_stack_matches_layer_by_layer(engine, monkeypatch):
+    calls = []
+    real = native_decode.NativeDecodeStack.run
+    monkeypatch.setattr(native_decode.NativeDecodeStack, "run", lambda *a: calls.append(1) or real(*a))
+    fused = outputs(engine)
+    assert calls, "the native stack never ran"
+    monkeypatch.setattr(native_decode, "stack_for", lambda *a: None)
+    plain = outputs(engine)
+    for (ids_a, lp_a), (ids_b, lp_b) in zip(fused, plain):
+        assert ids_a == ids_b
+        assert max(abs(a - b) for a, b in zip(lp_a, lp_b)) < 1e-4
+
+
+def test_float_models_keep_the_layer_path(tiny_engine, monkeypatch):
+    calls = []
+    monkeypatch.setattr(native_decode.NativeDecodeStack, "run", lambda *a: calls.append(1))
+    tiny_engine.generate(input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 4})
+    assert not calls
