@@ -39,7 +39,7 @@ bench: setup
 # The benchmarks' own baselines (not runtime dependencies): llama-cpp-python builds llama.cpp from
 # source with the system compiler (a few minutes).
 bench-deps: setup
-	$(BIN)/python -m pip install -q llama-cpp-python
+	$(BIN)/python -m pip install -q "llama-cpp-python[server]"
 
 clean:
 	rm -rf $(VENV) build *.egg-info

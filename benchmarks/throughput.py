@@ -4,6 +4,10 @@
    beside transformers' `generate` on padded static batches, same model and dtype.
 2. Shared prefix (a long few-shot prefix + different questions): plait with the radix cache on
    and off.
+
+Beside each plait run: forward steps per second, and their share of the roofline (measured read
+bandwidth / the bytes of weights one step reads): a step reads every weight once however many
+requests it serves, so at high concurrency the share shows how close batching gets to the limit.
 """
 
 from __future__ import annotations
@@ -53,12 +57,15 @@ def run_plait(engine: Any, prompts: list[list[int]], output_len: int, concurrenc
         cached += last["meta_info"]["cached_tokens"]
         return last["meta_info"]["completion_tokens"]
 
+    steps = engine.stats()["total_steps"]
     start = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         produced = sum(pool.map(one, prompts))
     elapsed = time.perf_counter() - start
+    steps = engine.stats()["total_steps"] - steps
     ttfts.sort()
     return {
+        "steps_s": steps / elapsed,
         "concurrency": concurrency,
         "requests": len(prompts),
         "seconds": elapsed,
@@ -113,8 +120,13 @@ def run_throughput_bench(args: argparse.Namespace) -> int:
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")] if args.transformers else []
     prompts = random_prompts(args.num_requests, args.min_prompt_len, args.max_prompt_len)
     results: dict[str, Any] = {"random": [], "transformers": [], "shared_prefix": []}
+    from plait.benchmarks.latency import measure_bandwidth
+    from plait.runtime.engine import off_main_thread
+
+    bandwidth = off_main_thread(measure_bandwidth)
     engine = Engine(**kwargs)
     dtype = engine.dtype
+    roofline = bandwidth / engine.stats()["weight_bytes"]  # steps/s if a step only read weights
     try:
         engine.generate(input_ids=prompts[0][:16], sampling_params={"max_new_tokens": 2})
         for c in concurrencies:
@@ -144,13 +156,17 @@ def run_throughput_bench(args: argparse.Namespace) -> int:
     rows = []
     for r in results["random"]:
         rows.append([f"plait c={r['concurrency']}", r["output_tok_s"], r["output_tok_s"] / single,
-                     r["output_tok_s"] / best_hf if best_hf else None, r["ttft_mean_s"], r["ttft_p99_s"]])
+                     r["output_tok_s"] / best_hf if best_hf else None, r["steps_s"],
+                     f"{r['steps_s'] / roofline:.0%}", r["ttft_mean_s"], r["ttft_p99_s"]])
     for r in results["transformers"]:
         rows.append([f"transformers static b={r['batch_size']}", r["output_tok_s"], r["output_tok_s"] / single,
-                     r["output_tok_s"] / best_hf, None, None])
+                     r["output_tok_s"] / best_hf, None, None, None, None])
     print(f"\n{args.num_requests} requests, prompts {args.min_prompt_len}-{args.max_prompt_len} tokens, "
-          f"{args.output_len} output tokens, dtype {str(dtype).removeprefix('torch.')}")
-    print_table(["system", "output tok/s", "x plait c=1", "x best transformers", "TTFT mean s", "TTFT P99 s"], rows)
+          f"{args.output_len} output tokens, dtype {str(dtype).removeprefix('torch.')}, "
+          f"quantization {kwargs.get('quantization')}; roofline {roofline:.0f} steps/s "
+          f"({bandwidth / 1e9:.1f} GB/s read)")
+    print_table(["system", "output tok/s", "x plait c=1", "x best transformers", "steps/s", "of roofline",
+                 "TTFT mean s", "TTFT P99 s"], rows)  # fmt: skip
     on, off_r = results["shared_prefix"]
     print(f"\nshared prefix: {args.prefix_len}-token prefix + {args.num_requests} questions, "
           f"{args.shared_output_len} output tokens, concurrency {args.shared_concurrency}")
@@ -160,5 +176,5 @@ def run_throughput_bench(args: argparse.Namespace) -> int:
          ["off", off_r["seconds"], off_r["output_tok_s"], off_r["cache_hit_rate"], 1.0]],
     )
     write_json(args.output, {"benchmark": "throughput", "args": {k: v for k, v in vars(args).items() if k != "func"},
-                             "results": results})
+                             "bandwidth_bytes_s": bandwidth, "roofline_steps_s": roofline, "results": results})
     return 0

@@ -109,6 +109,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from plait.benchmarks.throughput import run_throughput_bench
 
         return run_throughput_bench(args)
+    if args.workload == "llama-cpp":
+        from plait.benchmarks.llama_cpp import run_llama_cpp_bench
+
+        return run_llama_cpp_bench(args)
     raise SystemExit(f"plait bench: unknown workload {args.workload!r}")
 
 
@@ -181,6 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
     srv = bench_sub.add_parser("serving", help="load-test a running server (plait, SGLang, llama.cpp, vLLM)")
     add_serving_args(srv)
     srv.set_defaults(func=_cmd_bench)
+    from plait.benchmarks.llama_cpp import add_llama_cpp_args
+
+    lcpp = bench_sub.add_parser("llama-cpp", help="plait's server beside llama.cpp's on the same GGUF")
+    add_llama_cpp_args(lcpp)
+    add_engine_args(lcpp)
+    lcpp.set_defaults(func=_cmd_bench)
     for p in (lat, thr, js, spec):
         p.add_argument("--no-transformers", dest="transformers", action="store_false", help="skip the transformers baseline")
         add_engine_args(p)

@@ -52,6 +52,18 @@ def test_bench_throughput_smoke(tiny_llama_dir, tmp_path):
     data = json.loads(out_file.read_text())
     assert len(data["results"]["random"]) == 2
     assert data["results"]["shared_prefix"][0]["cache_hit_rate"] > 0.5
+    assert "of roofline" in out.stdout and data["roofline_steps_s"] > 0
+    assert all(r["steps_s"] > 0 for r in data["results"]["random"])
+
+
+def test_bench_llama_cpp_names_its_setup_when_missing(tmp_path):
+    """Without llama-cpp-python the comparison stops with the command that installs it."""
+    (tmp_path / "llama_cpp.py").write_text("raise ImportError('not installed here')\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-m", "plait", "bench", "llama-cpp"], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert out.returncode != 0 and "make bench-deps" in out.stderr
 
 
 def test_bench_latency_reports_roofline_and_perplexity_per_format(tiny_llama_dir, tmp_path):
