@@ -19,6 +19,7 @@ import torch
 from plait.kernels.kv_cache import KV_CACHE_DTYPES
 from plait.radix_cache import PageAllocator, RadixCache
 from plait.runtime.config import EngineConfig
+from plait.runtime.governor import ThreadGovernor
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.model_loader import load_model
 from plait.runtime.model_runner import ModelRunner, ScheduleBatch
@@ -81,6 +82,9 @@ class Engine:
         self.processor = OutputProcessor(self.tokenizer, self.context_len)
         self.drafter = self._make_drafter()
         self.governor = SpeculationGovernor()
+        threads = torch.get_num_threads()
+        # NOTE: on GPUs the CPU threads only feed kernel launches; nothing to tune there.
+        self.thread_governor = ThreadGovernor(threads) if self.device.type == "cpu" and threads > 1 else None
         self._spec_totals = {"steps": 0, "proposed": 0, "accepted": 0}
         self._grammars: Any = None  # GrammarCache, made on the first constrained request
         self._grammar_lock = threading.Lock()
@@ -430,12 +434,16 @@ class Engine:
             self._propose_drafts(batch)
         if not batch:
             return
+        threads = self._choose_threads(batch.num_tokens)
+        forward_started = time.perf_counter()
         try:
             results = self.runner.forward(batch)
         except Exception as exc:  # a failing batch must not take the engine down
             logger.error("forward pass failed: %s", traceback.format_exc())
             self._fail(batch, f"internal error: {type(exc).__name__}: {exc}")
             return
+        if threads:
+            self.thread_governor.record(batch.num_tokens, threads, time.perf_counter() - forward_started)
         self._totals["steps"] += 1
         entries = [e.req for e in batch.extends] + batch.decodes
         last_chunk = [e.is_last_chunk for e in batch.extends] + [True] * len(batch.decodes)
@@ -483,6 +491,15 @@ class Engine:
         if replaced is not None:
             self.scheduler.rewind(req, num_valid=before - replaced)
 
+    def _choose_threads(self, num_tokens: int) -> int | None:
+        """Sets this step's CPU threads (see `governor.ThreadGovernor`); None when not governed."""
+        if self.thread_governor is None:
+            return None
+        threads = self.thread_governor.choose(num_tokens)
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
+        return threads
+
     def _fail(self, batch: ScheduleBatch, message: str) -> None:
         for req in [e.req for e in batch.extends] + batch.decodes:
             self.scheduler.abort(req.rid, keep=False)  # its KV may be half written
@@ -521,6 +538,7 @@ class Engine:
             **self._spec_stats(),
             "new_token_ratio": sched.new_token_ratio,
             "quantization": self.config.model.quantization,
+            "cpu_threads": torch.get_num_threads() if self.device.type == "cpu" else None,
             "weight_bytes": self.weight_bytes,
             "kv_cache_dtype": str(self.kv_dtype).removeprefix("torch."),
             "kv_bytes_per_token": KVPool.bytes_per_token(

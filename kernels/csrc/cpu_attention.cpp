@@ -173,12 +173,15 @@ void attention_rows(const float* q, const T* k, const T* v, const float* ks,
         longest = std::max(longest, kv_len[r] - first[r]);
         slots_read += kv_len[r] - first[r];
     }
-    if (slots_read < 1024) num_threads = 1;  // one short row: waking the team costs more
-    // With too few rows to occupy every thread, each row's context is split in chunks (at least
-    // 256 slots) whose partial softmax results are merged afterwards (split-K).
+    // With too few rows to occupy every core, each row's context is split in chunks (at least
+    // 256 slots) whose partial softmax results are merged afterwards (split-K). The split follows
+    // the machine's cores, not this call's thread count, so that results do not change when the
+    // engine changes its threads (runtime/governor.py).
+    const int64_t cores = plait::num_procs();
     int64_t splits = 1;
-    if (num_rows < 2 * num_threads)
-        splits = std::max<int64_t>(1, std::min<int64_t>((2 * num_threads + num_rows - 1) / num_rows, longest / 256));
+    if (num_rows < 2 * cores)
+        splits = std::max<int64_t>(1, std::min<int64_t>((2 * cores + num_rows - 1) / num_rows, longest / 256));
+    if (slots_read < 1024) num_threads = 1;  // one short row: waking the team costs more
     const int64_t chunk = (longest + splits - 1) / splits;
     std::vector<float> part_acc, part_m, part_l;
     if (splits > 1) {

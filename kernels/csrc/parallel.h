@@ -4,6 +4,7 @@
 // `runtime/engine.py:off_main_thread` for the one libgomp pitfall that remains.
 #pragma once
 #include <cstdint>
+#include <omp.h>
 #if defined(__SSE__) || defined(__x86_64__)
 #include <xmmintrin.h>
 #endif
@@ -18,6 +19,9 @@ struct FlushDenormals {
     ~FlushDenormals() { _mm_setcsr(saved); }
 #endif
 };
+
+// The processors OpenMP may use (fixed for the process, unlike the per-call thread count).
+inline int num_procs() { return omp_get_num_procs(); }
 
 // f(i) for every i in [0, n): `dynamic` for tasks of uneven cost (attention rows).
 template <class F>
