@@ -30,6 +30,7 @@ from plait.runtime.protocol import FinishReason, LogprobOptions, SamplingParams
 from plait.runtime.request import Request
 from plait.runtime.scheduler import Scheduler
 from plait.runtime.speculative.governor import SpeculationGovernor
+from plait.runtime.tokenizer import GIL_FREE_CHARS
 
 logger = logging.getLogger("plait.engine")
 
@@ -40,6 +41,12 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def _text_chars(text: Any) -> int:
+    if isinstance(text, str):
+        return len(text)
+    return sum(len(t) for t in text if isinstance(t, str)) if isinstance(text, list) else 0
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -132,7 +139,8 @@ class Engine:
             texts = text if batched else [text]
             if not all(isinstance(t, str) for t in texts):
                 raise ValueError("text: expected a string or a list of strings")
-            prompts = [self.tokenizer.encode(t) for t in texts]
+            # NOTE: the batch call releases the GIL and spreads the texts over the cores.
+            prompts = self.tokenizer.encode_batch(texts) if len(texts) > 1 else [self.tokenizer.encode(texts[0])]
         else:
             batched = bool(input_ids) and isinstance(input_ids[0], list)
             prompts = input_ids if batched else [input_ids]
@@ -336,12 +344,14 @@ class Engine:
         text = kwargs.pop("text", args[0] if args else None)
         if len(args) == 2:
             kwargs["sampling_params"] = args[1]
-        reqs, batched = self._make_requests(
-            text, kwargs.pop("input_ids", None), kwargs.pop("sampling_params", None), opts,
-            kwargs.pop("rid", None),
-        )
+        make_args = (text, kwargs.pop("input_ids", None), kwargs.pop("sampling_params", None), opts,
+                     kwargs.pop("rid", None))  # fmt: skip
         if kwargs:
             raise TypeError(f"async_generate: unknown argument(s) {', '.join(kwargs)}")
+        if _text_chars(text) >= GIL_FREE_CHARS:  # long prompts tokenize off the event loop
+            reqs, batched = await asyncio.to_thread(self._make_requests, *make_args)
+        else:
+            reqs, batched = self._make_requests(*make_args)
         await self._attach_grammars_async(reqs)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[int, dict, bool]] = asyncio.Queue()

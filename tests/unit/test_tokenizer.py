@@ -109,6 +109,36 @@ def test_encode_batch(tok: Tokenizer) -> None:
     assert tok.encode_batch(TEXTS) == [tok.encode(t) for t in TEXTS]
 
 
+def test_long_texts_release_the_gil_while_encoding(tok: Tokenizer) -> None:
+    """From GIL_FREE_CHARS on, `encode` takes the backend's batch call (which lets other Python
+    threads, the engine loop among them, run meanwhile); the ids are the single call's."""
+    import threading
+    import time
+
+    from plait.runtime.tokenizer import GIL_FREE_CHARS
+
+    text = " ".join(TEXTS) * (40 * GIL_FREE_CHARS // len(" ".join(TEXTS)) + 1)
+    assert tok.encode(text) == tok.backend.encode(text, add_special_tokens=False).ids
+    done = threading.Event()
+    ticks = 0
+
+    def count() -> None:
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            time.sleep(0)
+
+    counter = threading.Thread(target=count)
+    counter.start()
+    start = time.perf_counter()
+    tok.encode(text)
+    elapsed = time.perf_counter() - start
+    done.set()
+    counter.join()
+    # the other thread kept running: far more iterations than the 5 ms switch interval allows
+    assert ticks > 50 * max(1.0, elapsed / 0.005), (ticks, elapsed)
+
+
 def test_token_bytes_spell_the_text(tok: Tokenizer) -> None:
     for text in TEXTS:
         ids = tok.encode(text)
