@@ -72,10 +72,25 @@ def test_native_kernel_matches_reference(fmt: str, m: int, n: int, k: int) -> No
     qw = {"int8": lambda: quantize_int8(w), "int8-g32": lambda: quantize_int8(w, 32), "int4": lambda: quantize_int4(w)}[fmt]()
     x = torch.randn(m, k, generator=gen)
     bias = torch.randn(n, generator=gen)
-    expected = quant_matmul_ref(x, qw, bias)
+    q8 = qm.native_q8_rows(m, qw)
+    assert q8 == (m <= qm.MAX_Q8_ROWS and k % 32 == 0) or not q8  # AVX2 machines round decode rows
+    expected = quant_matmul_ref(x, qw, bias, q8=q8)
     torch.testing.assert_close(quant_matmul(x, qw, bias), expected, atol=2e-4, rtol=2e-4)
     torch.testing.assert_close(quant_matmul(x, qw), expected - bias, atol=2e-4, rtol=2e-4)
     torch.testing.assert_close(dequantize(qw), dequantize_ref(qw))
+    # rounding x to int8 adds far less error than int4 weights carry; as much as int8 weights do
+    exact = x @ w.t() + bias
+    weight_error = (quant_matmul_ref(x, qw, bias) - exact).abs().mean()
+    share = 0.4 if fmt == "int4" else 2.5
+    assert (expected - quant_matmul_ref(x, qw, bias)).abs().mean() < share * weight_error + 1e-6
+
+
+def test_q8_activation_rounding_is_half_a_step_per_block() -> None:
+    x = torch.randn(3, 128) * torch.logspace(-2, 2, 128)
+    back = qm.q8_activations(x)
+    step = x.reshape(3, 4, 32).abs().amax(-1, keepdim=True) / 127
+    assert torch.all((back - x).reshape(3, 4, 32).abs() <= step / 2 + 1e-6)
+    assert torch.equal(qm.q8_activations(torch.zeros(2, 32)), torch.zeros(2, 32))
 
 
 @needs_native
@@ -112,4 +127,5 @@ def test_quant_linear_follows_its_buffers_when_moved():
     layer._apply(lambda t: t.clone())  # what `.to(device)` does: new buffers
     assert layer.qweight is not old and layer.qw.qweight is layer.qweight and layer.qw.scales is layer.scales
     x = torch.randn(3, 64)
-    torch.testing.assert_close(layer(x), quant_matmul_ref(x, layer.qw, layer.bias), atol=1e-4, rtol=1e-4)
+    expected = quant_matmul_ref(x, layer.qw, layer.bias, q8=qm.native_q8_rows(3, layer.qw))
+    torch.testing.assert_close(layer(x), expected, atol=1e-4, rtol=1e-4)
