@@ -109,6 +109,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from plait.benchmarks.throughput import run_throughput_bench
 
         return run_throughput_bench(args)
+    if args.workload == "overhead":
+        from plait.benchmarks.overhead import run_overhead_bench
+
+        return run_overhead_bench(args)
     if args.workload == "llama-cpp":
         from plait.benchmarks.llama_cpp import run_llama_cpp_bench
 
@@ -186,6 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_serving_args(srv)
     srv.set_defaults(func=_cmd_bench)
     from plait.benchmarks.llama_cpp import add_llama_cpp_args
+    from plait.benchmarks.overhead import add_overhead_args
+
+    over = bench_sub.add_parser("overhead", help="the share of a decode step that is not arithmetic")
+    add_overhead_args(over)
+    over.add_argument("--model", dest="model_path", default=None)
+    over.set_defaults(func=_cmd_bench)
 
     lcpp = bench_sub.add_parser("llama-cpp", help="plait's server beside llama.cpp's on the same GGUF")
     add_llama_cpp_args(lcpp)

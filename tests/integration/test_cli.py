@@ -83,3 +83,15 @@ def test_bench_latency_reports_roofline_and_perplexity_per_format(tiny_llama_dir
     assert int4["roofline_steps_s"] > f32["roofline_steps_s"]
     for r in (f32, int4):
         assert r["plait"]["decode_tok_s"] > 0 and r["plait"]["perplexity"] > 1
+
+
+def test_bench_overhead_compares_a_skinny_twin(tiny_llama_dir, tmp_path):
+    import json
+
+    out_path = tmp_path / "overhead.json"
+    out = run("bench", "overhead", "--model", str(tiny_llama_dir), "--formats", "int4", "--decode-len", "8",
+              "--repeats", "1", "--output", str(out_path))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "overhead share" in out.stdout
+    result = json.loads(out_path.read_text())["results"]["int4"]
+    assert result["step_ms"] > 0 and result["twin_step_ms"] > 0 and result["overhead_share"] > 0

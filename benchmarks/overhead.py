@@ -1,0 +1,109 @@
+"""`plait bench overhead`: how much of a single-stream decode step is not the model's arithmetic.
+
+Beside the model under test it writes a *skinny twin*: the same layer count, vocabulary and
+tokenizer, hidden size 64 and random weights, so its matmuls and attention cost next to nothing
+while every Python call, kernel launch, scheduling and sampling step stays. Both decode 128
+tokens on one stream in the same format; the twin's step time over the model's is the share of a
+step that is overhead (a slight overestimate: the twin's arithmetic is small, not zero).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from plait.benchmarks.common import print_table, write_json
+
+
+def write_skinny_twin(engine: Any, path: Path) -> Path:
+    """A Hugging Face Llama checkpoint shaped like `engine`'s model but 64 wide (tied head)."""
+    from safetensors.torch import save_file
+
+    args, hidden, inter, heads, kv_heads, head_dim = engine.args, 64, 64, 2, 1, 32
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen) * 0.08
+
+    tensors = {"model.embed_tokens.weight": rand(args.vocab_size, hidden), "model.norm.weight": torch.ones(hidden)}
+    for i in range(args.num_layers):
+        p = f"model.layers.{i}."
+        tensors |= {
+            p + "input_layernorm.weight": torch.ones(hidden), p + "post_attention_layernorm.weight": torch.ones(hidden),
+            p + "self_attn.q_proj.weight": rand(heads * head_dim, hidden),
+            p + "self_attn.k_proj.weight": rand(kv_heads * head_dim, hidden),
+            p + "self_attn.v_proj.weight": rand(kv_heads * head_dim, hidden),
+            p + "self_attn.o_proj.weight": rand(hidden, heads * head_dim),
+            p + "mlp.gate_proj.weight": rand(inter, hidden), p + "mlp.up_proj.weight": rand(inter, hidden),
+            p + "mlp.down_proj.weight": rand(hidden, inter),
+        }  # fmt: skip
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path / "model.safetensors"))
+    config = {
+        "architectures": ["LlamaForCausalLM"], "vocab_size": args.vocab_size, "hidden_size": hidden,
+        "intermediate_size": inter, "num_hidden_layers": args.num_layers, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "head_dim": head_dim, "max_position_embeddings": args.max_position_embeddings,
+        "rms_norm_eps": args.rms_norm_eps, "rope_theta": args.rope_theta, "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+    }  # fmt: skip
+    (path / "config.json").write_text(json.dumps(config))
+    tok = engine.tokenizer
+    tok.backend.save(str(path / "tokenizer.json"))
+    eos = tok.convert_ids_to_tokens([tok.eos_token_id])[0]
+    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": eos, "add_bos_token": False}))
+    return path
+
+
+def decode_step_ms(engine: Any, decode_len: int, repeats: int) -> float:
+    ids = list(range(1000, 1016))
+    params = {"max_new_tokens": decode_len, "temperature": 0, "ignore_eos": True}
+    engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 4})
+    best = float("inf")
+    for _ in range(repeats):
+        first = None
+        for _ in engine.generate(input_ids=ids, sampling_params=params, stream=True):
+            if first is None:
+                first = time.perf_counter()
+        best = min(best, (time.perf_counter() - first) / (decode_len - 1))
+    return best * 1e3
+
+
+def run_overhead_bench(args: argparse.Namespace) -> int:
+    from plait.benchmarks.latency import FORMATS, _format_kwargs
+    from plait.runtime.engine import Engine
+
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    for f in formats:
+        if f not in FORMATS:
+            raise SystemExit(f"--formats: unknown format {f!r} (choose from {', '.join(FORMATS)})")
+    rows, results = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        twin_path = None
+        for fmt in formats:
+            kwargs = {"max_total_tokens": 2048, **_format_kwargs(fmt)}
+            with Engine(model_path=args.model_path, **kwargs) as engine:
+                if twin_path is None:
+                    twin_path = write_skinny_twin(engine, Path(tmp) / "twin")
+                full = decode_step_ms(engine, args.decode_len, args.repeats)
+                layers = engine.args.num_layers
+            with Engine(model_path=str(twin_path), **kwargs) as twin:
+                skinny = decode_step_ms(twin, args.decode_len, args.repeats)
+            results[fmt] = {"step_ms": full, "twin_step_ms": skinny, "overhead_share": skinny / full}
+            rows.append([fmt, layers, full, 1e3 / full, skinny, f"{skinny / full:.0%}"])
+    print(f"\nsingle-stream decode, {args.decode_len} tokens, best of {args.repeats}, {torch.get_num_threads()} threads")
+    print_table(["format", "layers", "step ms", "tok/s", "skinny twin step ms", "overhead share"], rows)
+    write_json(args.output, {"benchmark": "overhead", "decode_len": args.decode_len, "results": results})
+    return 0
+
+
+def add_overhead_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--formats", default="float32,int4", help="comma-separated: float32, bfloat16, int8, int4")
+    parser.add_argument("--decode-len", dest="decode_len", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--output", default="bench-results/overhead.json")
