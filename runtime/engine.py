@@ -394,6 +394,13 @@ class Engine:
     # the loop --------------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        try:
+            self._run_loop()
+        finally:
+            if self.thread_governor is not None:  # the thread count is the process's: give it back
+                torch.set_num_threads(self.thread_governor.threads)
+
+    def _run_loop(self) -> None:
         while not self._stopped.is_set():
             block = not self.scheduler.has_work()
             try:

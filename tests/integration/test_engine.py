@@ -230,3 +230,19 @@ def test_abort_mid_stream_frees_pages(tiny_engine):
     stream.close()
     wait_idle(tiny_engine)
     assert_all_pages_free(tiny_engine)
+
+
+def test_thread_governor_gives_the_thread_count_back(tiny_llama_dir):
+    """The governor may run small steps on one thread; the process's count returns at shutdown."""
+    import torch
+
+    from plait import Engine
+
+    before = torch.get_num_threads()
+    engine = Engine(model_path=str(tiny_llama_dir), max_total_tokens=512)
+    if engine.thread_governor is not None:
+        engine.thread_governor.choose = lambda num_tokens: 1  # as under a busy machine
+    out = engine.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 3, "ignore_eos": True})
+    assert len(out["output_ids"]) == 3
+    engine.shutdown()
+    assert torch.get_num_threads() == before
