@@ -62,6 +62,12 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def dense_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> QLinear:
+    """A float32 [N, K] weight (the kernel's format 2)."""
+    n, k = weight.shape
+    return QLinear(weight.data_ptr(), None, None, _ptr(bias), n, k, k, FORMAT_CODE["float32"])
+
+
 def qlinear(qw: QuantizedWeight, bias: torch.Tensor | None) -> QLinear:
     n, k = qw.shape
     return QLinear(_ptr(qw.qweight), _ptr(qw.scales), _ptr(qw.mins), _ptr(bias), n, k, qw.group, FORMAT_CODE[qw.format])

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plait.kernels import attention, cpu_fused
+from plait.kernels.quant_matmul import dense_matmul
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.models import native_decode
 
@@ -290,4 +291,6 @@ class LlamaForCausalLM(nn.Module):
         hidden = self.model(input_ids, positions, batch, num_layers)  # [T, hidden]
         if batch.logits_indices is not None:
             hidden = hidden[batch.logits_indices]
+        if type(self.lm_head) is nn.Linear:  # float32 on the CPU: the native GEMV for decode rows
+            return dense_matmul(hidden, self.lm_head.weight, self.lm_head.bias).float()
         return self.lm_head(hidden).float()

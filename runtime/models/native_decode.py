@@ -1,7 +1,7 @@
-"""Decode steps of a quantized Llama-family model through the native layer stack.
+"""Decode steps of a Llama-family model on the CPU through the native layer stack.
 
-When every projection is a `QuantLinear`, the batch is small (decode tokens and short extends,
-all of them attention rows) and the native kernels are built, `LlamaModel.forward` hands its
+When every projection is a `QuantLinear` or a float32 `nn.Linear`, the batch is small (decode
+tokens and short extends, all of them attention rows) and the native kernels are built, `LlamaModel.forward` hands its
 layers to `kernels/decode_stack.py` in one call instead of ~10 per layer. The layer descriptions
 (pointers to weights and KV pages) are built once per model and KV pool.
 """
@@ -37,7 +37,7 @@ class NativeDecodeStack:
             scales = pool.scales(i) or (None, None)
             self.layers[i] = decode_stack.DecodeLayer(
                 layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
-                *(decode_stack.qlinear(p.qw, p.bias) for p in (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)),
+                *(_linear(p) for p in (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)),
                 k_cache.data_ptr(), v_cache.data_ptr(),
                 *(None if s is None else s.data_ptr() for s in scales),
             )
@@ -68,9 +68,17 @@ class NativeDecodeStack:
         return x, residual
 
 
+def _linear(layer: torch.nn.Module) -> decode_stack.QLinear:
+    if isinstance(layer, QuantLinear):
+        return decode_stack.qlinear(layer.qw, layer.bias)
+    return decode_stack.dense_linear(layer.weight, layer.bias)
+
+
 def _weights_key(model: LlamaModel) -> tuple[int, int]:
     first = model.layers[0]
-    return first.self_attn.qkv_proj.qweight.data_ptr(), first.input_layernorm.weight.data_ptr()
+    qkv = first.self_attn.qkv_proj
+    weight = qkv.qweight if isinstance(qkv, QuantLinear) else qkv.weight
+    return weight.data_ptr(), first.input_layernorm.weight.data_ptr()
 
 
 def _batch_eligible(x: torch.Tensor, batch: ForwardBatch) -> bool:
@@ -82,9 +90,16 @@ def _batch_eligible(x: torch.Tensor, batch: ForwardBatch) -> bool:
     return kv_type_code(batch.kv_pool.dtype) is not None and decode_stack.available()
 
 
+def _usable_linear(layer: torch.nn.Module) -> bool:
+    if isinstance(layer, QuantLinear):
+        return True
+    w = layer.weight if type(layer) is torch.nn.Linear else None
+    return w is not None and w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous()
+
+
 def _model_eligible(model: LlamaModel) -> bool:
     return model.layers[0].self_attn.head_dim <= 1024 and all(
-        isinstance(p, QuantLinear)
+        _usable_linear(p)
         for layer in model.layers
         for p in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
     )
@@ -97,7 +112,7 @@ def stack_for(model: LlamaModel, x: torch.Tensor, batch: ForwardBatch) -> Native
         return None
     if stack is None or stack.kv_pool is not batch.kv_pool or stack.key != _weights_key(model):
         if not _model_eligible(model):
-            model.__dict__["_native_stack"] = False  # float projections: never eligible
+            model.__dict__["_native_stack"] = False  # e.g. bfloat16 or sharded projections
             return None
         stack = NativeDecodeStack(model, batch)
         model.__dict__["_native_stack"] = stack

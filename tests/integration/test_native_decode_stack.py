@@ -1,6 +1,6 @@
 """The native decode stack (`runtime/models/native_decode.py`) computes what the layer-by-layer
-path computes: quantized tiny Llama / Qwen2 (qkv bias) / Mistral (sliding window) engines with
-float32, bfloat16 and int8 KV caches, with and without speculative decoding (short extends), give
+path computes: float32 and quantized tiny Llama / Qwen2 (qkv bias) / Mistral (sliding window)
+engines with float32, bfloat16 and int8 KV caches, with and without speculative decoding (short extends), give
 the same tokens and logprobs with the stack on and off."""
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from tests.conftest import write_tiny_checkpoint
 pytestmark = pytest.mark.skipif(not decode_stack.available(), reason="native CPU kernels did not build")
 
 CASES = {
+    "llama-f32": ("llama", {}, {}),
+    "llama-f32-tied-ngram": ("llama", {"tie_word_embeddings": True}, {"speculative_algorithm": "ngram"}),
     "llama-int4": ("llama", {}, {"quantization": "int4"}),
     "qwen2-int8-kv8": ("qwen2", {}, {"quantization": "int8", "kv_cache_dtype": "int8", "page_size": 4}),
     "mistral-int4-kvbf16": ("mistral", {"sliding_window": 16}, {"quantization": "int4", "kv_cache_dtype": "bfloat16"}),
@@ -56,8 +58,9 @@ def test_stack_matches_layer_by_layer(engine, monkeypatch):
         assert max(abs(a - b) for a, b in zip(lp_a, lp_b)) < 1e-4
 
 
-def test_float_models_keep_the_layer_path(tiny_engine, monkeypatch):
+def test_bfloat16_models_keep_the_layer_path(tiny_llama_dir, monkeypatch):
     calls = []
     monkeypatch.setattr(native_decode.NativeDecodeStack, "run", lambda *a: calls.append(1))
-    tiny_engine.generate(input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 4})
-    assert not calls
+    with Engine(model_path=str(tiny_llama_dir), dtype="bfloat16", max_total_tokens=512) as engine:
+        out = engine.generate(input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 4, "ignore_eos": True})
+    assert len(out["output_ids"]) == 4 and not calls

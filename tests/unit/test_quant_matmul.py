@@ -129,3 +129,15 @@ def test_quant_linear_follows_its_buffers_when_moved():
     x = torch.randn(3, 64)
     expected = quant_matmul_ref(x, layer.qw, layer.bias, q8=qm.native_q8_rows(3, layer.qw))
     torch.testing.assert_close(layer(x), expected, atol=1e-4, rtol=1e-4)
+
+
+@needs_native
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 47, 48])
+def test_dense_matmul_matches_linear(m: int) -> None:
+    gen = torch.Generator().manual_seed(m)
+    w, bias = torch.randn(70, 64, generator=gen), torch.randn(70, generator=gen)
+    x = torch.randn(m, 64, generator=gen)
+    expected = torch.nn.functional.linear(x, w, bias)
+    torch.testing.assert_close(qm.dense_matmul(x, w, bias), expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(qm.dense_matmul(x.reshape(1, m, 64), w), expected.reshape(1, m, 70) - bias,
+                               atol=1e-4, rtol=1e-4)  # fmt: skip
