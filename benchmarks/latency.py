@@ -4,7 +4,9 @@ plait beside transformers and llama.cpp.
 Formats are float32 / bfloat16 (dtypes) or int8 / int4 (weight-only quantization, float32
 compute). For each, plait's prefill (512-token prompt) and decode (128 tokens, one stream), the
 weights one decode step reads (`weight_bytes`), the roofline (measured read bandwidth / those
-bytes) and the share of it reached, the prefill's share of the measured float32 matmul rate, and
+bytes) and the share of it reached, the prefill's share of the measured float32 matmul rate (its
+FLOPs: the projections' 2 per weight per token, plus causal attention's 2 * layers * heads *
+head_dim * T^2), and
 the perplexity of the second half of a fixed text, computed over its first half read back from
 the KV cache (so that the cache's storage format counts). transformers runs the float dtypes on the same weights;
 llama-cpp-python (if installed: `make bench-deps`) runs the GGUF file itself once, with the same
@@ -113,11 +115,13 @@ def measure_plait(
             if hasattr(m, "in_features") and name != "lm_head"
         )
         weight_bytes = engine.stats()["weight_bytes"]
+        a = engine.args  # causal attention: QK^T and PV over half the T x T scores, every head
+        attention_flops = 2 * a.num_layers * a.num_heads * a.head_dim * prompt_len * prompt_len
     finally:
         engine.shutdown()
     return {
         "prefill_tok_s": prompt_len / prefill_s, "decode_tok_s": decode_tps, "weight_bytes": weight_bytes,
-        "perplexity": perplexity, "prefill_flops_per_token": 2 * linear_params,
+        "perplexity": perplexity, "prefill_flops_per_token": 2 * linear_params + attention_flops // prompt_len,
     }
 
 
