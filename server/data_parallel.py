@@ -7,6 +7,8 @@ import argparse
 import dataclasses
 import logging
 import os
+import signal
+import sys
 from typing import Any
 
 from plait.server.launch import ServerProcess
@@ -93,6 +95,9 @@ def serve_router(args: argparse.Namespace) -> int:
             replica.process = proc
     log.info("routing (%s) to %s", config.policy, ", ".join(r.url for r in router.replicas))
     app: Any = create_router_app(router, api_key=args.api_key)
+    # NOTE: uvicorn re-raises the SIGTERM it caught once it has shut down; turning it into
+    # SystemExit lets the `finally` below stop the replicas instead of orphaning them.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                     timeout_graceful_shutdown=5)  # fmt: skip
