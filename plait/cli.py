@@ -105,6 +105,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from plait.benchmarks.json_bench import run_json_bench
 
         return run_json_bench(args)
+    if args.workload == "data-parallel":
+        from plait.benchmarks.data_parallel import run_data_parallel_bench
+
+        return run_data_parallel_bench(args)
     if args.workload == "throughput":
         from plait.benchmarks.throughput import run_throughput_bench
 
@@ -174,6 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_programs_args(prog)
     add_engine_args(prog)
     prog.set_defaults(func=_cmd_bench)
+    from plait.benchmarks.data_parallel import add_data_parallel_args
+
+    dp = bench_sub.add_parser(
+        "data-parallel", help="shared prefixes over 2 replicas: cache-aware vs round-robin vs DP=1"
+    )
+    add_data_parallel_args(dp)
+    dp.set_defaults(func=_cmd_bench)
     from plait.benchmarks.serving import add_serving_args
     from plait.server.cli import add_serve_parser
 

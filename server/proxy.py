@@ -95,6 +95,7 @@ class Proxy:
                 # NOTE: a response dropped before its first chunk never enters the relay's finally.
                 weakref.finalize(relay, lease.release)
                 handed_off = True
+                replica.served += 1
                 return StreamingResponse(relay, media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache"})  # fmt: skip
             body = await _until_disconnect(request, resp.aread())
@@ -120,7 +121,6 @@ class Proxy:
             yield first
             async for chunk in chunks:
                 yield chunk
-            replica.served += 1
         except httpx.TransportError as e:
             self._failed(replica, e)
             yield stream_error(replica.url, e, path)
