@@ -23,11 +23,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
             flag = "--model" if f.name == "model_path" else "--" + f.name.replace("_", "-")
             kind = hints[f.name]
             default = f.default
+            flags = [flag, "--tp"] if f.name == "tp_size" else [flag]
             if kind is bool:
-                group.add_argument(flag, dest=f.name, action="store_true", default=default)
+                group.add_argument(*flags, dest=f.name, action="store_true", default=default)
                 continue
             base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
-            group.add_argument(flag, dest=f.name, type=base, default=default, metavar=f.name.upper())
+            group.add_argument(*flags, dest=f.name, type=base, default=default, metavar=f.name.upper())
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

@@ -75,6 +75,13 @@ def serve(args: argparse.Namespace) -> int:
         from plait.server.data_parallel import serve_router
 
         return serve_router(args)
+    from plait.runtime.tensor_parallel import run_worker, torchrun_rank
+
+    if torchrun_rank():  # under torchrun, ranks other than 0 only run their shard
+        from plait.runtime.config import EngineConfig
+
+        run_worker(torchrun_rank(), None, EngineConfig.from_kwargs(**engine_kwargs(args)))
+        return 0
     log = logging.getLogger("plait.server")
     config = ServerConfig(
         host=args.host, port=args.port, api_key=args.api_key, programs=tuple(args.programs),
