@@ -68,3 +68,37 @@ def test_partition_covers_every_item_once():
             assert spans[0][0] == 0 and spans[-1][1] == n
             assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
             assert max(e - s for s, e in spans) - min(e - s for s, e in spans) <= 1
+
+
+def _served_text(url: str) -> str:
+    import httpx
+
+    body = {"text": PROMPTS[1], "sampling_params": PARAMS}
+    return httpx.post(url + "/generate", json=body, timeout=60).json()["text"]
+
+
+@pytest.mark.slow
+def test_plait_serve_tp_and_torchrun(tiny_llama_dir, tiny_engine):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from plait.server.launch import ServerProcess, free_port, wait_for_health
+
+    expected = tiny_engine.generate(PROMPTS[1], PARAMS)["text"]
+    flags = ["--model", str(tiny_llama_dir), "--max-total-tokens", "2048", "--log-level", "warning"]
+    with ServerProcess(["--tp", "2", *flags], timeout=120) as server:
+        assert _served_text(server.url) == expected
+    port = free_port()
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "plait.server.cli",
+           "--tp", "2", "--port", str(port), *flags]  # fmt: skip
+    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_for_health(f"http://127.0.0.1:{port}", 120, proc)
+        assert _served_text(f"http://127.0.0.1:{port}") == expected
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
