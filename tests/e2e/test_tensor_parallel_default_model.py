@@ -15,7 +15,7 @@ def test_tp2_matches_tp1_on_the_default_model(default_engine):
 
     tok = default_engine.tokenizer
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}]) for q in QUESTIONS]
-    params = {"max_new_tokens": 32, "temperature": 0}
+    params = {"max_new_tokens": 16, "temperature": 0}
 
     def run(engine):
         return engine.generate(prompts, params, return_logprob=True, logprob_start_len=0)

@@ -1,5 +1,6 @@
 """Killing a replica mid-load: requests that had not streamed are retried on the other one, a
-stream that had started ends with an error naming the replica, and the router reports it gone."""
+stream that had started ends with an error naming the replica, and the router reports it gone.
+(`plait serve --dp 2` itself runs in docs/scaling.md's example, tests/e2e/test_docs.py.)"""
 
 from __future__ import annotations
 
@@ -97,15 +98,3 @@ def test_killing_a_replica_loses_no_request_that_had_not_streamed(cluster):
     assert retried and float(retried[0].split()[-1]) >= 2
     assert _generate(cluster.url, 99).status_code == 200  # the survivor keeps serving
 
-
-def test_plait_serve_dp_starts_replicas_behind_the_router(tiny_llama_dir):
-    from plait.server.launch import ServerProcess
-
-    args = ["--dp", "2", "--model", str(tiny_llama_dir), "--max-total-tokens", "4096",
-            "--log-level", "warning"]  # fmt: skip
-    with ServerProcess(args, timeout=240) as server:
-        replicas = httpx.get(server.url + "/health").json()["replicas"]
-        assert len(replicas) == 2 and all(r["healthy"] for r in replicas)
-        out = httpx.post(server.url + "/v1/completions", json={
-            "prompt": "Hello", "max_tokens": 3, "temperature": 0}, timeout=60)  # fmt: skip
-        assert out.status_code == 200 and out.json()["usage"]["completion_tokens"] == 3
