@@ -104,7 +104,7 @@ class Router:
         candidates = self.healthy(exclude)
         if not candidates:
             down = ", ".join(r.url for r in self.replicas if not r.healthy) or "none"
-            raise NoReplicaError(f"no healthy replica left (down: {down})")
+            raise NoReplicaError(f"no healthy replica left to try (down: {down})")
         decision = self._sticky(session, candidates) or self._pick(key, candidates)
         if self.config.policy == "cache_aware":
             decision.replica.tree.insert(key)
