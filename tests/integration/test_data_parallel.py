@@ -115,6 +115,10 @@ def test_native_stream_and_programs(client):
     assert events[-1] == "[DONE]" and events[-2]["meta_info"]["completion_tokens"] == 5
     out = client.post("/programs/qa", json={"arguments": {"question": "Why?"}}).json()
     assert "answer" in out["variables"]
+    with client.stream("POST", "/programs/qa", json={
+        "arguments": {"question": "Why?"}, "stream": True}) as r:  # fmt: skip
+        events = sse_events(r.iter_lines())
+    assert events[-2]["event"] == "done" and events[-2]["variables"] == out["variables"]
     assert [p["name"] for p in client.get("/programs").json()["programs"]] == ["qa"]
     assert client.get("/get_model_info").json()["model_path"]
 
