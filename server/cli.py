@@ -77,7 +77,7 @@ def serve(args: argparse.Namespace) -> int:
         return serve_router(args)
     from plait.runtime.tensor_parallel import run_worker, torchrun_rank
 
-    if torchrun_rank():  # under torchrun, ranks other than 0 only run their shard
+    if args.tp_size > 1 and torchrun_rank():  # under torchrun, ranks but 0 only run their shard
         from plait.runtime.config import EngineConfig
 
         run_worker(torchrun_rank(), None, EngineConfig.from_kwargs(**engine_kwargs(args)))
