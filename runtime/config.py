@@ -96,6 +96,7 @@ class EngineConfig:
     num_draft_tokens: int = 4
     draft_model_path: str | None = None
     draft_layers: int | None = None  # "self": draft with the target's first layers
+    tp_size: int = 1  # tensor parallelism: ranks (processes) the model is sharded over
 
     def __post_init__(self) -> None:
         algos = (None, "ngram", "self", "draft_model")
@@ -110,6 +111,12 @@ class EngineConfig:
             raise ValueError("draft_model_path: required with speculative_algorithm='draft_model'")
         if self.draft_layers is not None and self.draft_layers < 1:
             raise ValueError(f"draft_layers: must be positive, got {self.draft_layers}")
+        if not isinstance(self.tp_size, int) or self.tp_size < 1:
+            raise ValueError(f"tp_size: must be a positive integer, got {self.tp_size!r}")
+        if self.tp_size > 1 and self.model.quantization is not None:
+            raise ValueError("tp_size: tensor parallelism does not support quantization yet")
+        if self.tp_size > 1 and self.speculative_algorithm is not None:
+            raise ValueError("tp_size: tensor parallelism does not support speculative decoding yet")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
@@ -118,7 +125,7 @@ class EngineConfig:
         own = {
             "random_seed", "check_invariants", "grammar_backend", "disable_jump_forward",
             "json_whitespace_pattern", "speculative_algorithm", "num_draft_tokens",
-            "draft_model_path", "draft_layers",
+            "draft_model_path", "draft_layers", "tp_size",
         }
         top: dict[str, Any] = {}
         owners = {

@@ -66,6 +66,12 @@ class Engine:
         self.dtype = resolve_dtype(mc.dtype, self.device)
         loaded = off_main_thread(load_model, mc.model_path, self.dtype, self.device, mc.quantization)
         self.model, self.args, self.tokenizer = loaded.model, loaded.args, loaded.tokenizer
+        self.tp: Any = None
+        if self.config.tp_size > 1:
+            from plait.runtime.tensor_parallel import start_tensor_parallel
+
+            self.tp = start_tensor_parallel(self.model, self.config, self.device)
+            self.model, self.args = self.tp.model, self.tp.args  # args: this rank's heads
         self.model_path = loaded.location.path
         self.context_len = mc.context_length or self.args.max_position_embeddings
         self.weight_bytes = weight_bytes(self.model)  # read by one decode step: the roofline
@@ -77,6 +83,8 @@ class Engine:
             num_pages, cc.page_size, self.args.num_layers, self.args.num_kv_heads,
             self.args.head_dim, self.kv_dtype, self.device,
         )
+        if self.tp is not None:
+            self.tp.start_workers(num_pages, cc.page_size)
         self.allocator = PageAllocator(num_pages)
         self.cache = RadixCache(cc.page_size, self.allocator, disable=cc.disable_radix_cache)
         self.scheduler = Scheduler(
@@ -592,6 +600,8 @@ class Engine:
             self._inbox.put(("stop", None))
             self._thread.join(timeout=10)
             self._stopped.set()
+            if self.tp is not None:
+                self.tp.shutdown()
 
     def __enter__(self) -> Engine:
         return self

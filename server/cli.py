@@ -48,6 +48,9 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         choices=["critical", "error", "warning", "info", "debug"],
     )
     add_engine_args(parser)
+    from plait.server.data_parallel import add_router_args
+
+    add_router_args(parser)
     parser.set_defaults(func=serve)
     return parser
 
@@ -66,6 +69,19 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
+    if args.dp_size < 1:
+        raise SystemExit(f"plait serve: --dp must be at least 1, got {args.dp_size}")
+    if args.dp_size > 1 or args.replicas:
+        from plait.server.data_parallel import serve_router
+
+        return serve_router(args)
+    from plait.runtime.tensor_parallel import run_worker, torchrun_rank
+
+    if args.tp_size > 1 and torchrun_rank():  # under torchrun, ranks but 0 only run their shard
+        from plait.runtime.config import EngineConfig
+
+        run_worker(torchrun_rank(), None, EngineConfig.from_kwargs(**engine_kwargs(args)))
+        return 0
     log = logging.getLogger("plait.server")
     config = ServerConfig(
         host=args.host, port=args.port, api_key=args.api_key, programs=tuple(args.programs),

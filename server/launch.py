@@ -81,12 +81,15 @@ class ServerThread:
 
 class ServerProcess:
     """`plait serve ARGS` in a subprocess (`python -m plait.server.cli`, the same command);
-    `stop()` terminates it, then kills it if needed."""
+    `stop()` terminates it, then kills it if needed. With `wait=False` it returns at once;
+    `wait_healthy()` then waits (several replicas load their models side by side)."""
 
     def __init__(self, args: Sequence[str] = (), host: str = "127.0.0.1", port: int | None = None,
-                 timeout: float = 300.0, env: dict[str, str] | None = None) -> None:  # fmt: skip
+                 timeout: float = 300.0, env: dict[str, str] | None = None,
+                 wait: bool = True) -> None:  # fmt: skip
         self.host = host
         self.port = port or free_port(host)
+        self.timeout = timeout
         cmd = [
             sys.executable,
             "-m",
@@ -98,8 +101,12 @@ class ServerProcess:
             *args,
         ]
         self.process = subprocess.Popen(cmd, env={**os.environ, **(env or {})})
+        if wait:
+            self.wait_healthy()
+
+    def wait_healthy(self) -> None:
         try:
-            wait_for_health(self.url, timeout, self.process)
+            wait_for_health(self.url, self.timeout, self.process)
         except BaseException:
             self.stop()
             raise

@@ -1,0 +1,1 @@
+"""Deployments of plait on serving platforms: `plait.deploy.ray` (Ray Serve, `plait[ray]`)."""

@@ -1,0 +1,108 @@
+"""`plait serve --dp N`: N `plait serve` replicas on loopback ports behind the router, or
+`plait serve --replica URL ...`: the router alone, in front of servers that already run."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from plait.server.launch import ServerProcess
+from plait.server.routing import POLICIES, RouterConfig
+
+_SERVER_FLAGS = ("api_key", "max_queue", "served_model_name", "log_level")
+
+
+def add_router_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("data parallelism")
+    group.add_argument("--dp", dest="dp_size", type=int, default=1,
+                       help="start N engine replicas on loopback ports behind a cache-aware router")  # fmt: skip
+    group.add_argument("--replica", dest="replicas", action="append", default=[], metavar="URL",
+                       help="route to a running plait server instead (repeatable; no local engine)")  # fmt: skip
+    group.add_argument("--router-policy", dest="router_policy", default="cache_aware",
+                       choices=POLICIES)  # fmt: skip
+    defaults = RouterConfig()
+    for name in ("cache_threshold", "balance_abs_threshold", "balance_rel_threshold",
+                 "max_tree_chars", "health_interval"):  # fmt: skip
+        default = getattr(defaults, name)
+        group.add_argument("--router-" + name.replace("_", "-"), dest="router_" + name,
+                           type=type(default), default=default, metavar=name.upper())  # fmt: skip
+
+
+def router_config(args: argparse.Namespace) -> RouterConfig:
+    values = {f.name: getattr(args, "router_" + f.name) for f in dataclasses.fields(RouterConfig)
+              if hasattr(args, "router_" + f.name)}  # fmt: skip
+    return RouterConfig(**values)
+
+
+def replica_argv(args: argparse.Namespace) -> list[str]:
+    """The `plait serve` flags of one replica: every engine and server flag but host/port/dp."""
+    from plait.cli import engine_kwargs
+
+    argv: list[str] = []
+    for name, value in sorted(engine_kwargs(args).items()):
+        flag = "--model" if name == "model_path" else "--" + name.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is not None and value is not False:
+            argv += [flag, str(value)]
+    for spec in args.programs:
+        argv += ["--programs", spec]
+    for name in _SERVER_FLAGS:
+        value = getattr(args, name, None)
+        if value is not None:
+            argv += ["--" + name.replace("_", "-"), str(value)]
+    return argv
+
+
+def start_replicas(argv: list[str], dp_size: int, timeout: float = 600.0) -> list[ServerProcess]:
+    """Starts `dp_size` servers at once and waits until all are healthy (or stops them all)."""
+    threads = max(1, (os.cpu_count() or 1) // dp_size)
+    env = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": str(threads)}
+    procs: list[ServerProcess] = []
+    try:
+        for _ in range(dp_size):
+            procs.append(ServerProcess(argv, timeout=timeout, env=env, wait=False))
+        for p in procs:
+            p.wait_healthy()
+    except BaseException:
+        for p in procs:
+            p.stop()
+        raise
+    return procs
+
+
+def serve_router(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from plait.server.router_app import create_router_app
+    from plait.server.routing import Router
+
+    log = logging.getLogger("plait.router")
+    config = router_config(args)
+    procs: list[ServerProcess] = []
+    if args.replicas:
+        router = Router.for_urls(args.replicas, config)
+    else:
+        log.info("starting %d replicas", args.dp_size)
+        procs = start_replicas(replica_argv(args), args.dp_size)
+        router = Router.for_urls([p.url for p in procs], config)
+        for replica, proc in zip(router.replicas, procs):
+            replica.process = proc
+    log.info("routing (%s) to %s", config.policy, ", ".join(r.url for r in router.replicas))
+    app: Any = create_router_app(router, api_key=args.api_key)
+    # NOTE: uvicorn re-raises the SIGTERM it caught once it has shut down; turning it into
+    # SystemExit lets the `finally` below stop the replicas instead of orphaning them.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                    timeout_graceful_shutdown=5)  # fmt: skip
+    finally:
+        app.state.router.close()
+        for p in procs:
+            p.stop()
+    return 0

@@ -1,0 +1,151 @@
+"""Which replica serves a request: the data-parallel router's policy, free of HTTP.
+
+`Router.choose(key)` follows the replica whose `PrefixTree` holds the longest prefix of the
+request's text, unless the load is imbalanced (then the least-loaded replica) or the best match
+is too short to matter (then the least-loaded replica, the one holding the least text on ties).
+A session id pins every request of one program run to one replica.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from plait.server.prefix_tree import PrefixTree
+
+POLICIES = ("cache_aware", "round_robin", "least_loaded")
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    policy: str = "cache_aware"
+    cache_threshold: float = 0.5  # follow the cache when it holds this fraction of the prompt
+    balance_abs_threshold: int = 4  # imbalanced when max - min load exceeds this ...
+    balance_rel_threshold: float = 1.5  # ... and max load exceeds this times the min load
+    max_tree_chars: int = 2_000_000  # per replica; least-recently-used text is forgotten past it
+    health_interval: float = 1.0  # seconds between /health probes of each replica
+    max_attempts: int = 3  # replicas one request may try before it fails
+    max_sessions: int = 10_000
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy: expected one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if not 0.0 <= self.cache_threshold <= 1.0:
+            raise ValueError(f"cache_threshold: must be in [0, 1], got {self.cache_threshold}")
+        if self.balance_abs_threshold < 0:
+            raise ValueError(
+                f"balance_abs_threshold: must be non-negative, got {self.balance_abs_threshold}"
+            )
+        if self.balance_rel_threshold < 1.0:
+            raise ValueError(
+                f"balance_rel_threshold: must be at least 1, got {self.balance_rel_threshold}"
+            )
+        for name in ("max_tree_chars", "max_attempts", "max_sessions"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
+        if self.health_interval <= 0:
+            raise ValueError(f"health_interval: must be positive, got {self.health_interval}")
+
+
+@dataclass
+class Replica:
+    url: str
+    tree: PrefixTree
+    healthy: bool = True
+    in_flight: int = 0
+    served: int = 0
+    failures: int = 0
+    last_error: str | None = None
+    process: Any = None  # the `ServerProcess` when the router started this replica
+
+    def describe(self) -> dict[str, Any]:
+        return {"url": self.url, "healthy": self.healthy, "in_flight": self.in_flight,
+                "served": self.served, "failures": self.failures, "last_error": self.last_error,
+                "tree_chars": self.tree.num_chars}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Decision:
+    replica: Replica
+    reason: str  # cache | balance | least_loaded | round_robin | sticky
+    matched_chars: int
+
+
+class NoReplicaError(RuntimeError):
+    """No healthy replica is left to serve the request."""
+
+
+@dataclass
+class Router:
+    config: RouterConfig
+    replicas: list[Replica] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._turn = itertools.count()
+        self._sessions: OrderedDict[str, str] = OrderedDict()
+
+    @classmethod
+    def for_urls(cls, urls: list[str], config: RouterConfig | None = None) -> Router:
+        config = config or RouterConfig()
+        if not urls:
+            raise ValueError("replicas: at least one replica URL is needed")
+        replicas = [Replica(u.rstrip("/"), PrefixTree(config.max_tree_chars)) for u in urls]
+        return cls(config, replicas)
+
+    def healthy(self, exclude: frozenset[str] = frozenset()) -> list[Replica]:
+        return [r for r in self.replicas if r.healthy and r.url not in exclude]
+
+    def choose(
+        self, key: str, session: str | None = None, exclude: frozenset[str] = frozenset()
+    ) -> Decision:
+        """The replica for a request whose prompt text is `key`; records the text in its tree."""
+        candidates = self.healthy(exclude)
+        if not candidates:
+            down = ", ".join(r.url for r in self.replicas if not r.healthy) or "none"
+            raise NoReplicaError(f"no healthy replica left to try (down: {down})")
+        decision = self._sticky(session, candidates) or self._pick(key, candidates)
+        if self.config.policy == "cache_aware":
+            decision.replica.tree.insert(key)
+        if session is not None:
+            self._sessions[session] = decision.replica.url
+            self._sessions.move_to_end(session)
+            while len(self._sessions) > self.config.max_sessions:
+                self._sessions.popitem(last=False)
+        return decision
+
+    def mark_down(self, replica: Replica, error: str) -> None:
+        """A replica that failed is routed around, and what the router knew of its cache goes."""
+        replica.healthy = False
+        replica.failures += 1
+        replica.last_error = error
+        replica.tree.clear()
+
+    def _sticky(self, session: str | None, candidates: list[Replica]) -> Decision | None:
+        url = self._sessions.get(session) if session is not None else None
+        replica = next((r for r in candidates if r.url == url), None)
+        return Decision(replica, "sticky", 0) if replica is not None else None
+
+    def _pick(self, key: str, candidates: list[Replica]) -> Decision:
+        policy = self.config.policy
+        if policy == "round_robin":
+            return Decision(candidates[next(self._turn) % len(candidates)], "round_robin", 0)
+        if policy == "least_loaded" or self._imbalanced(candidates):
+            reason = "least_loaded" if policy == "least_loaded" else "balance"
+            return Decision(_least_loaded(candidates), reason, 0)
+        matches = [(r.tree.match_prefix(key), -r.in_flight, -i) for i, r in enumerate(candidates)]
+        matched, _, neg_index = max(matches)
+        if key and matched / len(key) >= self.config.cache_threshold:
+            return Decision(candidates[-neg_index], "cache", matched)
+        return Decision(_least_loaded(candidates), "least_loaded", matched)
+
+    def _imbalanced(self, candidates: list[Replica]) -> bool:
+        loads = [r.in_flight for r in candidates]
+        high, low = max(loads), min(loads)
+        cfg = self.config
+        return high - low > cfg.balance_abs_threshold and high > cfg.balance_rel_threshold * low
+
+
+def _least_loaded(candidates: list[Replica]) -> Replica:
+    return min(candidates, key=lambda r: (r.in_flight, r.tree.num_chars))
