@@ -102,3 +102,14 @@ def test_plait_serve_tp_and_torchrun(tiny_llama_dir, tiny_engine):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_tp2_with_an_int8_kv_cache(tiny_llama_dir):
+    """Every rank stores its heads' KV as int8, as TP=1 does."""
+    from plait import Engine
+
+    kwargs = {"max_total_tokens": 2048, "page_size": 4, "kv_cache_dtype": "int8"}
+    with Engine(model_path=str(tiny_llama_dir), **kwargs) as single:
+        reference = _run(single)
+    with Engine(model_path=str(tiny_llama_dir), tp_size=2, **kwargs) as parallel:
+        _assert_same(reference, _run(parallel))
