@@ -125,12 +125,18 @@ def _check_float(name: str, value: Any, low: float, high: float, low_open: bool 
 
 @dataclass(frozen=True)
 class FinishReason:
-    """Why a request stopped: `stop` (EOS, stop token or stop string), `length`, or `abort`."""
+    """Why a request stopped: `stop` (EOS, stop token or stop string), `length`, or `abort`.
+
+    An abort the client did not ask for carries the HTTP status it stands for (SGLang's
+    `status_code`): 400 a request the engine refused, 500 its failure, 503 the engine shutting
+    down, 504 its deadline (`timeout`) passing.
+    """
 
     type: str
     matched: int | str | None = None
     length: int | None = None
     message: str | None = None
+    status_code: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type}
@@ -140,6 +146,8 @@ class FinishReason:
             out["length"] = self.length
         else:
             out["message"] = self.message
+            if self.status_code is not None:
+                out["status_code"] = self.status_code
         return out
 
 
