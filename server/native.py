@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,14 +14,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from plait.server import calls
-from plait.server.errors import APIError, bad_request, read_object
+from plait.server.errors import APIError, bad_request, from_abort, read_object
 from plait.server.state import ServerState
 
 router = APIRouter()
+logger = logging.getLogger("plait.server")
 
 _FIELDS = {
     "text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len",
-    "top_logprobs_num", "return_text_in_logprobs", "stream", "rid",
+    "top_logprobs_num", "return_text_in_logprobs", "stream", "rid", "timeout",
 }  # fmt: skip
 # SGLang fields this server does not implement: accepted only when they ask for nothing.
 _INERT = {
@@ -37,10 +39,26 @@ def sse(payload: Any) -> bytes:
     return f"data: {text}\n\n".encode()
 
 
-def event_stream(chunks: AsyncIterator[Any]) -> StreamingResponse:
+def event_stream(chunks: AsyncIterator[bytes]) -> StreamingResponse:
     return StreamingResponse(
-        chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        terminated(chunks), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
     )
+
+
+async def terminated(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Every stream ends with `data: [DONE]`, after an error event if producing it failed."""
+    done = sse("[DONE]")
+    finished = False
+    try:
+        async for chunk in chunks:
+            finished = chunk == done
+            yield chunk
+    except Exception as exc:  # a bug or a failure mid-stream: tell the client, then end
+        logger.exception("stream failed")
+        error = APIError(500, f"internal error: {type(exc).__name__}: {exc}")
+        yield sse({"error": {"message": error.message, "type": error.type, "code": 500}})
+    if not finished:
+        yield done
 
 
 def state_of(request: Request) -> ServerState:
@@ -115,6 +133,10 @@ async def generate(request: Request) -> Response:
         out = await calls.generate(state, request, "generate", **kwargs)
     except calls.ClientGone:
         return Response(status_code=499)
+    for o in out if isinstance(out, list) else [out]:
+        reason = o["meta_info"]["finish_reason"] or {}
+        if reason.get("status_code") is not None:  # a failure, not an abort the client asked for
+            raise from_abort(reason)
     return JSONResponse(out)
 
 

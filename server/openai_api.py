@@ -138,7 +138,8 @@ async def chat_completions(request: Request) -> Response:
     rid = req.rid or f"chatcmpl-{uuid.uuid4().hex}"
     kwargs = {"input_ids": ids, "sampling_params": params, "rid": rid,
               "return_logprob": req.logprobs, "top_logprobs_num": req.top_logprobs or 0,
-              "return_text_in_logprobs": True}  # fmt: skip
+              "return_text_in_logprobs": True, "timeout": req.timeout,
+              "client_id": calls.client_of(request, req.user)}  # fmt: skip
     model = req.model or state.model_name
     if req.stream:
         chunks = await calls.stream(state, request, "chat", **kwargs)
@@ -220,6 +221,8 @@ async def completions(request: Request) -> Response:
         "top_logprobs_num": req.logprobs or 0,
         "return_text_in_logprobs": True,
         "logprob_start_len": 0 if req.echo else -1,
+        "timeout": req.timeout,
+        "client_id": calls.client_of(request, req.user),
     }
     texts = [tok.decode(p, skip_special_tokens=False) for p in prompts] if req.echo else None
     model = req.model or state.model_name
