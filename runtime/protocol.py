@@ -10,6 +10,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 _MAX_NEW_TOKENS_LIMIT = 1 << 20
+_GREEDY_TEMPERATURE = 1e-5
+MAX_SAMPLES = 128  # the largest `n`
 
 
 @dataclass
@@ -90,7 +92,7 @@ class SamplingParams:
         for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected a boolean, got {getattr(self, name)!r}")
-        _check_int("n", self.n, 1, 128)
+        _check_int("n", self.n, 1, MAX_SAMPLES)
         if self.seed is not None:
             _check_int("seed", self.seed, -(1 << 63), (1 << 64) - 1)
         for name in ("regex", "json_schema"):
@@ -100,7 +102,8 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        # NOTE: below 1e-5 (vLLM's threshold) logits / temperature overflows to inf.
+        return self.temperature < _GREEDY_TEMPERATURE or self.top_k == 1
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 
+from plait.runtime.protocol import MAX_SAMPLES
 from plait.server.errors import bad_request, from_value_error, queue_full
 from plait.server.metrics import StreamTimer
 
@@ -108,12 +109,18 @@ def _prepare(state: ServerState, request: Request, kwargs: dict[str, Any]) -> No
 
 
 def _samples(kwargs: dict[str, Any]) -> int:
+    """The largest `n` of the call's sampling params. Checked here, before admission builds an
+    id per sample: a huge `n` must be a 400, not a list of a billion ids."""
     params = kwargs.get("sampling_params") or {}
-    if isinstance(params, list):
-        n = max((p.get("n") or 1 for p in params if isinstance(p, dict)), default=1)
-    else:
-        n = params.get("n") or 1 if isinstance(params, dict) else 1
-    return n if isinstance(n, int) and n >= 1 else 1
+    found = [1]
+    for p in params if isinstance(params, list) else [params]:
+        n = p.get("n") if isinstance(p, dict) else None
+        if n is None:
+            continue
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SAMPLES:
+            raise bad_request(f"n: must be an integer in [1, {MAX_SAMPLES}], got {n!r}", "n")
+        found.append(n)
+    return max(found)
 
 
 async def generate(

@@ -32,6 +32,7 @@ _INERT = {
     "token_ids_logprob", "priority", "no_logs",
 }  # fmt: skip
 _TOLERATED = {"log_metrics", "no_logs", "stream_output"}  # any value is fine
+MAX_PROMPTS = 1024  # per request; each becomes an engine request (times n)
 
 
 def sse(payload: Any) -> bytes:
@@ -88,6 +89,12 @@ def check_generate_body(body: dict[str, Any]) -> None:
     text = body.get("text")
     if isinstance(text, list) and not text:
         raise bad_request("text: the list of prompts is empty")
+    for name in ("text", "input_ids", "sampling_params", "rid"):
+        value = body.get(name)
+        if isinstance(value, list) and len(value) > MAX_PROMPTS and not (
+            name == "input_ids" and value and isinstance(value[0], int)
+        ):
+            raise bad_request(f"{name}: at most {MAX_PROMPTS} prompts per request, got {len(value)}")
     ids = body.get("input_ids")
     if isinstance(ids, list) and not ids and text is None:
         raise bad_request("input_ids: the prompt is empty (no tokens)")

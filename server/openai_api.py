@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from plait.server import calls
 from plait.server import openai_format as fmt
 from plait.server.errors import APIError, bad_request, parse_model, read_object
-from plait.server.native import check_constraint, event_stream, sse, state_of
+from plait.server.native import MAX_PROMPTS, check_constraint, event_stream, sse, state_of
 from plait.server.openai_protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 from plait.server.state import ServerState
 from plait.server.tool_calls import ToolPlan, plan_tools, render_messages
@@ -256,6 +256,8 @@ def _prompts(prompt: Any, tok: Any) -> list[list[int]]:
         raise bad_request("prompt: must not be empty", "prompt")
     if isinstance(prompt[0], int):
         prompt = [prompt]
+    if len(prompt) > MAX_PROMPTS:
+        raise bad_request(f"prompt: at most {MAX_PROMPTS} prompts per request, got {len(prompt)}")
     out = [encode_prompt(tok, p) if isinstance(p, str) else list(p) for p in prompt]
     for i, ids in enumerate(out):
         if not ids:

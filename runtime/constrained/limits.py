@@ -16,6 +16,7 @@ still runs too long is abandoned by the engine after `EngineConfig.grammar_compi
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +61,9 @@ def check_regex(
                 f"{name}: groups nested {depth} deep; the limit is {limits.max_nesting}"
             )
     try:
-        parsed = sre_parse.parse(pattern)
+        with warnings.catch_warnings():  # FutureWarning on `[[`: the compiler's call, not ours
+            warnings.simplefilter("ignore")
+            parsed = sre_parse.parse(pattern)
     except (re.error, RecursionError, OverflowError):
         _check_bounds_text(pattern, name, limits)  # syntax errors are the compiler's to report
         return
