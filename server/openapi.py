@@ -4,6 +4,7 @@ name the offending field in a 400, so FastAPI cannot infer them). Clients and fu
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from fastapi import FastAPI
@@ -79,7 +80,9 @@ def install_openapi(app: FastAPI) -> None:
 
 
 def _build(app: FastAPI) -> dict[str, Any]:
-    schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    with warnings.catch_warnings():  # /flush_cache answers GET and POST with one function
+        warnings.filterwarnings("ignore", message="Duplicate Operation ID")
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     bodies = {
         "/generate": GENERATE,
