@@ -231,9 +231,13 @@ class Engine:
             if self._grammars is None:
                 from plait.runtime.constrained import GrammarCache, create_grammar_backend
 
+                cfg = self.config
+                sandboxed = cfg.grammar_compile_memory_mb > 0
                 backend = create_grammar_backend(
-                    self.config.grammar_backend, self.tokenizer, vocab_size=self.args.vocab_size
-                )
+                    cfg.grammar_backend, self.tokenizer, vocab_size=self.args.vocab_size,
+                    **({"compile_timeout": cfg.grammar_compile_timeout,
+                        "compile_memory_mb": cfg.grammar_compile_memory_mb} if sandboxed else {}),
+                )  # fmt: skip
                 self._grammars = GrammarCache(backend)
             return self._grammars
 

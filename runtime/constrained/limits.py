@@ -60,11 +60,8 @@ def check_regex(
             raise GrammarError(
                 f"{name}: groups nested {depth} deep; the limit is {limits.max_nesting}"
             )
-    try:
-        with warnings.catch_warnings():  # FutureWarning on `[[`: the compiler's call, not ours
-            warnings.simplefilter("ignore")
-            parsed = sre_parse.parse(pattern)
-    except (re.error, RecursionError, OverflowError):
+    parsed = _parse(pattern)
+    if parsed is None:
         _check_bounds_text(pattern, name, limits)  # syntax errors are the compiler's to report
         return
     cost = _Walk(name, limits).cost(parsed)
@@ -73,6 +70,27 @@ def check_regex(
             f"{name}: the automaton would have about {cost} states (repetitions unrolled); "
             f"the limit is {limits.max_cost}: use smaller {{m,n}} bounds or narrower classes"
         )
+
+
+def regex_cost(pattern: str, limits: GrammarLimits = DEFAULT_LIMITS) -> int | None:
+    """The unrolled size `check_regex` bounds; None when Python cannot parse the pattern or it
+    is past a limit (a pattern of unknown cost)."""
+    parsed = _parse(pattern)
+    if parsed is None:
+        return None
+    try:
+        return _Walk("regex", limits).cost(parsed)
+    except GrammarError:
+        return None
+
+
+def _parse(pattern: str) -> Any:
+    try:
+        with warnings.catch_warnings():  # FutureWarning on `[[`: the compiler's call, not ours
+            warnings.simplefilter("ignore")
+            return sre_parse.parse(pattern)
+    except (re.error, RecursionError, OverflowError):
+        return None
 
 
 def check_schema_shape(schema: Any, limits: GrammarLimits = DEFAULT_LIMITS) -> None:

@@ -170,3 +170,15 @@ def test_kv_pool_exhaustion_retracts_and_finishes_everything(tiny_llama_dir):
                                                   "sampling_params": sampling}).json()  # fmt: skip
                 assert alone["output_ids"] == together[i]["output_ids"]
             healthy(srv, c)
+
+
+def test_a_batch_keeps_finished_results_when_one_fails(server, client):
+    with poisoned_forward(server.engine):
+        body = {"text": ["fine prompt", "another fine one"], "sampling_params": GREEDY,
+                "rid": ["ok-a", "poison-4"]}  # fmt: skip
+        r = client.post("/generate", json=body)
+    assert r.status_code == 200
+    ok, bad = r.json()
+    assert ok["meta_info"]["finish_reason"]["type"] == "length" and len(ok["output_ids"]) == 12
+    assert bad["meta_info"]["finish_reason"]["status_code"] == 500
+    healthy(server, client)

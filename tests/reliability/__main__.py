@@ -15,6 +15,8 @@ from tests.reliability import chaos, fuzz, soak
 from tests.reliability.report import Tally, table, write_json
 from tests.reliability.serving import running_server, tiny_model_dir
 
+PROGRAMS = "tests.reliability.programs"
+
 
 @dataclass(frozen=True)
 class Budget:
@@ -25,7 +27,7 @@ class Budget:
     disconnects: int = 300
     aborts: int = 40
     fault_rounds: int = 10
-    fuzz_examples: int = 40  # per operation and mode (valid / invalid bodies)
+    fuzz_examples: int = 25  # per operation and mode (valid / invalid bodies)
     constraint_examples: int = 150
     constraint_seconds: float = 90.0
     exhaustion_requests: int = 12
@@ -45,8 +47,10 @@ def run(budget: Budget, model: Any, only: set[str], log: Any = print) -> list[Ta
         log(f"  {t.name}: {'ok' if t.ok else 'FAILED'} in {t.seconds:.0f} s {t.extra or ''}")
 
     if only & {"chaos", "fuzz"}:
-        engine_args = {"max_running_requests": 16, "context_length": 256}
-        with running_server(model, engine_args, request_timeout=budget.fuzz_timeout) as server:
+        engine_args = {"max_running_requests": 16, "context_length": 256,
+                       "grammar_compile_timeout": 10.0, "grammar_compile_memory_mb": 2048}
+        with running_server(model, engine_args, request_timeout=budget.fuzz_timeout,
+                            programs=(PROGRAMS,)) as server:  # fmt: skip
             if "chaos" in only:
                 done(chaos.disconnects(server, budget.disconnects))
                 done(chaos.aborts(server, budget.aborts))

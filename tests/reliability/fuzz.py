@@ -62,8 +62,9 @@ def _call(case: Any, url: str, tally: Tally, requests: Any) -> None:
     took = time.perf_counter() - began
     tally.extra["slowest_case_s"] = max(tally.extra.get("slowest_case_s", 0.0), took)
     status = response.status_code
-    count_status(tally, status)
-    if status >= 500 and status not in (503, 504):
+    program_failed = status == 500 and '"program_error"' in response.text  # `fail` raises
+    count_status(tally, status, expected_failure=program_failed)
+    if status >= 500 and status not in (503, 504) and not program_failed:
         tally.note(f"{case.method} {case.path} {_shown(case.body)} -> {status} {response.text[:200]}")
     if status == 200 and "text/event-stream" in response.headers.get("content-type", ""):
         lines = [x for x in response.text.splitlines() if x.startswith("data:")]

@@ -16,6 +16,7 @@ from tests.reliability.report import Tally, check_leaks, count_status, rss_mb
 
 SHORT = {"max_new_tokens": 16, "ignore_eos": True}
 LONG_PROMPT = "the flood of long prompts " * 40  # ~200 tokens
+MAX_RSS_GROWTH_MB = 200  # "flat": the pool is preallocated; caches are bounded
 
 
 def measure_capacity(server: Any, seconds: float, concurrency: int) -> float:
@@ -118,6 +119,9 @@ def soak(server: Any, seconds: float, rate: float, timeout: float, seed: int = 0
     tally.seconds = time.perf_counter() - start
     check_leaks(tally, server)
     after = rss_mb()
+    if after - before > MAX_RSS_GROWTH_MB:
+        tally.leaks += 1
+        tally.note(f"resident memory grew {after - before:.0f} MB during the soak")
     tally.extra.update({
         "offered_rate": round(rate, 2),
         "ttft_p50_short_s": _percentile(ttft["short"], 0.5),

@@ -83,3 +83,30 @@ def _with(config, **changes):
     import dataclasses
 
     return dataclasses.replace(config, **changes)
+
+
+@pytest.fixture(scope="module")
+def sandboxed(smollm_tokenizer):
+    from plait.runtime.constrained import create_grammar_backend
+
+    backend = create_grammar_backend("outlines", smollm_tokenizer, compile_timeout=1.5,
+                                     compile_memory_mb=900)  # fmt: skip
+    yield backend
+    backend.close()
+
+
+def test_sandbox_stops_what_the_static_limits_miss(sandboxed):
+    from plait.runtime.constrained import GrammarKey
+
+    assert sandboxed.sandbox is not None
+    ok = sandboxed.compile(GrammarKey("regex", "[0-9]{3}"))
+    assert ok.new_grammar() is not None
+    start = time.perf_counter()
+    with pytest.raises(GrammarError, match="regex: compiling the constraint took longer than 1.5 s"):
+        sandboxed.compile(GrammarKey("regex", "[ab]*a[ab]{16}"))
+    assert time.perf_counter() - start < 5
+    with pytest.raises(GrammarError, match="regex: .*(MB|longer)"):
+        sandboxed.compile(GrammarKey("regex", ".{0,400}"))
+    with pytest.raises(GrammarError, match="invalid pattern"):
+        sandboxed.compile(GrammarKey("regex", "(unclosed"))
+    assert sandboxed.compile(GrammarKey("regex", "yes|no")).new_grammar() is not None  # restarted
