@@ -140,10 +140,11 @@ async def generate(request: Request) -> Response:
         out = await calls.generate(state, request, "generate", **kwargs)
     except calls.ClientGone:
         return Response(status_code=499)
-    for o in out if isinstance(out, list) else [out]:
-        reason = o["meta_info"]["finish_reason"] or {}
-        if reason.get("status_code") is not None:  # a failure, not an abort the client asked for
-            raise from_abort(reason)
+    # NOTE: a list keeps each result, failed ones with their abort reason (SGLang's shape), so
+    # one prompt's failure never loses its siblings' finished outputs; a lone failure is an error.
+    reason = {} if isinstance(out, list) else out["meta_info"]["finish_reason"] or {}
+    if reason.get("status_code") is not None:  # a failure, not an abort the client asked for
+        raise from_abort(reason)
     return JSONResponse(out)
 
 

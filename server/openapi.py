@@ -97,6 +97,12 @@ def _build(app: FastAPI) -> dict[str, Any]:
             operation["requestBody"] = {
                 "required": True, "content": {"application/json": {"schema": body}},
             }  # fmt: skip
+    run = schema.get("paths", {}).get("/programs/{name}", {}).get("post")
+    names = sorted(app.state.plait.programs)
+    if run is not None and names:  # only registered programs run: say which
+        for param in run.get("parameters", []):
+            if param.get("name") == "name":
+                param["schema"] = {**param.get("schema", {}), "enum": names}
     return schema
 
 
