@@ -19,6 +19,7 @@ and every allowed token starts with `b`.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -152,7 +153,9 @@ def _compile_error(key: GrammarKey, regex: str, error: BaseException) -> Grammar
     if key.kind == "json_schema":
         return GrammarError(f"json_schema: its regex does not compile: {_first_line(error)}")
     try:
-        re.compile(regex)
+        with warnings.catch_warnings():  # FutureWarning on `[[`: only the error matters here
+            warnings.simplefilter("ignore")
+            re.compile(regex)
     except re.error as e:
         return InvalidRegexError(f"regex: invalid pattern {shown!r}: {e}")
     message = _first_line(error)
