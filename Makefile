@@ -6,7 +6,7 @@ STAMP := $(VENV)/.plait-setup
 # CPU machines get the CPU build of torch; a machine with an NVIDIA GPU keeps pip's default (CUDA) build.
 TORCH_CONSTRAINT := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints-cpu.txt)
 
-.PHONY: setup demo test test-fast lint bench bench-deps clean
+.PHONY: setup demo test test-fast lint bench bench-deps clean reliability soak
 
 setup: $(STAMP)
 
@@ -43,3 +43,13 @@ bench-deps: setup
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# Soak (4x the measured capacity), chaos and fuzz runs against a real server on a tiny model;
+# prints the table, writes bench-results/reliability.json (~12 minutes). `make soak` runs the soak
+# alone for SOAK_SECONDS. The CI-sized versions run in `make test`. See docs/reliability.md.
+SOAK_SECONDS ?= 900
+reliability: setup
+	$(BIN)/python -m tests.reliability
+
+soak: setup
+	$(BIN)/python -m tests.reliability --only soak --soak-seconds $(SOAK_SECONDS)

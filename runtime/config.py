@@ -90,6 +90,8 @@ class EngineConfig:
     random_seed: int = 0
     check_invariants: bool = False  # verify page accounting and the tree after every step (tests)
     grammar_backend: str = "auto"  # constrained decoding: "auto" or a registered backend name
+    grammar_compile_timeout: float = 30.0  # seconds a request waits for its constraint (then 400)
+    grammar_compile_memory_mb: int = 4096  # a child process builds indexes under this; 0: in process
     disable_jump_forward: bool = False
     json_whitespace_pattern: str | None = ""  # between JSON tokens: "" compact, None the default
     speculative_algorithm: str | None = None  # None, "ngram", "self" or "draft_model"
@@ -109,6 +111,14 @@ class EngineConfig:
             raise ValueError(f"num_draft_tokens: must be in [1, 32], got {self.num_draft_tokens}")
         if self.speculative_algorithm == "draft_model" and not self.draft_model_path:
             raise ValueError("draft_model_path: required with speculative_algorithm='draft_model'")
+        if self.grammar_compile_memory_mb < 0:
+            raise ValueError(
+                f"grammar_compile_memory_mb: must be >= 0, got {self.grammar_compile_memory_mb}"
+            )
+        if not self.grammar_compile_timeout > 0:
+            raise ValueError(
+                f"grammar_compile_timeout: must be positive, got {self.grammar_compile_timeout}"
+            )
         if self.draft_layers is not None and self.draft_layers < 1:
             raise ValueError(f"draft_layers: must be positive, got {self.draft_layers}")
         if not isinstance(self.tp_size, int) or self.tp_size < 1:
@@ -123,7 +133,9 @@ class EngineConfig:
         """Route flat keyword arguments (`page_size=16`, `dtype="float32"`) to their sub-config."""
         groups: dict[str, dict[str, Any]] = {"model": {}, "cache": {}, "scheduler": {}}
         own = {
-            "random_seed", "check_invariants", "grammar_backend", "disable_jump_forward",
+            "random_seed", "check_invariants", "grammar_backend", "grammar_compile_timeout",
+            "grammar_compile_memory_mb",
+            "disable_jump_forward",
             "json_whitespace_pattern", "speculative_algorithm", "num_draft_tokens",
             "draft_model_path", "draft_layers", "tp_size",
         }

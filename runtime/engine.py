@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import logging
 import queue
@@ -18,6 +19,7 @@ import torch
 
 from plait.kernels.kv_cache import KV_CACHE_DTYPES
 from plait.radix_cache import PageAllocator, RadixCache
+from plait.runtime import lifecycle
 from plait.runtime.config import EngineConfig
 from plait.runtime.governor import ThreadGovernor
 from plait.runtime.kv_pool import KVPool
@@ -138,10 +140,13 @@ class Engine:
         sampling_params: dict | list[dict] | None,
         logprob: LogprobOptions,
         rid: str | list[str] | None,
+        timeout: float | None = None,
+        client_id: str | None = None,
     ) -> tuple[list[Request], bool]:
         if (text is None) == (input_ids is None):
             raise ValueError("text, input_ids: pass exactly one of them")
         logprob.validate()
+        timeout = lifecycle.check_timeout(timeout)
         if text is not None:
             batched = isinstance(text, list)
             texts = text if batched else [text]
@@ -186,7 +191,10 @@ class Engine:
                 req_rid = r or uuid.uuid4().hex
                 if sp.n > 1:
                     req_rid = f"{req_rid}-{i}"
-                req = Request(rid=req_rid, prompt_ids=list(prompt), params=sp, logprob=logprob)
+                req = Request(rid=req_rid, prompt_ids=list(prompt), params=sp, logprob=logprob,
+                              client_id=client_id or "")  # fmt: skip
+                if timeout is not None:
+                    req.deadline = req.arrival_time + timeout
                 if sp.seed is not None:
                     req.generator = torch.Generator(device=self.device).manual_seed(sp.seed + i)
                 if not self.scheduler.fits_pool(req):
@@ -245,9 +253,13 @@ class Engine:
             if self._grammars is None:
                 from plait.runtime.constrained import GrammarCache, create_grammar_backend
 
+                cfg = self.config
+                sandboxed = cfg.grammar_compile_memory_mb > 0
                 backend = create_grammar_backend(
-                    self.config.grammar_backend, self.tokenizer, vocab_size=self.args.vocab_size
-                )
+                    cfg.grammar_backend, self.tokenizer, vocab_size=self.args.vocab_size,
+                    **({"compile_timeout": cfg.grammar_compile_timeout,
+                        "compile_memory_mb": cfg.grammar_compile_memory_mb} if sandboxed else {}),
+                )  # fmt: skip
                 self._grammars = GrammarCache(backend)
             return self._grammars
 
@@ -268,13 +280,26 @@ class Engine:
         return pending
 
     def _attach_grammars(self, reqs: list[Request]) -> None:
-        """Blocks the caller (never the engine loop) until the grammars compiled; raises their errors."""
+        """Blocks the caller (never the engine loop) until the grammars compiled; raises their
+        errors, and a `GrammarError` for one that takes longer than `grammar_compile_timeout`."""
+        limit = self.config.grammar_compile_timeout
         for req, future in self._grammar_futures(reqs):
-            req.grammar = future.result().new_grammar()
+            try:
+                compiled = future.result(timeout=limit)
+            except concurrent.futures.TimeoutError:
+                raise _compile_timeout(req, limit) from None
+            req.grammar = compiled.new_grammar()
 
     async def _attach_grammars_async(self, reqs: list[Request]) -> None:
+        limit = self.config.grammar_compile_timeout
         for req, future in self._grammar_futures(reqs):
-            req.grammar = (await asyncio.wrap_future(future)).new_grammar()
+            # NOTE: shielded: the compilation is shared with other requests of the same pattern.
+            waiter = asyncio.shield(asyncio.wrap_future(future))
+            try:
+                compiled = await asyncio.wait_for(waiter, timeout=limit)
+            except asyncio.TimeoutError:
+                raise _compile_timeout(req, limit) from None
+            req.grammar = compiled.new_grammar()
 
     def _submit(self, reqs: list[Request]) -> None:
         if self._stopped.is_set():
@@ -296,10 +321,18 @@ class Engine:
         return_text_in_logprobs: bool = False,
         stream: bool = False,
         rid: str | list[str] | None = None,
+        timeout: float | None = None,
+        client_id: str | None = None,
     ) -> dict | list[dict] | Iterator[dict]:
-        """Generates for one prompt (a dict back) or a list (a list back); `stream` yields chunks."""
+        """Generates for one prompt (a dict back) or a list (a list back); `stream` yields chunks.
+
+        `timeout`: seconds from now after which the engine aborts the request (its result is an
+        abort with `status_code` 504). `client_id`: whom it is for; the scheduler admits the
+        waiting requests of different clients round-robin."""
         opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num, return_text_in_logprobs)
-        reqs, batched = self._make_requests(text, input_ids, sampling_params, opts, rid)
+        reqs, batched = self._make_requests(
+            text, input_ids, sampling_params, opts, rid, timeout, client_id
+        )
         self._attach_grammars(reqs)
         if stream:
             return self._stream(reqs, batched)
@@ -353,7 +386,7 @@ class Engine:
         if len(args) == 2:
             kwargs["sampling_params"] = args[1]
         make_args = (text, kwargs.pop("input_ids", None), kwargs.pop("sampling_params", None), opts,
-                     kwargs.pop("rid", None))  # fmt: skip
+                     kwargs.pop("rid", None), kwargs.pop("timeout", None), kwargs.pop("client_id", None))  # fmt: skip
         if kwargs:
             raise TypeError(f"async_generate: unknown argument(s) {', '.join(kwargs)}")
         if _text_chars(text) >= GIL_FREE_CHARS:  # long prompts tokenize off the event loop
@@ -415,14 +448,21 @@ class Engine:
                 kind, item = self._inbox.get(block=block, timeout=0.5 if block else None)
             except queue.Empty:
                 kind = None
-            while kind is not None:
-                self._handle(kind, item)
-                try:
-                    kind, item = self._inbox.get_nowait()
-                except queue.Empty:
-                    kind = None
-            if self.scheduler.has_work():
-                self.step()
+            # NOTE: nothing may escape this loop: a dead engine thread would leave every caller
+            # waiting forever. A failed step fails the requests it held, then the loop goes on.
+            try:
+                while kind is not None:
+                    self._handle(kind, item)
+                    try:
+                        kind, item = self._inbox.get_nowait()
+                    except queue.Empty:
+                        kind = None
+                lifecycle.expire(self)
+                if self.scheduler.has_work():
+                    self.step()
+            except Exception as exc:
+                lifecycle.recover(self, exc)
+        lifecycle.drain(self, self._inbox)
 
     def _handle(self, kind: str, item: Any) -> None:
         if kind == "add":
@@ -433,7 +473,10 @@ class Engine:
                 self.processor.start(req)
                 self.scheduler.add(req)
             except Exception as exc:
-                self.processor.finish(req, FinishReason("abort", message=str(exc)))
+                status = 400 if isinstance(exc, ValueError) else 500
+                self.processor.finish(
+                    req, FinishReason("abort", message=str(exc), status_code=status)
+                )
                 self._deliver(req)
         elif kind == "abort":
             req = self.scheduler.abort(item)
@@ -465,7 +508,11 @@ class Engine:
             results = self.runner.forward(batch)
         except Exception as exc:  # a failing batch must not take the engine down
             logger.error("forward pass failed: %s", traceback.format_exc())
-            self._fail(batch, f"internal error: {type(exc).__name__}: {exc}")
+            reqs = [e.req for e in batch.extends] + batch.decodes
+            if len({id(r) for r in reqs}) > 1:
+                self.scheduler.quarantine(reqs)  # retried one by one: only the culprit fails
+            else:
+                self._fail(batch, f"internal error: {type(exc).__name__}: {exc}")
             return
         if threads:
             self.thread_governor.record(batch.num_tokens, threads, time.perf_counter() - forward_started)
@@ -529,7 +576,9 @@ class Engine:
         for req in [e.req for e in batch.extends] + batch.decodes:
             self.scheduler.abort(req.rid, keep=False)  # its KV may be half written
             if not req.finished:
-                self.processor.finish(req, FinishReason("abort", message=message))
+                self.processor.finish(
+                    req, FinishReason("abort", message=message, status_code=500)
+                )
                 self._deliver(req)
 
     def _deliver(self, req: Request) -> None:
@@ -556,7 +605,7 @@ class Engine:
             "kv_pages_in_use": total - free - cached,
             "page_size": self.page_size,
             "num_running": len(sched.running) + len(sched.prefilling),
-            "num_waiting": len(sched.waiting),
+            "num_waiting": len(sched.all_requests()) - len(sched.running) - len(sched.prefilling),
             "cache_hit_rate": sched.cached_prompt_tokens / sched.prompt_tokens if sched.prompt_tokens else 0.0,
             "num_retracted": sched.num_retracted,
             "total_computed_tokens": sched.computed_tokens,
@@ -602,12 +651,23 @@ class Engine:
             self._stopped.set()
             if self.tp is not None:
                 self.tp.shutdown()
+        if not self._thread.is_alive():  # what raced in after the loop's own drain
+            lifecycle.drain(self, self._inbox)
 
     def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _compile_timeout(req: Request, limit: float) -> ValueError:
+    from plait.runtime.constrained import GrammarError
+
+    name = "regex" if req.params.regex is not None else "json_schema"
+    return GrammarError(
+        f"{name}: compiling the constraint took longer than {limit:g} s; simplify it"
+    )
 
 
 def off_main_thread(fn: Callable[..., Any], *args: Any) -> Any:

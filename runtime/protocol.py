@@ -10,6 +10,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 _MAX_NEW_TOKENS_LIMIT = 1 << 20
+_GREEDY_TEMPERATURE = 1e-5
+MAX_SAMPLES = 128  # the largest `n`
 
 
 @dataclass
@@ -90,7 +92,7 @@ class SamplingParams:
         for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected a boolean, got {getattr(self, name)!r}")
-        _check_int("n", self.n, 1, 128)
+        _check_int("n", self.n, 1, MAX_SAMPLES)
         if self.seed is not None:
             _check_int("seed", self.seed, -(1 << 63), (1 << 64) - 1)
         for name in ("regex", "json_schema"):
@@ -100,7 +102,8 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        # NOTE: below 1e-5 (vLLM's threshold) logits / temperature overflows to inf.
+        return self.temperature < _GREEDY_TEMPERATURE or self.top_k == 1
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -125,12 +128,18 @@ def _check_float(name: str, value: Any, low: float, high: float, low_open: bool 
 
 @dataclass(frozen=True)
 class FinishReason:
-    """Why a request stopped: `stop` (EOS, stop token or stop string), `length`, or `abort`."""
+    """Why a request stopped: `stop` (EOS, stop token or stop string), `length`, or `abort`.
+
+    An abort the client did not ask for carries the HTTP status it stands for (SGLang's
+    `status_code`): 400 a request the engine refused, 500 its failure, 503 the engine shutting
+    down, 504 its deadline (`timeout`) passing.
+    """
 
     type: str
     matched: int | str | None = None
     length: int | None = None
     message: str | None = None
+    status_code: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type}
@@ -140,6 +149,8 @@ class FinishReason:
             out["length"] = self.length
         else:
             out["message"] = self.message
+            if self.status_code is not None:
+                out["status_code"] = self.status_code
         return out
 
 

@@ -54,6 +54,8 @@ class Request:
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     # Bookkeeping
     arrival_time: float = field(default_factory=time.perf_counter)
+    deadline: float | None = None  # perf_counter time after which the engine aborts it (504)
+    client_id: str = ""  # whose request it is: the scheduler admits clients fairly
     first_token_time: float | None = None
     finish_time: float | None = None
     grammar: Any = None  # constrained decoding state (runtime.constrained.Grammar)

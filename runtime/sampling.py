@@ -64,6 +64,10 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     min_p = torch.tensor([p.min_p for p in params], device=logits.device)
     probs = torch.softmax(logits[idx] / temperature[:, None], dim=-1)
     probs = filter_probs(probs, top_k, top_p, min_p)
+    # NOTE: extreme but valid settings (a repetition penalty near 0, every token banned) can
+    # leave a row with no finite distribution; such a row takes the argmax instead of failing.
+    usable = (torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)).tolist()
     for j, i in enumerate(sampled):
-        out[i] = torch.multinomial(probs[j], 1, generator=rows[i].generator)[0]
+        if usable[j]:
+            out[i] = torch.multinomial(probs[j], 1, generator=rows[i].generator)[0]
     return out

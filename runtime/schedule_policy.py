@@ -4,6 +4,9 @@
 - `lpm`: longest cached prefix first, so requests that share a prefix run while it is cached.
 - `dfs-weight`: walks the radix tree depth first, heaviest subtree (most waiting requests) first,
   so requests under the same branch are admitted together.
+
+Whatever the policy, `fair_order` then interleaves clients (`Request.client_id`), so one client's
+flood cannot starve another's requests.
 """
 
 from __future__ import annotations
@@ -30,6 +33,25 @@ def order_waiting(policy: str, waiting: Sequence[Request], cache: RadixCache) ->
     else:
         rest = _dfs_weight(rest, {id(r): matches[id(r)][1] for r in rest})
     return first + rest
+
+
+def fair_order(ordered: list[Request], active: Sequence[Request]) -> list[Request]:
+    """Round-robin between clients, those with the fewest active requests first; the policy's
+    order is kept within a client and among ties. Retracted requests stay in front."""
+    clients = {r.client_id for r in ordered}
+    if len(clients) <= 1:
+        return ordered
+    load: dict[str, int] = defaultdict(int)
+    for r in active:
+        load[r.client_id] += 1
+    first = [r for r in ordered if r.output_ids]
+    rest = [r for r in ordered if not r.output_ids]
+    rank: dict[str, int] = defaultdict(int)
+    keys = {}
+    for r in rest:
+        keys[id(r)] = load[r.client_id] + rank[r.client_id]
+        rank[r.client_id] += 1
+    return first + sorted(rest, key=lambda r: keys[id(r)])
 
 
 def _peek(cache: RadixCache, req: Request) -> tuple[int, TreeNode]:

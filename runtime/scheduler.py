@@ -6,6 +6,10 @@ every running request. Admission is optimistic: it counts free plus evictable pa
 only a shrinking estimate (`new_token_ratio`) of running requests' future tokens. When decode
 still runs short, unlocked cache is evicted, then the most recently admitted requests are
 retracted (their computed pages go to the cache, they requeue first and resume later).
+
+Requests of a batch whose forward pass raised are quarantined: each then runs alone (its own
+batch, nothing else decoding) until its prompt and output so far are recomputed, so a failure
+that follows one request fails only that request.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from plait.runtime.config import SchedulerConfig
 from plait.runtime.kv_cache_manager import KVCacheManager
 from plait.runtime.model_runner import ExtendEntry, ScheduleBatch
 from plait.runtime.request import Request, RequestStatus
-from plait.runtime.schedule_policy import order_waiting
+from plait.runtime.schedule_policy import fair_order, order_waiting
 
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO = 0.1
@@ -44,6 +48,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []  # admitted, prompt not fully computed yet
         self.running: list[Request] = []  # decoding
+        self.suspects: deque[Request] = deque()  # quarantined after a failed batch; run alone
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.num_retracted = 0
         self.prompt_tokens = 0
@@ -89,10 +94,12 @@ class Scheduler:
     # one step --------------------------------------------------------------------------------
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.prefilling or self.running)
+        return bool(self.waiting or self.prefilling or self.running or self.suspects)
 
     def schedule(self) -> ScheduleBatch:
         batch = ScheduleBatch()
+        if self.suspects:
+            return self._schedule_suspect(batch)
         self._prepare_decodes(batch)
         budget = self.config.max_prefill_tokens
         for req in self.prefilling:
@@ -104,7 +111,8 @@ class Scheduler:
         reserved = sum(self._future_pages(r) for r in self.running + self.prefilling)
         num_active = len(self.prefilling) + len(self.running)
         admitted: list[Request] = []
-        for req in order_waiting(self.config.schedule_policy, self.waiting, self.kv.cache):
+        ordered = order_waiting(self.config.schedule_policy, self.waiting, self.kv.cache)
+        for req in fair_order(ordered, self.running + self.prefilling):
             if budget <= 0 or num_active >= self.config.max_running_requests:
                 break
             if self._shares_uncached_prefix(req, admitted):
@@ -122,6 +130,33 @@ class Scheduler:
         chosen = {id(r) for r in admitted}
         self.waiting = deque(r for r in self.waiting if id(r) not in chosen)
         return batch
+
+    def _schedule_suspect(self, batch: ScheduleBatch) -> ScheduleBatch:
+        """The first quarantined request alone; it leaves quarantine when its tokens are computed,
+        or at once when it cannot get pages (then it runs with the others)."""
+        req = self.suspects[0]
+        if req.status is RequestStatus.WAITING:
+            if not self._try_admit(req, reserved=0):
+                self.suspects.popleft()
+                self.waiting.appendleft(req)
+                return batch
+            self.prefilling.append(req)
+        if self._add_extend(batch, req, self.config.max_prefill_tokens) == 0:
+            self.suspects.popleft()
+        return batch
+
+    def quarantine(self, reqs: list[Request]) -> None:
+        """Takes the requests of a failed batch out of the queues, dropping KV the failed pass may
+        have half written, and queues them to run one at a time."""
+        for req in reqs:
+            for queue in (self.waiting, self.prefilling, self.running):
+                _remove(queue, req)
+            if any(r is req for r in self.suspects):
+                continue
+            self.kv.release(req, keep=False)
+            req.spec.draft_valid = 0
+            req.status = RequestStatus.WAITING
+            self.suspects.append(req)
 
     def _shares_uncached_prefix(self, req: Request, admitted: list[Request]) -> bool:
         if self.kv.cache.disable or not admitted:
@@ -189,6 +224,8 @@ class Scheduler:
         still: list[Request] = []
         for e in batch.extends:
             req = e.req
+            if self.suspects and req is self.suspects[0] and (e.is_last_chunk or req.finished):
+                self.suspects.popleft()  # it ran alone without failing: back with the others
             if req.finished or e.draft_ids or req not in self.prefilling:
                 continue
             self.kv.cache_prefix(req)  # later requests share the prompt while this one decodes
@@ -234,19 +271,27 @@ class Scheduler:
     # leaving ---------------------------------------------------------------------------------
 
     def abort(self, rid: str, keep: bool = True) -> Request | None:
-        for queue in (self.waiting, self.prefilling, self.running):
-            for req in queue:
-                if req.rid == rid:
-                    queue.remove(req)
-                    self.kv.release(req, keep=keep)
-                    return req
-        return None
+        queues = (self.waiting, self.prefilling, self.running, self.suspects)
+        found = next((r for q in queues for r in q if r.rid == rid), None)
+        if found is not None:
+            for queue in queues:
+                _remove(queue, found)
+            self.kv.release(found, keep=keep)
+        return found
 
     def all_requests(self) -> list[Request]:
-        return [*self.waiting, *self.prefilling, *self.running]
+        seen = [*self.waiting, *self.prefilling, *self.running]
+        return seen + [r for r in self.suspects if r.status is RequestStatus.WAITING]
 
     def check(self) -> None:
         self.kv.check(self.prefilling + self.running)
+
+
+def _remove(queue: list[Request] | deque[Request], req: Request) -> None:
+    for i, other in enumerate(queue):
+        if other is req:
+            del queue[i]
+            return
 
 
 def _common_prefix_len(a: list[int], b: list[int]) -> int:

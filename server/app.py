@@ -10,7 +10,9 @@ from fastapi.responses import Response
 from plait.server import native, openai_api, programs
 from plait.server.auth import APIKeyMiddleware
 from plait.server.errors import install_error_handlers
+from plait.server.limits import LimitsMiddleware
 from plait.server.metrics import CONTENT_TYPE
+from plait.server.openapi import install_openapi
 from plait.server.state import ServerConfig, ServerState
 
 if TYPE_CHECKING:
@@ -30,6 +32,7 @@ def create_app(
     app = FastAPI(title="plait", version=_version(), docs_url=None, redoc_url=None)
     app.state.plait = ServerState(engine, config, dict(program_registry))
     install_error_handlers(app)
+    install_openapi(app)
     app.include_router(native.router)
     app.include_router(openai_api.router)
     app.include_router(programs.router)
@@ -40,6 +43,7 @@ def create_app(
 
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    app.add_middleware(LimitsMiddleware, max_body_bytes=config.max_body_bytes)  # runs first
     return app
 
 

@@ -1,5 +1,6 @@
-"""Engine calls on behalf of HTTP requests: admission (503 when full), request ids, aborting when
-the client goes away, and feeding the metrics.
+"""Engine calls on behalf of HTTP requests: admission (503 when full), request ids, deadlines
+(the server's default `timeout`), whose request it is (for fair scheduling), aborting when the
+client goes away, and feeding the metrics.
 
 A route builds the `async_generate` keyword arguments; `generate` returns the native result(s),
 `stream` yields the engine's cumulative chunks. Both abort every engine request they started if
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 
+from plait.runtime.protocol import MAX_SAMPLES
 from plait.server.errors import bad_request, from_value_error, queue_full
 from plait.server.metrics import StreamTimer
 
@@ -86,19 +88,46 @@ async def wait_disconnect(request: Request) -> None:
             return
 
 
+CLIENT_HEADER = "x-client-id"
+_MAX_CLIENT_ID = 128
+
+
+def client_of(request: Request, user: str | None = None) -> str:
+    """Whom a request is for: the `X-Client-Id` header, else the body's `user` (OpenAI), else
+    the peer address."""
+    given = request.headers.get(CLIENT_HEADER) or user
+    if given:
+        return "id:" + given[:_MAX_CLIENT_ID]
+    return "addr:" + (request.client.host if request.client else "unknown")
+
+
+def _prepare(state: ServerState, request: Request, kwargs: dict[str, Any]) -> None:
+    if kwargs.get("timeout") is None:
+        kwargs["timeout"] = state.config.request_timeout
+    if kwargs.get("client_id") is None:
+        kwargs["client_id"] = client_of(request)
+
+
 def _samples(kwargs: dict[str, Any]) -> int:
+    """The largest `n` of the call's sampling params. Checked here, before admission builds an
+    id per sample: a huge `n` must be a 400, not a list of a billion ids."""
     params = kwargs.get("sampling_params") or {}
-    if isinstance(params, list):
-        n = max((p.get("n") or 1 for p in params if isinstance(p, dict)), default=1)
-    else:
-        n = params.get("n") or 1 if isinstance(params, dict) else 1
-    return n if isinstance(n, int) and n >= 1 else 1
+    found = [1]
+    for p in params if isinstance(params, list) else [params]:
+        n = p.get("n") if isinstance(p, dict) else None
+        if n is None:
+            continue
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SAMPLES:
+            raise bad_request(f"n: must be an integer in [1, {MAX_SAMPLES}], got {n!r}", "n")
+        found.append(n)
+    return max(found)
 
 
 async def generate(
     state: ServerState, request: Request, endpoint: str, **kwargs: Any
 ) -> dict | list[dict]:
     """The native result(s); ValueError -> 400; a disconnect aborts and raises `ClientGone`."""
+    _prepare(state, request, kwargs)
     with state.admission.admit(kwargs["rid"], _samples(kwargs)):
         task = asyncio.ensure_future(state.engine.async_generate(**kwargs))
         watcher = asyncio.ensure_future(wait_disconnect(request))
@@ -125,6 +154,7 @@ async def stream(
 ) -> AsyncIterator[dict]:
     """Starts the call (raising a 400 or 503 before the first chunk) and returns its chunks."""
     start = time.perf_counter()
+    _prepare(state, request, kwargs)
     admitted = state.admission.admit(kwargs["rid"], _samples(kwargs))
     rids = admitted.__enter__()
     try:

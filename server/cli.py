@@ -36,6 +36,20 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         help="requests that may wait beyond the running batch; more get 503",
     )
     parser.add_argument(
+        "--request-timeout",
+        dest="request_timeout",
+        type=float,
+        default=None,
+        help="seconds a request may take unless it sets its own `timeout`; then a 504",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        dest="max_body_bytes",
+        type=int,
+        default=16 << 20,
+        help="larger request bodies get a 413 (default 16 MiB)",
+    )
+    parser.add_argument(
         "--served-model-name",
         dest="served_model_name",
         default=None,
@@ -86,6 +100,7 @@ def serve(args: argparse.Namespace) -> int:
     config = ServerConfig(
         host=args.host, port=args.port, api_key=args.api_key, programs=tuple(args.programs),
         served_model_name=args.served_model_name, max_queue=args.max_queue, log_level=args.log_level,
+        request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes,
     )  # fmt: skip
     registry = load_programs(config.programs) if config.programs else {}  # fail before loading
     start = time.perf_counter()

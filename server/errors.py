@@ -1,7 +1,8 @@
 """Error responses: `{"error": {"message", "type", "param", "code"}}` with the right status.
 
-Every failure a client can cause is a 400 that names the offending field; a full queue is a 503
-with `Retry-After`; anything else is a 500 that never leaks a traceback.
+Every failure a client can cause is a 400 that names the offending field (413 / 431 for bodies and
+headers past the limits); a full queue is a 503 with `Retry-After`; a request past its deadline a
+504; anything else is a 500 that never leaks a traceback.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ logger = logging.getLogger("plait.server")
 _PARAM = re.compile(r"^([A-Za-z_][\w.\[\]]*)(?:, [A-Za-z_][\w.\[\]]*)*:")
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "dict", "list", "literal"})
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 503: "overloaded_error"}  # fmt: skip
+          405: "invalid_request_error", 413: "invalid_request_error",
+          431: "invalid_request_error", 503: "overloaded_error", 504: "timeout_error"}  # fmt: skip
+MAX_JSON_DEPTH = 128  # nesting of arrays and objects in a request body
 
 
 class APIError(Exception):
@@ -106,15 +109,61 @@ def parse_model(model: type[BaseModel], body: Any, prefix: str = "") -> Any:
         raise err from None
 
 
+def from_abort(reason: dict[str, Any]) -> APIError:
+    """An engine abort as the HTTP error it stands for (its `status_code`; else 400 for a refused
+    request, 500 for an internal error)."""
+    message = reason.get("message") or "the request was aborted"
+    status = reason.get("status_code")
+    if status is None:
+        status = 500 if message.startswith("internal error") else 400
+    param = "timeout" if status == 504 else None
+    return APIError(status, message, param=param)
+
+
 async def read_json(request: Request) -> Any:
-    """The body as JSON, or a 400 saying why it is not."""
-    raw = await request.body()
+    """The body as JSON, or a 400 saying why it is not (a 413 past the size limit)."""
+    limit = _body_limit(request)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if limit is not None and size > limit:
+            raise body_too_large(limit)
+        chunks.append(chunk)
+    raw = b"".join(chunks)
     if not raw:
         raise APIError(400, "body: expected a JSON object, got an empty body", param="body")
     try:
-        return json.loads(raw)
+        body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise APIError(400, f"body: invalid JSON: {e}", param="body") from None
+    except RecursionError:
+        body = None
+    if body is None or _too_deep(body, MAX_JSON_DEPTH):
+        raise APIError(
+            400, f"body: JSON nested deeper than {MAX_JSON_DEPTH} levels", param="body"
+        )
+    return body
+
+
+def body_too_large(limit: int) -> APIError:
+    return APIError(413, f"body: larger than the server's limit of {limit} bytes", param="body")
+
+
+def _body_limit(request: Request) -> int | None:
+    state = getattr(request.app.state, "plait", None)
+    return None if state is None else state.config.max_body_bytes
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            if depth > limit:
+                return True
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
 
 
 async def read_object(request: Request) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,14 +14,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from plait.server import calls
-from plait.server.errors import APIError, bad_request, read_object
+from plait.server.errors import APIError, bad_request, from_abort, read_object
 from plait.server.state import ServerState
 
 router = APIRouter()
+logger = logging.getLogger("plait.server")
 
 _FIELDS = {
     "text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len",
-    "top_logprobs_num", "return_text_in_logprobs", "stream", "rid",
+    "top_logprobs_num", "return_text_in_logprobs", "stream", "rid", "timeout",
 }  # fmt: skip
 # SGLang fields this server does not implement: accepted only when they ask for nothing.
 _INERT = {
@@ -30,6 +32,7 @@ _INERT = {
     "token_ids_logprob", "priority", "no_logs",
 }  # fmt: skip
 _TOLERATED = {"log_metrics", "no_logs", "stream_output"}  # any value is fine
+MAX_PROMPTS = 1024  # per request; each becomes an engine request (times n)
 
 
 def sse(payload: Any) -> bytes:
@@ -37,10 +40,26 @@ def sse(payload: Any) -> bytes:
     return f"data: {text}\n\n".encode()
 
 
-def event_stream(chunks: AsyncIterator[Any]) -> StreamingResponse:
+def event_stream(chunks: AsyncIterator[bytes]) -> StreamingResponse:
     return StreamingResponse(
-        chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        terminated(chunks), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
     )
+
+
+async def terminated(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Every stream ends with `data: [DONE]`, after an error event if producing it failed."""
+    done = sse("[DONE]")
+    finished = False
+    try:
+        async for chunk in chunks:
+            finished = chunk == done
+            yield chunk
+    except Exception as exc:  # a bug or a failure mid-stream: tell the client, then end
+        logger.exception("stream failed")
+        error = APIError(500, f"internal error: {type(exc).__name__}: {exc}")
+        yield sse({"error": {"message": error.message, "type": error.type, "code": 500}})
+    if not finished:
+        yield done
 
 
 def state_of(request: Request) -> ServerState:
@@ -70,6 +89,12 @@ def check_generate_body(body: dict[str, Any]) -> None:
     text = body.get("text")
     if isinstance(text, list) and not text:
         raise bad_request("text: the list of prompts is empty")
+    for name in ("text", "input_ids", "sampling_params", "rid"):
+        value = body.get(name)
+        if isinstance(value, list) and len(value) > MAX_PROMPTS and not (
+            name == "input_ids" and value and isinstance(value[0], int)
+        ):
+            raise bad_request(f"{name}: at most {MAX_PROMPTS} prompts per request, got {len(value)}")
     ids = body.get("input_ids")
     if isinstance(ids, list) and not ids and text is None:
         raise bad_request("input_ids: the prompt is empty (no tokens)")
@@ -115,6 +140,11 @@ async def generate(request: Request) -> Response:
         out = await calls.generate(state, request, "generate", **kwargs)
     except calls.ClientGone:
         return Response(status_code=499)
+    # NOTE: a list keeps each result, failed ones with their abort reason (SGLang's shape), so
+    # one prompt's failure never loses its siblings' finished outputs; a lone failure is an error.
+    reason = {} if isinstance(out, list) else out["meta_info"]["finish_reason"] or {}
+    if reason.get("status_code") is not None:  # a failure, not an abort the client asked for
+        raise from_abort(reason)
     return JSONResponse(out)
 
 

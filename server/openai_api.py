@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from plait.server import calls
 from plait.server import openai_format as fmt
 from plait.server.errors import APIError, bad_request, parse_model, read_object
-from plait.server.native import check_constraint, event_stream, sse, state_of
+from plait.server.native import MAX_PROMPTS, check_constraint, event_stream, sse, state_of
 from plait.server.openai_protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 from plait.server.state import ServerState
 from plait.server.tool_calls import ToolPlan, plan_tools, render_messages
@@ -138,7 +138,8 @@ async def chat_completions(request: Request) -> Response:
     rid = req.rid or f"chatcmpl-{uuid.uuid4().hex}"
     kwargs = {"input_ids": ids, "sampling_params": params, "rid": rid,
               "return_logprob": req.logprobs, "top_logprobs_num": req.top_logprobs or 0,
-              "return_text_in_logprobs": True}  # fmt: skip
+              "return_text_in_logprobs": True, "timeout": req.timeout,
+              "client_id": calls.client_of(request, req.user)}  # fmt: skip
     model = req.model or state.model_name
     if req.stream:
         chunks = await calls.stream(state, request, "chat", **kwargs)
@@ -220,6 +221,8 @@ async def completions(request: Request) -> Response:
         "top_logprobs_num": req.logprobs or 0,
         "return_text_in_logprobs": True,
         "logprob_start_len": 0 if req.echo else -1,
+        "timeout": req.timeout,
+        "client_id": calls.client_of(request, req.user),
     }
     texts = [tok.decode(p, skip_special_tokens=False) for p in prompts] if req.echo else None
     model = req.model or state.model_name
@@ -253,6 +256,8 @@ def _prompts(prompt: Any, tok: Any) -> list[list[int]]:
         raise bad_request("prompt: must not be empty", "prompt")
     if isinstance(prompt[0], int):
         prompt = [prompt]
+    if len(prompt) > MAX_PROMPTS:
+        raise bad_request(f"prompt: at most {MAX_PROMPTS} prompts per request, got {len(prompt)}")
     out = [encode_prompt(tok, p) if isinstance(p, str) else list(p) for p in prompt]
     for i, ids in enumerate(out):
         if not ids:

@@ -6,19 +6,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from plait.server.errors import APIError
+from plait.server.errors import from_abort
 from plait.server.tool_calls import ToolPlan, ToolStreamFilter, parse_tool_calls
 
 _FINISH = {"stop": "stop", "length": "length"}
 
 
 def check_not_aborted(outs: list[dict]) -> None:
-    """An engine-side abort is a 400 (a request the engine rejected) or a 500 (its failure)."""
+    """An engine-side abort as its HTTP error (`errors.from_abort`)."""
     for out in outs:
         reason = out["meta_info"].get("finish_reason") or {}
         if reason.get("type") == "abort":
-            message = reason.get("message") or "the request was aborted"
-            raise APIError(500 if message.startswith("internal error") else 400, message)
+            raise from_abort(reason)
 
 
 def finish_reason(meta: dict[str, Any]) -> str | None:

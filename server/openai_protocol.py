@@ -126,6 +126,7 @@ class _Sampling(_Strict):
     no_stop_trim: bool | None = None
     regex: str | None = None
     rid: str | None = None
+    timeout: float | None = Field(default=None, gt=0.0, le=604800.0)  # seconds (504 past it)
 
     @field_validator("logit_bias")
     @classmethod

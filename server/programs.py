@@ -14,8 +14,10 @@ import asyncio
 import importlib
 import importlib.util
 import inspect
+import json
 import sys
 import threading
+import typing
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
@@ -91,6 +93,38 @@ async def list_programs(request: Request) -> dict[str, Any]:
     return {"programs": [describe(p) for _, p in sorted(state.programs.items())]}
 
 
+def check_arguments(prog: Program, arguments: dict[str, Any]) -> dict[str, Any]:
+    """Names against the signature, values against their annotations (pydantic, lax: `"3"` is
+    not an int, but an int is a float); a 400 naming `arguments.<name>` otherwise."""
+    from pydantic import TypeAdapter, ValidationError
+
+    params = {n: p for n, p in prog.signature.parameters.items() if p.kind != p.VAR_POSITIONAL}
+    takes_any = any(p.kind == p.VAR_KEYWORD for p in params.values())
+    try:
+        hints = typing.get_type_hints(prog.func)
+    except Exception:  # unresolvable annotations are not checked
+        hints = {}
+    checked = dict(arguments)
+    for name, value in arguments.items():
+        param = params.get(name)
+        if param is None or param.kind == param.VAR_KEYWORD:
+            if takes_any:
+                continue
+            known = ", ".join(n for n in params if n != "s") or "none"
+            raise bad_request(f"arguments.{name}: not a parameter of {prog.name} ({known})")
+        hint = hints.get(name)
+        if hint is None:
+            continue
+        try:
+            checked[name] = TypeAdapter(hint).validate_python(value)
+        except ValidationError as e:
+            detail = e.errors()[0].get("msg", "invalid value")
+            raise bad_request(f"arguments.{name}: {detail}, got {json.dumps(value)[:100]}") from None
+        except Exception:  # a type pydantic cannot check
+            continue
+    return checked
+
+
 def jsonable(value: Any) -> Any:
     return to_jsonable_python(value, fallback=repr)
 
@@ -119,6 +153,7 @@ async def run_program(name: str, request: Request) -> Response:
         raise bad_request("arguments: expected an object of the program's parameters")
     if not isinstance(sampling, dict):
         raise bad_request("sampling: expected an object of gen() sampling arguments")
+    arguments = check_arguments(prog, arguments)
     try:
         bound = prog.bind((), arguments)
     except TypeError as e:

@@ -22,6 +22,8 @@ class ServerConfig:
     served_model_name: str | None = None  # the model id in /v1/models (default: the model path)
     max_queue: int | None = None  # requests allowed to wait beyond the running batch
     retry_after: int = 1  # seconds, in the Retry-After header of a 503
+    request_timeout: float | None = None  # seconds; a request's default `timeout` (504 past it)
+    max_body_bytes: int = 16 << 20  # larger request bodies get a 413
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -31,6 +33,12 @@ class ServerConfig:
             raise ValueError("api_key: must not be empty (leave it unset for no key)")
         if self.max_queue is not None and self.max_queue < 0:
             raise ValueError(f"max_queue: must be non-negative, got {self.max_queue}")
+        if self.request_timeout is not None and not 0 < self.request_timeout <= 7 * 24 * 3600:
+            raise ValueError(
+                f"request_timeout: must be in (0, 604800] seconds, got {self.request_timeout}"
+            )
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes: must be at least 1024, got {self.max_body_bytes}")
         if self.retry_after < 1:
             raise ValueError(f"retry_after: must be at least 1 second, got {self.retry_after}")
         if isinstance(self.programs, str):

@@ -89,3 +89,6 @@ class GrammarCache:
 
     def shutdown(self, wait: bool = True) -> None:
         self._pool.shutdown(wait=wait, cancel_futures=True)
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()

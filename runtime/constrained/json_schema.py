@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 from .base import InvalidSchemaError, UnsupportedSchemaError
+from .limits import DEFAULT_LIMITS, check_schema_shape
 from .schema_rewrite import SchemaRewriter
 
 
@@ -23,10 +24,17 @@ def normalize_json_schema(schema: Any) -> str:
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         schema = schema.model_json_schema()
     elif isinstance(schema, (str, bytes)):
+        if len(schema) > DEFAULT_LIMITS.max_pattern_chars:
+            raise InvalidSchemaError(
+                f"json_schema: {len(schema)} characters; the limit is "
+                f"{DEFAULT_LIMITS.max_pattern_chars}"
+            )
         try:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
             raise InvalidSchemaError(f"json_schema: not valid JSON: {e}") from e
+        except RecursionError:
+            schema = [[]] * (2 * DEFAULT_LIMITS.max_nesting + 1)  # too deep: rejected below
     if schema is True:
         schema = {}
     if not isinstance(schema, dict):
@@ -34,8 +42,15 @@ def normalize_json_schema(schema: Any) -> str:
             f"json_schema: expected a JSON object, a JSON string or a pydantic model class, got "
             f"{type(schema).__name__}"
         )
+    check_schema_shape(schema)
     _check_against_metaschema(schema)
-    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+    out = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+    if len(out) > DEFAULT_LIMITS.max_pattern_chars:
+        raise InvalidSchemaError(
+            f"json_schema: {len(out)} characters as compact JSON; the limit is "
+            f"{DEFAULT_LIMITS.max_pattern_chars}"
+        )
+    return out
 
 
 def _check_against_metaschema(schema: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ and every allowed token starts with `b`.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -33,13 +34,16 @@ from .base import (
     GrammarKey,
     InvalidRegexError,
 )
+from .limits import regex_cost
 from .patterns import escape
+from .sandbox import SUPPORTED, IndexSandbox
 from .spec import grammar_key_to_regex
 
 if TYPE_CHECKING:
     from ..tokenizer import Tokenizer
 
 _MAX_FORCED_BYTES = 4096
+SANDBOX_ABOVE_COST = 200  # limits.regex_cost: at most six wide classes (., \w, [^"]) unrolled
 
 
 class OutlinesBackend(GrammarBackend):
@@ -52,7 +56,11 @@ class OutlinesBackend(GrammarBackend):
         *,
         max_rollback: int = 64,
         max_cached_row_bytes: int = 16 << 20,
+        compile_timeout: float | None = None,
+        compile_memory_mb: int = 0,
     ) -> None:
+        """`compile_timeout` / `compile_memory_mb`: build indexes in a child process that is
+        stopped past these (`sandbox.py`); without a timeout they are built in process."""
         if vocab_size is not None and vocab_size < tokenizer.vocab_size:
             raise ValueError(
                 f"grammar backend: model vocab_size {vocab_size} < tokenizer vocab_size {tokenizer.vocab_size}"
@@ -94,12 +102,20 @@ class OutlinesBackend(GrammarBackend):
             if token_id is not None and token_id < 32 * self.num_index_words:
                 _clear_bit(keep, token_id)
         self.keep_bits = keep
+        self.sandbox: IndexSandbox | None = None
+        if compile_timeout is not None and SUPPORTED:
+            self.sandbox = IndexSandbox(self.vocabulary, compile_timeout, compile_memory_mb)
 
     def compile(self, key: GrammarKey) -> OutlinesCompiledGrammar:
         regex = grammar_key_to_regex(key)
         indexed = regex if self.sentinel is None else f"(?:{regex}){escape(self.sentinel)}"
         try:
-            index = Index(indexed, self.vocabulary)
+            if self.sandbox is not None and _risky(regex):
+                index = self.sandbox.build(indexed, key.kind)
+            else:
+                index = Index(indexed, self.vocabulary)
+        except GrammarError:
+            raise
         # NOTE: Rust panics surface as pyo3's PanicException, a BaseException
         except BaseException as e:
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
@@ -115,6 +131,19 @@ class OutlinesBackend(GrammarBackend):
         return compiled
 
 
+    def close(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.close()
+
+
+def _risky(regex: str) -> bool:
+    """Worth a child process: the static cost is above a few atoms, or unknown. The cost model
+    misses products (`[^x]{1,50}\\w+`: 7 s), so only patterns too small for them stay in
+    process, where short regexes (dates, numbers, choices) skip the round trip."""
+    cost = regex_cost(regex)
+    return cost is None or cost > SANDBOX_ABOVE_COST
+
+
 def _shown(regex: str) -> str:
     return regex if len(regex) <= 80 else regex[:77] + "..."
 
@@ -124,7 +153,9 @@ def _compile_error(key: GrammarKey, regex: str, error: BaseException) -> Grammar
     if key.kind == "json_schema":
         return GrammarError(f"json_schema: its regex does not compile: {_first_line(error)}")
     try:
-        re.compile(regex)
+        with warnings.catch_warnings():  # FutureWarning on `[[`: only the error matters here
+            warnings.simplefilter("ignore")
+            re.compile(regex)
     except re.error as e:
         return InvalidRegexError(f"regex: invalid pattern {shown!r}: {e}")
     message = _first_line(error)

@@ -7,6 +7,7 @@ from typing import Any
 
 from .base import GrammarError, GrammarKey
 from .json_schema import json_schema_to_regex, normalize_json_schema
+from .limits import check_regex
 from .patterns import choices_regex, dtype_regex
 
 COMPACT_WHITESPACE = ""
@@ -24,7 +25,8 @@ def make_grammar_key(
 
     Cheap (no automaton is built) and strict: at most one constraint, and every schema problem
     the builder can see (invalid JSON or schema, unsupported features) raises a `GrammarError`
-    here, at submit time. A regex that does not compile fails later, in `GrammarBackend.compile`.
+    here, at submit time, and so does a pattern past the compile limits (`limits.py`). A regex
+    that does not compile fails later, in `GrammarBackend.compile`.
     """
     given = {
         name: value
@@ -45,6 +47,7 @@ def make_grammar_key(
     if regex is not None:
         if not isinstance(regex, str):
             raise GrammarError(f"regex: expected a string, got {type(regex).__name__}")
+        check_regex(regex)
         return GrammarKey("regex", regex)
     if choices is not None:
         try:
@@ -61,7 +64,8 @@ def make_grammar_key(
             f"whitespace_pattern: expected a string or None, got {type(whitespace_pattern).__name__}"
         )
     key = GrammarKey("json_schema", normalize_json_schema(json_schema), whitespace_pattern)
-    json_schema_to_regex(key.pattern, whitespace_pattern)  # raises the named errors now
+    regex = json_schema_to_regex(key.pattern, whitespace_pattern)  # raises the named errors now
+    check_regex(regex, "json_schema", generated=True)
     return key
 
 

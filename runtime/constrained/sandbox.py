@@ -1,0 +1,139 @@
+"""Token indexes built in a child process, so that a pattern that needs too much time or memory is
+stopped rather than waited for: the child is killed (timeout) or dies at its address-space limit,
+and the pattern is rejected with a `GrammarError` (HTTP 400). The static limits (`limits.py`)
+reject the obvious cases before this; the sandbox bounds what they miss (product blow-ups such as
+`[^x]{1,300}\\w+`, measured at minutes and gigabytes in process).
+
+One child per compiling thread, started on first use (`python -m` this module, so nothing of the
+parent's `__main__` runs again) with the vocabulary; it answers pickled `Index` objects over
+its stdout. Linux and macOS only; elsewhere indexes are built in process.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import struct
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from .base import GrammarError
+
+_HEADER = struct.Struct("<Q")
+MAX_INDEX_BYTES = 256 << 20  # one compiled index, as the child sends it
+SUPPORTED = os.name == "posix"
+
+
+class IndexSandbox:
+    def __init__(self, vocabulary: Any, timeout: float, memory_mb: int) -> None:
+        self.vocabulary = pickle.dumps(vocabulary)
+        self.timeout = timeout
+        self.memory_mb = memory_mb
+        self._local = threading.local()
+        self._children: list[subprocess.Popen] = []
+        self._lock = threading.Lock()
+
+    def build(self, regex: str, name: str) -> Any:
+        """The `Index` of `regex`; `GrammarError` naming `name` past the time or memory limit.
+        Other build errors are re-raised as `RuntimeError` with the child's message."""
+        child = self._child()
+        try:
+            _write(child.stdin, regex.encode())
+            ready, _, _ = select.select([child.stdout], [], [], self.timeout)
+            if not ready:
+                self._kill(child)
+                raise GrammarError(
+                    f"{name}: compiling the constraint took longer than {self.timeout:g} s; "
+                    f"simplify it"
+                )
+            status, payload = pickle.loads(_read(child.stdout))
+        except (EOFError, BrokenPipeError, OSError, pickle.UnpicklingError):
+            self._kill(child)
+            raise GrammarError(
+                f"{name}: compiling the constraint needs more than {self.memory_mb} MB; simplify it"
+            ) from None
+        if status != "ok":
+            raise RuntimeError(payload)
+        if len(payload) > MAX_INDEX_BYTES:  # it would stay in the parent's grammar cache
+            raise GrammarError(
+                f"{name}: the compiled constraint takes {len(payload) >> 20} MB; the limit is "
+                f"{MAX_INDEX_BYTES >> 20} MB; simplify it"
+            )
+        return pickle.loads(payload)
+
+    def _child(self) -> subprocess.Popen:
+        child = getattr(self._local, "child", None)
+        if child is not None and child.poll() is None:
+            return child
+        child = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(self.memory_mb)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        _write(child.stdin, self.vocabulary)
+        self._local.child = child
+        with self._lock:
+            self._children = [c for c in self._children if c.poll() is None] + [child]
+        return child
+
+    def _kill(self, child: subprocess.Popen) -> None:
+        child.kill()
+        child.wait()
+        self._local.child = None
+
+    def close(self) -> None:
+        with self._lock:
+            children, self._children = self._children, []
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+
+
+def _write(stream: Any, data: bytes) -> None:
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def _read(stream: Any) -> bytes:
+    header = stream.read(_HEADER.size)
+    if len(header) < _HEADER.size:
+        raise EOFError
+    (size,) = _HEADER.unpack(header)
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError
+    return data
+
+
+def _serve(memory_mb: int) -> None:
+    """The child: reads the vocabulary, then answers one index per regex until stdin closes."""
+    import resource
+
+    if memory_mb:
+        limit = memory_mb << 20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    from outlines_core import Index
+
+    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # stray prints must not corrupt the frames
+    vocabulary = pickle.loads(_read(inp))
+    while True:
+        try:
+            regex = _read(inp).decode()
+        except EOFError:
+            return
+        try:
+            reply = ("ok", pickle.dumps(Index(regex, vocabulary)))
+        except BaseException as e:  # Rust panics are BaseExceptions (pyo3's PanicException)
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            reply = ("error", str(e) or type(e).__name__)
+        _write(out, pickle.dumps(reply))
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]))

@@ -1,0 +1,88 @@
+"""What the engine loop does besides stepping, so that every submitted request ends with a final
+result: deadlines (`timeout`), recovery from a step that raised outside the forward pass, and
+failing what is left when the engine shuts down. Each ends requests through the engine's own
+finish-and-deliver path, with an abort that carries the HTTP status it stands for."""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import time
+from typing import TYPE_CHECKING, Any
+
+from plait.runtime.protocol import FinishReason
+
+if TYPE_CHECKING:
+    from plait.runtime.engine import Engine
+    from plait.runtime.request import Request
+
+logger = logging.getLogger("plait.engine")
+
+MAX_TIMEOUT = 7 * 24 * 3600.0
+
+
+def check_timeout(timeout: Any) -> float | None:
+    """A request's `timeout` in seconds (None: no deadline); ValueError naming it otherwise."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise ValueError(f"timeout: expected a number of seconds, got {timeout!r}")
+    if math.isnan(timeout) or not 0 < timeout <= MAX_TIMEOUT:
+        raise ValueError(f"timeout: must be in (0, {MAX_TIMEOUT:.0f}] seconds, got {timeout}")
+    return float(timeout)
+
+
+def end(engine: Engine, req: Request, message: str, status: int, keep: bool = True) -> None:
+    """Takes `req` out of the scheduler (freeing its pages) and delivers it as aborted."""
+    engine.scheduler.abort(req.rid, keep=keep)
+    if not req.finished:
+        engine.processor.finish(req, FinishReason("abort", message=message, status_code=status))
+        engine._deliver(req)
+
+
+def expire(engine: Engine) -> None:
+    """Aborts every request whose deadline has passed (HTTP 504)."""
+    now = time.perf_counter()
+    for req in engine.scheduler.all_requests():
+        if req.deadline is not None and now >= req.deadline:
+            waited = now - req.arrival_time
+            end(engine, req, f"timeout: the request did not finish within its deadline "
+                             f"({waited:.1f} s since it arrived)", 504)  # fmt: skip
+
+
+def recover(engine: Engine, exc: BaseException) -> None:
+    """A step raised outside the forward pass: its scheduling state cannot be trusted, so every
+    request in it fails (500) and the engine carries on with an empty scheduler."""
+    logger.exception("engine step failed; failing every running and waiting request")
+    message = f"internal error: the engine step failed: {type(exc).__name__}: {exc}"
+    for req in engine.scheduler.all_requests():
+        try:
+            end(engine, req, message, 500, keep=False)
+        except Exception:  # keep failing the others
+            logger.exception("could not fail request %s", req.rid)
+    try:
+        engine.scheduler.check()
+    except AssertionError:
+        logger.critical("page accounting broken after a failed step; resetting the prefix cache")
+        engine.cache.reset()
+
+
+def drain(engine: Engine, inbox: queue.Queue[tuple[str, Any]]) -> None:
+    """At shutdown: fails queued, waiting and running requests (503) instead of leaving their
+    callers waiting forever."""
+    message = "the engine shut down before the request finished"
+    while True:
+        try:
+            kind, item = inbox.get_nowait()
+        except queue.Empty:
+            break
+        if kind == "add" and not item.finished:
+            engine.processor.finish(item, FinishReason("abort", message=message, status_code=503))
+            engine._deliver(item)
+        elif kind == "flush":
+            done, outcome = item
+            outcome.append(False)
+            done.set()
+    for req in engine.scheduler.all_requests():
+        end(engine, req, message, 503, keep=False)

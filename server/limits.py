@@ -1,0 +1,49 @@
+"""Request limits checked before a route runs: header count and size (431) and a declared body
+size (413). Bodies sent without a length are counted as they are read (`errors.read_json`).
+
+Pure ASGI, like the API-key check, so streaming responses and disconnects pass through untouched.
+"""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from plait.server.errors import APIError, body_too_large
+
+MAX_HEADERS = 100
+MAX_HEADER_BYTES = 32 << 10  # names and values of all headers together
+
+
+class LimitsMiddleware:
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        error = self.check(scope.get("headers") or [])
+        if error is not None:
+            await error.response()(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def check(self, headers: list[tuple[bytes, bytes]]) -> APIError | None:
+        size = sum(len(k) + len(v) for k, v in headers)
+        if len(headers) > MAX_HEADERS or size > MAX_HEADER_BYTES:
+            return APIError(
+                431,
+                f"headers: {len(headers)} headers of {size} bytes; the limits are "
+                f"{MAX_HEADERS} headers and {MAX_HEADER_BYTES} bytes",
+                param="headers",
+            )
+        for name, value in headers:
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    return APIError(400, "content-length: not an integer", param="content-length")
+                if declared > self.max_body_bytes:
+                    return body_too_large(self.max_body_bytes)
+        return None

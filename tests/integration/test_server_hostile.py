@@ -1,0 +1,167 @@
+"""Hostile input: oversized bodies and headers, JSON bombs, pathological constraints, program
+arguments, the API key check; the server answers each with a 4xx and stays healthy."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+import pytest
+
+from plait.lang.program import program
+from tests.integration.server_support import tiny_server, wait_until_idle
+
+KEY = {"Authorization": "Bearer sk-hostile"}
+
+
+@program
+def echo(s, word: str, times: int = 1):
+    s += word * times
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama_dir):
+    with tiny_server(tiny_llama_dir, api_key="sk-hostile", max_body_bytes=64 << 10) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=60, headers=KEY) as c:
+        yield c
+
+
+def gen(client, **sampling):
+    body = {"text": "x", "sampling_params": {"max_new_tokens": 2, **sampling}}
+    return client.post("/generate", json=body)
+
+
+def test_body_over_the_limit_is_413(client):
+    big = {"text": "a" * (70 << 10), "sampling_params": {"max_new_tokens": 1}}
+    r = client.post("/generate", json=big)
+    assert r.status_code == 413 and r.json()["error"]["param"] == "body"
+
+    def chunks():  # no Content-Length: counted while read
+        for _ in range(80):
+            yield b"x" * 1024
+
+    r = client.post("/generate", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+
+
+def test_json_bombs_are_400(client):
+    for depth in (200, 30_000):
+        raw = b'{"text": ' + b"[" * depth + b"]" * depth + b"}"
+        r = client.post("/generate", content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "body", depth
+    deep = {"messages": [{"role": "user", "content": "x"}], "stop": [[]]}
+    for _ in range(150):
+        deep = {"a": deep}
+    r = client.post("/v1/chat/completions", json=deep)
+    assert r.status_code == 400
+
+
+def test_header_bombs_are_refused(server, client):
+    many = {f"x-h{i}": "v" for i in range(150)}
+    assert client.get("/get_model_info", headers=many).status_code == 431
+    r = client.get("/get_model_info", headers={"x-big": "v" * (40 << 10)})
+    assert r.status_code in (400, 431)  # h11 refuses headers past 16 KiB before the app sees them
+    # a header block that never ends is cut off, not buffered forever
+    with socket.create_connection((server.host, server.port), timeout=10) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-A: " + b"a" * (1 << 20))
+        reply = sock.recv(64)
+    assert reply.startswith(b"HTTP/1.1 4")
+    assert client.get("/health").status_code == 200
+
+
+PATHOLOGICAL = [
+    r"a{1,100000}",
+    r"x{5000}",
+    r".{0,1000}",
+    r".*a.{12}",
+    r"[ab]*a[ab]{16}",
+    "(" * 40 + "a" + ")" * 40,
+    "a" * 40_000,
+]
+
+
+@pytest.mark.parametrize("regex", PATHOLOGICAL, ids=range(len(PATHOLOGICAL)))
+def test_pathological_regex_is_a_fast_400(client, regex):
+    start = time.perf_counter()
+    r = gen(client, regex=regex)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "regex", r.text
+    assert time.perf_counter() - start < 2
+
+
+def test_pathological_schemas_are_400(client):
+    nested: dict = {"type": "string"}
+    for _ in range(80):
+        nested = {"type": "object", "properties": {"a": nested}, "required": ["a"]}
+    wide = {"type": "array", "items": {"type": "string", "maxLength": 1000}, "maxItems": 50}
+    for schema in (nested, wide, "[" * 5000 + "]" * 5000):
+        text = schema if isinstance(schema, str) else json.dumps(schema)
+        r = gen(client, json_schema=text)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "json_schema", r.text
+    recursive = {"$defs": {"node": {"type": "object", "properties": {
+        "children": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}}}},
+        "$ref": "#/$defs/node"}  # fmt: skip
+    assert gen(client, json_schema=json.dumps(recursive)).status_code in (200, 400)
+
+
+def test_api_key_compares_digests(server, monkeypatch):
+    import secrets
+
+    seen = []
+    real = secrets.compare_digest
+
+    def spy(a, b):
+        seen.append((len(a), len(b)))
+        return real(a, b)
+
+    monkeypatch.setattr(secrets, "compare_digest", spy)
+    with httpx.Client(base_url=server.url, timeout=30) as anon:
+        for key in ("x", "sk-hostil", "sk-hostile-but-longer" * 50):
+            r = anon.get("/get_model_info", headers={"Authorization": f"Bearer {key}"})
+            assert r.status_code == 401
+    assert seen and all(a == b == 32 for a, b in seen)  # equal-length digests, never the keys
+
+
+def test_programs_run_only_registered_with_checked_arguments(tiny_llama_dir):
+    from plait import Engine
+    from plait.server.app import create_app
+    from plait.server.launch import ServerThread
+
+    with Engine(model_path=str(tiny_llama_dir), max_total_tokens=2048, page_size=4) as engine:
+        with ServerThread(create_app(engine, program_registry={"echo": echo})) as srv:
+            with httpx.Client(base_url=srv.url, timeout=60) as c:
+                for name in ("nope", "__import__", "..%2Fecho", "echo.__globals__"):
+                    assert c.post(f"/programs/{name}", json={}).status_code == 404, name
+                r = c.post("/programs/echo", json={"arguments": {"word": 5}})
+                assert r.status_code == 400 and r.json()["error"]["param"] == "arguments.word"
+                r = c.post("/programs/echo", json={"arguments": {"word": "a", "times": "x"}})
+                assert r.json()["error"]["param"] == "arguments.times"
+                r = c.post("/programs/echo", json={"arguments": {"word": "a", "code": "1"}})
+                assert r.json()["error"]["param"] == "arguments.code"
+                ok = c.post("/programs/echo", json={"arguments": {"word": "ab", "times": 2}})
+                assert ok.status_code == 200 and ok.json()["text"] == "abab"
+
+
+def test_healthy_afterwards(server, client):
+    assert client.get("/health_generate").status_code == 200
+    stats = wait_until_idle(server.engine)
+    assert stats["kv_pages_free"] + stats["kv_pages_cached"] == stats["kv_pages_total"]
+    server.engine.scheduler.check()
+
+
+def test_fuzz_findings_stay_fixed(client):
+    # a huge n once built an id per sample before validation (18 GB in seconds)
+    for n in (10**12, 2.5, 3012297071891534839808):
+        r = client.post("/generate", json={"text": "x", "sampling_params": [{"n": n}]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n", n
+    r = client.post("/generate", json={"text": ["x"] * 1025})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "text"
+    # a tiny temperature or repetition penalty once made the sampler draw from NaNs (500)
+    for sp in ({"temperature": 1e-300}, {"repetition_penalty": 1e-300, "temperature": 1.0}):
+        assert gen(client, **sp).status_code == 200, sp
