@@ -77,6 +77,7 @@ def serve(args: argparse.Namespace) -> int:
     from plait.cli import engine_kwargs
     from plait.runtime.engine import Engine
     from plait.server.app import create_app
+    from plait.server.limits import UVICORN_HTTP
     from plait.server.programs import load_programs
     from plait.server.state import ServerConfig
 
@@ -108,7 +109,7 @@ def serve(args: argparse.Namespace) -> int:
     log.info("engine ready in %.1f s: %s", time.perf_counter() - start, engine.model_path)
     try:
         app = create_app(engine, config, registry)
-        uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level,
+        uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, http=UVICORN_HTTP,
                     timeout_graceful_shutdown=5)  # fmt: skip
     finally:
         engine.shutdown()

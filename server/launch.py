@@ -48,9 +48,11 @@ class ServerThread:
                  log_level: str = "warning") -> None:  # fmt: skip
         import uvicorn
 
+        from plait.server.limits import UVICORN_HTTP
+
         self.host = host
         self.port = port or free_port(host)
-        config = uvicorn.Config(app, host=host, port=self.port, log_level=log_level,
+        config = uvicorn.Config(app, host=host, port=self.port, log_level=log_level, http=UVICORN_HTTP,
                                 lifespan="off", timeout_graceful_shutdown=2)  # fmt: skip
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="plait-uvicorn", daemon=True)

@@ -12,6 +12,10 @@ from plait.server.errors import APIError, body_too_large
 
 MAX_HEADERS = 100
 MAX_HEADER_BYTES = 32 << 10  # names and values of all headers together
+# NOTE: uvicorn's h11 protocol refuses a header block past 16 KiB before the app sees it; with
+# httptools (picked automatically once installed, as Ray installs it) a header block that never
+# ends was buffered until the client gave up. Every plait server names h11 explicitly.
+UVICORN_HTTP = "h11"
 
 
 class LimitsMiddleware:
