@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tests.reliability import chaos, fuzz, soak
+from tests.reliability import chaos, fuzz, replicas, soak
 from tests.reliability.report import Tally, table, write_json
 from tests.reliability.serving import running_server, tiny_model_dir
 
@@ -32,11 +32,12 @@ class Budget:
     constraint_seconds: float = 90.0
     exhaustion_requests: int = 12
     fuzz_timeout: float = 10.0  # the fuzzed server's default request deadline
+    replica_requests: int = 24  # non-streamed requests when one of two replicas is killed
 
 
 QUICK = Budget(soak_seconds=5, capacity_seconds=2, timeout=10, disconnects=40, aborts=8,
                fault_rounds=2, fuzz_examples=4, constraint_examples=10, constraint_seconds=15,
-               exhaustion_requests=6, fuzz_timeout=3)  # fmt: skip
+               exhaustion_requests=6, fuzz_timeout=3, replica_requests=8)  # fmt: skip
 
 
 def run(budget: Budget, model: Any, only: set[str], log: Any = print) -> list[Tally]:
@@ -61,6 +62,8 @@ def run(budget: Budget, model: Any, only: set[str], log: Any = print) -> list[Ta
                                            budget.constraint_seconds))  # fmt: skip
         if "chaos" in only:
             done(chaos.pool_exhaustion(model, budget.exhaustion_requests))
+    if only & {"chaos", "replicas"} and budget.replica_requests:
+        done(replicas.replica_death(model, budget.replica_requests))
     if "soak" in only:
         with running_server(model, {"max_running_requests": 8}, max_queue=16) as server:
             capacity = soak.measure_capacity(server, budget.capacity_seconds, concurrency=8)
