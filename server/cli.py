@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 
 
@@ -107,6 +108,9 @@ def serve(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     engine = Engine(**engine_kwargs(args))
     log.info("engine ready in %.1f s: %s", time.perf_counter() - start, engine.model_path)
+    # NOTE: uvicorn re-raises the SIGTERM it handled once it has shut down; as SystemExit it
+    # reaches the `finally` below, so the engine (and any tensor-parallel ranks) stop cleanly.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         app = create_app(engine, config, registry)
         uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, http=UVICORN_HTTP,

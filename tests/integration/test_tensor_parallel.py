@@ -3,6 +3,9 @@ the same greedy output, for an even head split and an uneven one (SmolLM2's 3 KV
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 
 from tests.conftest import write_tiny_checkpoint
@@ -90,6 +93,14 @@ def test_plait_serve_tp_and_torchrun(tiny_llama_dir, tiny_engine):
     flags = ["--model", str(tiny_llama_dir), "--max-total-tokens", "2048", "--log-level", "warning"]
     with ServerProcess(["--tp", "2", *flags], timeout=120) as server:
         assert _served_text(server.url) == expected
+        ranks = _children(server.process.pid)
+        assert ranks, "rank 1 runs as a child process"
+    assert server.process.returncode == 0  # a clean exit through engine.shutdown(), not death by signal
+    # SIGTERM (what `stop` sends) shuts the engine down, and with it the other ranks
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in ranks):
+        assert time.monotonic() < deadline, "rank processes outlived plait serve"
+        time.sleep(0.1)
     port = free_port()
     torchrun = Path(sys.executable).with_name("torchrun")
     cmd = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "plait.server.cli",
@@ -102,6 +113,26 @@ def test_plait_serve_tp_and_torchrun(tiny_llama_dir, tiny_engine):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 def test_tp2_with_an_int8_kv_cache(tiny_llama_dir):
