@@ -88,6 +88,23 @@ async def wait_disconnect(request: Request) -> None:
             return
 
 
+async def until_disconnect(request: Request, awaitable: Any) -> Any:
+    """Awaits `awaitable` unless the client leaves first: then it is cancelled (the engine's
+    calls abort their requests when cancelled) and `ClientGone` is raised."""
+    task = asyncio.ensure_future(awaitable)
+    watcher = asyncio.ensure_future(wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task not in done:
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        raise ClientGone()
+    return task.result()
+
+
 CLIENT_HEADER = "x-client-id"
 _MAX_CLIENT_ID = 128
 
@@ -129,19 +146,8 @@ async def generate(
     """The native result(s); ValueError -> 400; a disconnect aborts and raises `ClientGone`."""
     _prepare(state, request, kwargs)
     with state.admission.admit(kwargs["rid"], _samples(kwargs)):
-        task = asyncio.ensure_future(state.engine.async_generate(**kwargs))
-        watcher = asyncio.ensure_future(wait_disconnect(request))
         try:
-            done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watcher.cancel()
-        if task not in done:
-            task.cancel()  # async_generate aborts its requests when cancelled
-            with contextlib.suppress(BaseException):
-                await task
-            raise ClientGone()
-        try:
-            out = task.result()
+            out = await until_disconnect(request, state.engine.async_generate(**kwargs))
         except ValueError as e:
             raise from_value_error(e) from None
     for o in out if isinstance(out, list) else [out]:

@@ -10,7 +10,6 @@ A replica answering 503 (its queue is full) is skipped for the next one.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import weakref
@@ -21,7 +20,7 @@ import httpx
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from plait.server.calls import wait_disconnect
+from plait.server.calls import ClientGone, until_disconnect
 from plait.server.errors import APIError
 from plait.server.routing import Decision, NoReplicaError, Replica, Router
 
@@ -84,12 +83,12 @@ class Proxy:
         resp: httpx.Response | None = None
         handed_off = False  # the streaming relay releases the replica when it ends
         try:
-            resp = await _until_disconnect(request, self.client.send(upstream, stream=True))
+            resp = await until_disconnect(request, self.client.send(upstream, stream=True))
             if resp.status_code == 503 and len(self.router.healthy()) > 1:
                 return f"{replica.url} is at capacity (503)"
             if stream and resp.status_code == 200:
                 chunks = resp.aiter_bytes()
-                first = await _until_disconnect(request, anext(chunks, b""))
+                first = await until_disconnect(request, anext(chunks, b""))
                 lease = _Lease(replica)
                 relay = self._relay(lease, resp, chunks, first, path)
                 # NOTE: a response dropped before its first chunk never enters the relay's finally.
@@ -98,13 +97,13 @@ class Proxy:
                 replica.served += 1
                 return StreamingResponse(relay, media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache"})  # fmt: skip
-            body = await _until_disconnect(request, resp.aread())
+            body = await until_disconnect(request, resp.aread())
             replica.served += 1
             return Response(body, status_code=resp.status_code, headers=_reply_headers(resp))
         except httpx.TransportError as e:
             self._failed(replica, e)
             return f"{replica.url}: {type(e).__name__}: {e}"
-        except _ClientGone:
+        except ClientGone:
             return Response(status_code=499)
         finally:
             if not handed_off:
@@ -175,10 +174,6 @@ def _reply_headers(resp: httpx.Response) -> dict[str, str]:
     return {k: v for k, v in resp.headers.items() if k.lower() in keep}
 
 
-class _ClientGone(Exception):
-    pass
-
-
 class _Lease:
     """One request's share of a replica's load, given back exactly once."""
 
@@ -190,19 +185,3 @@ class _Lease:
         if self.held:
             self.held = False
             self.replica.in_flight -= 1
-
-
-async def _until_disconnect(request: Request, awaitable: Any) -> Any:
-    """Awaits `awaitable` unless the client leaves first (then it is cancelled)."""
-    task = asyncio.ensure_future(awaitable)
-    watcher = asyncio.ensure_future(wait_disconnect(request))
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if task not in done:
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
-        raise _ClientGone()
-    return task.result()
