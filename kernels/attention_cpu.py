@@ -38,14 +38,9 @@ class CpuRows:
 
 @cache
 def _kernel() -> ctypes._CFuncPtr | None:
-    lib = native.load("cpu_kernels")
-    if lib is None:
-        return None
-    fn = lib.plait_paged_attention_rows
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [ptr] * 5 + [ctypes.c_int, ptr, i64] + [ptr] * 5 + [i64] * 4 + [ctypes.c_float, ctypes.c_int]
-    fn.restype = None
-    return fn
+    argtypes = [ptr] * 5 + [ctypes.c_int, ptr, i64] + [ptr] * 5 + [i64] * 4 + [ctypes.c_float, ctypes.c_int]
+    return native.function("cpu_kernels", "plait_paged_attention_rows", argtypes)
 
 
 def native_attention_available() -> bool:

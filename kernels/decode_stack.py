@@ -44,14 +44,9 @@ class DecodeRows(ctypes.Structure):
 
 @cache
 def _kernel() -> ctypes._CFuncPtr | None:
-    lib = native.load("cpu_kernels")
-    if lib is None:
-        return None
-    fn = lib.plait_decode_layers
-    fn.argtypes = [ctypes.POINTER(DecodeLayer), _i64, ctypes.POINTER(DecodeShape), ctypes.POINTER(DecodeRows),
-                   _p, _p, _p, _p, _p, ctypes.c_int, _p, ctypes.c_int]  # fmt: skip
-    fn.restype = None
-    return fn
+    argtypes = [ctypes.POINTER(DecodeLayer), _i64, ctypes.POINTER(DecodeShape), ctypes.POINTER(DecodeRows),
+                _p, _p, _p, _p, _p, ctypes.c_int, _p, ctypes.c_int]  # fmt: skip
+    return native.function("cpu_kernels", "plait_decode_layers", argtypes)
 
 
 def available() -> bool:

@@ -59,14 +59,9 @@ def read_kv(flat: torch.Tensor, scales: torch.Tensor | None, index: torch.Tensor
 
 @cache
 def _store_kernel() -> ctypes._CFuncPtr | None:
-    lib = native.load("cpu_kernels")
-    if lib is None:
-        return None
-    fn = lib.plait_store_kv
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [ptr, ptr, i64, ptr, i64, i64, i64, ctypes.c_int, ptr, ptr, ptr, ptr]
-    fn.restype = None
-    return fn
+    argtypes = [ptr, ptr, i64, ptr, i64, i64, i64, ctypes.c_int, ptr, ptr, ptr, ptr]
+    return native.function("cpu_kernels", "plait_store_kv", argtypes)
 
 
 def _native_store_ok(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> bool:

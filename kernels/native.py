@@ -23,8 +23,10 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import torch  # noqa: F401  (loads torch's libgomp before ours)
 
@@ -120,3 +122,14 @@ def load(name: str) -> ctypes.CDLL | None:
         return None
     with _lock:
         return _load(name)
+
+
+def function(library: str, symbol: str, argtypes: Sequence[Any], restype: Any = None) -> Any:
+    """`library`'s C function `symbol` with its signature set, or None as `load` would be."""
+    lib = load(library)
+    if lib is None:
+        return None
+    fn = getattr(lib, symbol)
+    fn.argtypes = list(argtypes)
+    fn.restype = restype
+    return fn

@@ -155,19 +155,12 @@ def quant_matmul_ref(
 
 @cache
 def _kernels() -> tuple | None:
-    lib = native.load("cpu_kernels")
-    if lib is None:
-        return None
     ptr, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    mm = lib.plait_qmatmul_f32
-    mm.argtypes = [ptr, i64, i64, i64, ptr, c_int, i64, ptr, ptr, ptr, ptr, c_int]
-    mm.restype = None
-    dq = lib.plait_dequantize_f32
-    dq.argtypes = [ptr, c_int, i64, i64, i64, ptr, ptr, ptr, c_int]
-    dq.restype = None
-    q8 = lib.plait_qmatmul_q8_rows
-    q8.argtypes = [i64, c_int, i64]
-    q8.restype = c_int
+    mm = native.function("cpu_kernels", "plait_qmatmul_f32", [ptr, i64, i64, i64, ptr, c_int, i64, ptr, ptr, ptr, ptr, c_int])
+    if mm is None:
+        return None
+    dq = native.function("cpu_kernels", "plait_dequantize_f32", [ptr, c_int, i64, i64, i64, ptr, ptr, ptr, c_int])
+    q8 = native.function("cpu_kernels", "plait_qmatmul_q8_rows", [i64, c_int, i64], c_int)
     return mm, dq, q8
 
 
