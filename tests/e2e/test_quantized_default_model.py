@@ -25,23 +25,21 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> float:
     return same / sum(len(r) for r in a)
 
 
-@pytest.mark.parametrize("mode", ["int8", "int4"])
-def test_quantized_greedy_agrees_with_float32(default_engine, mode):
+# (engine keyword, value, the stat that shrinks, by at least this factor)
+COMPACT = [
+    ("quantization", "int8", "weight_bytes", 3),
+    ("quantization", "int4", "weight_bytes", 3),
+    ("kv_cache_dtype", "bfloat16", "kv_bytes_per_token", 2),
+    ("kv_cache_dtype", "int8", "kv_bytes_per_token", 2),
+]
+
+
+@pytest.mark.parametrize("key,value,stat,factor", COMPACT, ids=lambda v: str(v))
+def test_compact_formats_greedy_agrees_with_float32(default_engine, key, value, stat, factor):
     params = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
     ref = [o["output_ids"] for o in default_engine.generate(PROMPTS, sampling_params=params)]
-    with Engine(quantization=mode, max_total_tokens=8192) as engine:
+    with Engine(**{key: value}, max_total_tokens=8192) as engine:
         ours = [o["output_ids"] for o in engine.generate(PROMPTS, sampling_params=params)]
         stats = engine.stats()
     assert agreement(ours, ref) >= 0.95, (ours, ref)
-    assert stats["weight_bytes"] < default_engine.stats()["weight_bytes"] / 3
-
-
-@pytest.mark.parametrize("kv", ["bfloat16", "int8"])
-def test_compact_kv_cache_greedy_agrees_with_float32(default_engine, kv):
-    params = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
-    ref = [o["output_ids"] for o in default_engine.generate(PROMPTS, sampling_params=params)]
-    with Engine(kv_cache_dtype=kv, max_total_tokens=8192) as engine:
-        ours = [o["output_ids"] for o in engine.generate(PROMPTS, sampling_params=params)]
-        stats = engine.stats()
-    assert agreement(ours, ref) >= 0.95, (ours, ref)
-    assert stats["kv_bytes_per_token"] <= default_engine.stats()["kv_bytes_per_token"] / 2
+    assert stats[stat] <= default_engine.stats()[stat] / factor
