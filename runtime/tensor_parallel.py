@@ -38,11 +38,16 @@ _TIMEOUT = datetime.timedelta(minutes=30)
 
 @dataclass(frozen=True)
 class Rendezvous:
-    """Where the ranks meet: a TCP store on rank 0's host."""
+    """Where the ranks meet: a TCP store on rank 0's host.
+
+    ``agent_store`` means torchrun's agent already serves the store on ``port``, so every
+    rank joins it as a client (rank 0 hosts the store otherwise).
+    """
 
     host: str
     port: int
     world_size: int
+    agent_store: bool = False
 
     @classmethod
     def from_torchrun(cls) -> Rendezvous | None:
@@ -50,13 +55,15 @@ class Rendezvous:
         env = os.environ
         if "TORCHELASTIC_RUN_ID" not in env and "LOCAL_RANK" not in env:
             return None
-        # NOTE: torchrun's own store holds MASTER_PORT; ours listens on the next port.
-        return cls(env["MASTER_ADDR"], int(env["MASTER_PORT"]) + 1, int(env["WORLD_SIZE"]))
+        agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        return cls(env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"]), agent_store)
 
     def connect(self, rank: int, device: torch.device) -> Any:
         import torch.distributed as dist
 
-        store = dist.TCPStore(self.host, self.port, self.world_size, rank == 0, timeout=_TIMEOUT)
+        host_store = rank == 0 and not self.agent_store
+        store = dist.TCPStore(self.host, self.port, self.world_size, host_store, timeout=_TIMEOUT)
+        store = dist.PrefixStore("plait/", store)  # torchrun's agent keeps its own keys in the same store
         if device.type == "cuda":
             return dist.ProcessGroupNCCL(store, rank, self.world_size)
         return dist.ProcessGroupGloo(store, rank, self.world_size, _TIMEOUT)

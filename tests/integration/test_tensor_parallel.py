@@ -81,7 +81,7 @@ def _served_text(url: str) -> str:
 
 
 @pytest.mark.slow
-def test_plait_serve_tp_and_torchrun(tiny_llama_dir, tiny_engine):
+def test_plait_serve_tp_and_torchrun(tiny_llama_dir, tiny_engine, tmp_path):
     import os
     import subprocess
     import sys
@@ -105,10 +105,15 @@ def test_plait_serve_tp_and_torchrun(tiny_llama_dir, tiny_engine):
     torchrun = Path(sys.executable).with_name("torchrun")
     cmd = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "plait.server.cli",
            "--tp", "2", "--port", str(port), *flags]  # fmt: skip
-    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    log = tmp_path / "torchrun.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
     try:
-        wait_for_health(f"http://127.0.0.1:{port}", 120, proc)
+        try:
+            wait_for_health(f"http://127.0.0.1:{port}", 120, proc)
+        except RuntimeError as e:
+            raise AssertionError(f"{e}; its log ends:\n{log.read_text()[-4000:]}") from None
         assert _served_text(f"http://127.0.0.1:{port}") == expected
     finally:
         proc.terminate()
