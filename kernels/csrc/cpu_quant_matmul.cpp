@@ -299,6 +299,43 @@ void q8_rows(const int8_t* xq, const float* xd, const float* xs, int64_t K, int6
     }
 }
 
+// int8 weights, one row of x: R = 4 weight rows at a time. The x block is loaded once for four
+// rows, the four accumulators are independent chains, and the weights two tiles ahead are
+// prefetched (four rows read side by side defeat the hardware's stream detection). Measured on
+// [3072, 576]: 2x faster from L2, 1.25x from memory, than one row at a time.
+constexpr int64_t INT8_TILE = 4;
+constexpr int64_t PREFETCH_AHEAD = 2 * INT8_TILE;  // rows
+
+void q8_int8_row_tiles(const int8_t* xq, const float* xd, int64_t K, int64_t n_begin, int64_t n_end,
+                       const int8_t* qweight, int64_t group, const float* scales, const float* bias, float* y) {
+    const int64_t groups = K / group, blocks = K / XBLOCK, per_group = group / XBLOCK;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t n = n_begin; n < n_end; n += INT8_TILE) {
+        const int8_t* rows = qweight + n * K;
+        const char* ahead = reinterpret_cast<const char*>(rows + PREFETCH_AHEAD * K);
+        const char* scales_ahead = reinterpret_cast<const char*>(scales + (n + PREFETCH_AHEAD) * groups);
+        for (int64_t off = 0; off < INT8_TILE * groups * 4; off += 64) _mm_prefetch(scales_ahead + off, _MM_HINT_T0);
+        __m256 acc[INT8_TILE];
+        for (auto& a : acc) a = _mm256_setzero_ps();
+        for (int64_t b = 0, g = 0, left = per_group; b < blocks; ++b) {  // block b is in scale group g
+            _mm_prefetch(ahead + b * INT8_TILE * 32, _MM_HINT_T0);
+            _mm_prefetch(ahead + b * INT8_TILE * 32 + 64, _MM_HINT_T0);
+            const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32));
+            for (int r = 0; r < INT8_TILE; ++r) {
+                const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows + r * K + b * 32));
+                const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w)), ones);
+                const float d = scales[(n + r) * groups + g] * xd[b];
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d), acc[r]);
+            }
+            if (--left == 0) {
+                ++g;
+                left = per_group;
+            }
+        }
+        for (int r = 0; r < INT8_TILE; ++r) y[n + r] = hsum256(acc[r]) + (bias ? bias[n + r] : 0.0f);
+    }
+}
+
 inline bool q8_usable(int64_t K, int format, int64_t group) {
     return K % XBLOCK == 0 && ((format == 1 && group == 32) || (format == 0 && group % XBLOCK == 0));
 }
@@ -387,6 +424,13 @@ extern "C" void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t 
         plait::parallel_for(chunks, num_threads, false, [&](int64_t c) {
             const int64_t b = c * chunk, e = std::min(N, b + chunk);
             const int8_t* q = xq.data();
+            if (M == 1 && format == 0) {
+                const int64_t tiled = b + (e - b) / INT8_TILE * INT8_TILE;
+                q8_int8_row_tiles(q, xd.data(), K, b, tiled, static_cast<const int8_t*>(qweight), group, scales,
+                                  bias, y);
+                q8_rows<1>(q, xd.data(), xs.data(), K, tiled, e, N, qweight, format, group, scales, mins, bias, y);
+                return;
+            }
             switch (M) {
                 case 1: q8_rows<1>(q, xd.data(), xs.data(), K, b, e, N, qweight, format, group, scales, mins, bias, y); break;
                 case 2: q8_rows<2>(q, xd.data(), xs.data(), K, b, e, N, qweight, format, group, scales, mins, bias, y); break;
