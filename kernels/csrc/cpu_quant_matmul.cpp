@@ -67,11 +67,18 @@ void dequant_int4_row(const uint8_t* q, const float* scales, const float* mins, 
     }
 }
 
-// y[m, n0 + i] = x[m] . w[i] for i < nt (nt <= 4), m < M.
-void tile_matmul(const float* x, int64_t M, int64_t K, const float* w, int64_t nt, float* y, int64_t ldy) {
+// y[m, n0 + i] = x[m] . w[i] for i < nt (nt <= 4), m < M. `next`, if set, is the tile to come: its
+// lines are prefetched while this one computes (float32 weights read from memory ran 20% slower
+// than from cache without it).
+void tile_matmul(const float* x, int64_t M, int64_t K, const float* w, int64_t nt, float* y, int64_t ldy,
+                 const float* next = nullptr) {
     int64_t m = 0;
 #ifdef __AVX2__
     if (nt == TILE_N && K % 8 == 0) {
+        const char* ahead = reinterpret_cast<const char*>(next);
+        const int64_t lines = next ? TILE_N * K * int64_t(sizeof(float)) / 64 : 0;
+        const int64_t per_pair = (lines + M / 2) / std::max<int64_t>(1, M / 2);  // lines per 2 rows of x
+        int64_t line = 0;
         const float *w0 = w, *w1 = w + K, *w2 = w + 2 * K, *w3 = w + 3 * K;
         auto hsum = [](__m256 v) {
             __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -80,6 +87,8 @@ void tile_matmul(const float* x, int64_t M, int64_t K, const float* w, int64_t n
             return _mm_cvtss_f32(s);
         };
         for (; m + 2 <= M; m += 2) {
+            for (const int64_t stop = std::min(lines, line + per_pair); line < stop; ++line)
+                _mm_prefetch(ahead + line * 64, _MM_HINT_T0);
             const float *xa = x + m * K, *xb = xa + K;
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
             for (int64_t k = 0; k < K; k += 8) {
@@ -354,7 +363,12 @@ void dense_rows(const float* x, int64_t K, int64_t n_begin, int64_t n_end, int64
             const float *w0 = w + n * K, *w1 = w0 + K;
             __m256 a[M][2];
             for (int m = 0; m < M; ++m) a[m][0] = a[m][1] = _mm256_setzero_ps();
+            const float* ahead = w0 + (n + 6 <= n_end ? 4 * K : 0);  // the pair after next
             for (int64_t k = 0; k < K; k += 8) {
+                if (k % 16 == 0) {
+                    _mm_prefetch(reinterpret_cast<const char*>(ahead + k), _MM_HINT_T0);
+                    _mm_prefetch(reinterpret_cast<const char*>(ahead + K + k), _MM_HINT_T0);
+                }
                 const __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k);
                 for (int m = 0; m < M; ++m) {
                     const __m256 xv = _mm256_loadu_ps(x + m * K + k);
@@ -395,7 +409,7 @@ void dense_matmul(const float* x, int64_t M, int64_t K, int64_t N, const float* 
     const int64_t tiles = (N + TILE_N - 1) / TILE_N;
     plait::parallel_for(tiles, num_threads, false, [&](int64_t t) {
         const int64_t n0 = t * TILE_N, nt = std::min(TILE_N, N - n0);
-        tile_matmul(x, M, K, w + n0 * K, nt, y + n0, N);
+        tile_matmul(x, M, K, w + n0 * K, nt, y + n0, N, n0 + 2 * TILE_N <= N ? w + (n0 + TILE_N) * K : nullptr);
         if (bias != nullptr)
             for (int64_t m = 0; m < M; ++m)
                 for (int64_t i = 0; i < nt; ++i) y[m * N + n0 + i] += bias[n0 + i];
