@@ -92,3 +92,18 @@ def test_random_allocate_free_keeps_pages_distinct() -> None:
         assert len(set(held)) == len(held)
         assert allocator.num_free + len(held) == 100
         assert all(not allocator.is_free(p) for p in held)
+
+
+def test_lowest_free_pages_come_first_whatever_the_order_they_were_freed() -> None:
+    """A request's KV stays in ascending runs after traffic has scattered the free list."""
+    alloc = PageAllocator(64)
+    pages = alloc.allocate(64)
+    rng = random.Random(0)
+    rng.shuffle(pages)
+    alloc.free(pages[:40])  # many at once (heapified) ...
+    for page in pages[40:]:
+        alloc.free([page])  # ... and one by one (pushed)
+    assert alloc.allocate(10) == list(range(10))
+    alloc.free([3, 7])
+    assert alloc.allocate(3) == [3, 7, 10]
+    assert alloc.allocate(alloc.num_free) == list(range(11, 64))
