@@ -121,6 +121,15 @@ inline void axpy(float* a, float p, const T* b, int64_t n) {
     for (; i < n; ++i) a[i] += p * to_float(b[i]);
 }
 
+// Slots are single tokens scattered over the pool (a batch's decode tokens interleave), so the
+// hardware sees no stream: the K/V rows a few slots ahead are prefetched by hand.
+constexpr int64_t PREFETCH_SLOTS = 4;
+
+inline void prefetch_row(const void* row, int64_t bytes) {
+    const char* p = static_cast<const char*>(row);
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off);
+}
+
 // Attention of all query heads of row r over its slots [j0, j1): unnormalized accumulators
 // acc [H, D], per-head running max m [H] and sum l [H]. Each slot's K/V row (all KV heads) is read
 // as one contiguous run. `ks`/`vs` are the int8 scales [slots, Hkv] (null for float caches).
@@ -130,9 +139,11 @@ void attend_chunk(const float* qr, const T* k, const T* v, const float* ks,
                   int64_t num_kv_heads, int64_t head_dim, float scale, float* acc, float* m, float* l) {
     thread_local std::vector<float> scores;
     const int64_t n = j1 - j0, group = num_heads / num_kv_heads, slot_stride = num_kv_heads * head_dim;
+    const int64_t row_bytes = slot_stride * int64_t(sizeof(T));
     scores.resize(num_heads * n);
     for (int64_t j = 0; j < n; ++j) {
         const int64_t slot = slots[j0 + j];
+        if (j + PREFETCH_SLOTS < n) prefetch_row(k + slots[j0 + j + PREFETCH_SLOTS] * slot_stride, row_bytes);
         const T* kr = k + slot * slot_stride;
         for (int64_t i = 0; i < num_heads; ++i) {  // query head i reads KV head i / group
             const int64_t h = i / group;
@@ -146,8 +157,11 @@ void attend_chunk(const float* qr, const T* k, const T* v, const float* ks,
         l[i] = exp_shift_sum(p, n, m[i]);
     }
     std::fill(acc, acc + num_heads * head_dim, 0.0f);
+    for (int64_t j = -PREFETCH_SLOTS; j < 0; ++j)
+        if (j + PREFETCH_SLOTS < n) prefetch_row(v + slots[j0 + j + PREFETCH_SLOTS] * slot_stride, row_bytes);
     for (int64_t j = 0; j < n; ++j) {
         const int64_t slot = slots[j0 + j];
+        if (j + PREFETCH_SLOTS < n) prefetch_row(v + slots[j0 + j + PREFETCH_SLOTS] * slot_stride, row_bytes);
         const T* vr = v + slot * slot_stride;
         for (int64_t i = 0; i < num_heads; ++i) {
             const int64_t h = i / group;
