@@ -60,3 +60,20 @@ def test_usable_only_for_float32_cpu(monkeypatch):
     assert not cpu_fused.usable(torch.zeros(2, dtype=torch.bfloat16))
     monkeypatch.setattr(cpu_fused.native, "DISABLED", True)
     assert not cpu_fused.usable(torch.zeros(2))
+
+
+def test_mlp_in_row_blocks_equals_one_pass(monkeypatch):
+    """A long prefill's MLP runs in blocks of rows on the CPU; the result is the one-pass result."""
+    from plait.runtime.models import llama
+
+    args = LlamaArgs(
+        vocab_size=10, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=4,
+        num_kv_heads=2, head_dim=8, rope_theta=10000.0,
+    )
+    mlp = llama.MLP(args)
+    x = torch.randn(23, 32, generator=GEN)
+    whole = mlp(x)
+    monkeypatch.setattr(llama, "CPU_MLP_ROWS", 5)
+    torch.testing.assert_close(mlp(x), whole)
+    gate, up = mlp.gate_up_proj(x).split(48, dim=-1)
+    torch.testing.assert_close(whole, mlp.down_proj(F.silu(gate) * up), atol=1e-5, rtol=1e-5)
