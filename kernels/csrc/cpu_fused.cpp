@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "parallel.h"
+#include "vec_math.h"
 
 namespace {
 
@@ -78,7 +79,15 @@ extern "C" void plait_silu_mul_f32(const float* gate_up, float* out, int64_t row
         const float* g = gate_up + t * 2 * inter;
         const float* u = g + inter;
         float* o = out + t * inter;
-#pragma omp simd
-        for (int64_t i = 0; i < inter; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+        int64_t i = 0;
+#ifdef __AVX2__
+        const __m256 one = _mm256_set1_ps(1.0f);
+        for (; i + 8 <= inter; i += 8) {  // libm's scalar expf was most of this op's time
+            const __m256 gv = _mm256_loadu_ps(g + i);
+            const __m256 e = plait::exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+            _mm256_storeu_ps(o + i, _mm256_div_ps(_mm256_mul_ps(gv, _mm256_loadu_ps(u + i)), _mm256_add_ps(one, e)));
+        }
+#endif
+        for (; i < inter; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
     });
 }
