@@ -21,7 +21,6 @@
 
 namespace {
 
-
 // p[i] = exp(p[i] - m) for i < n; returns the sum.
 inline float exp_shift_sum(float* p, int64_t n, float m) {
     int64_t i = 0;
@@ -137,8 +136,7 @@ void attend_chunk(const float* qr, const T* k, const T* v, const float* ks,
         l[i] = exp_shift_sum(p, n, m[i]);
     }
     std::fill(acc, acc + num_heads * head_dim, 0.0f);
-    for (int64_t j = -PREFETCH_SLOTS; j < 0; ++j)
-        if (j + PREFETCH_SLOTS < n) prefetch_row(v + slots[j0 + j + PREFETCH_SLOTS] * slot_stride, row_bytes);
+    for (int64_t j = 0; j < std::min(n, PREFETCH_SLOTS); ++j) prefetch_row(v + slots[j0 + j] * slot_stride, row_bytes);
     for (int64_t j = 0; j < n; ++j) {
         const int64_t slot = slots[j0 + j];
         if (j + PREFETCH_SLOTS < n) prefetch_row(v + slots[j0 + j + PREFETCH_SLOTS] * slot_stride, row_bytes);
