@@ -280,34 +280,60 @@ inline void pair_x_q8(int8_t* xq, int64_t K) {
     }
 }
 
+// Weights read row after row still ran at ~75% of a plain read of the same bytes: three streams
+// per thread (weights, scales, minimums) that restart at every matrix. Prefetching ~8 KB ahead by
+// hand, past the end of this task's rows into the next task's (the same thread's, under static
+// scheduling), brought the 30 int4 layers of SmolLM2 to the plain read's pace (1.75 -> 1.33 ms).
+constexpr int64_t INT4_PREFETCH_BYTES = 8192;
+
+// Row n's loop prefetches row n + ahead (computed once per call: a division per row cost 25%).
+inline void prefetch_int4_row(const uint8_t* row, const float* sc, const float* mn, int64_t row_bytes, int64_t groups,
+                              int64_t ahead) {
+    const char* w = reinterpret_cast<const char*>(row + ahead * row_bytes);
+    for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(w + off, _MM_HINT_T0);
+    const char* s = reinterpret_cast<const char*>(sc + ahead * groups);
+    const char* m = reinterpret_cast<const char*>(mn + ahead * groups);
+    for (int64_t off = 0; off < groups * int64_t(sizeof(float)); off += 64) {
+        _mm_prefetch(s + off, _MM_HINT_T0);
+        _mm_prefetch(m + off, _MM_HINT_T0);
+    }
+}
+
 template <int M>
 void q8_rows(const int8_t* xq, const float* xd, const float* xs, int64_t K, int64_t n_begin, int64_t n_end,
              int64_t N, const void* qweight, int format, int64_t group, const float* scales, const float* mins,
              const float* bias, float* y) {
     const int64_t groups = K / group, blocks = K / XBLOCK;
     const __m256i ones = _mm256_set1_epi16(1);
+    const int64_t ahead = std::max<int64_t>(1, INT4_PREFETCH_BYTES / (K / 2));
     for (int64_t n = n_begin; n < n_end; ++n) {
         const float* sc = scales + n * groups;
         __m256 acc[M];
-        float out[M];
-        for (int m = 0; m < M; ++m) {
-            acc[m] = _mm256_setzero_ps();
-            out[m] = 0.0f;
-        }
+        for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
         if (format == 1) {  // int4, groups of 32: one block per group, two groups per step (see pair_x_q8)
             const uint8_t* row = static_cast<const uint8_t*>(qweight) + n * (K / 2);
             const float* mn = mins + n * groups;
-            const __m256i low4 = _mm256_set1_epi8(0x0F);
-            const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-            __m128 macc[M];
-            for (int m = 0; m < M; ++m) macc[m] = _mm_setzero_ps();
+            if (n + ahead < N) prefetch_int4_row(row, sc, mn, K / 2, groups, ahead);
+            // the minimum's term, sum_g mn[g] * xs[g]: eight groups per FMA, in the same accumulator
             int64_t g = 0;
-            for (; g + 2 <= groups; g += 2) {
+            for (; g + 8 <= groups; g += 8) {
+                const __m256 mv = _mm256_loadu_ps(mn + g);
+                for (int m = 0; m < M; ++m) acc[m] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(xs + m * blocks + g), acc[m]);
+            }
+            if (g < groups) {
+                const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(groups - g)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+                const __m256 mv = _mm256_maskload_ps(mn + g, tail);
+                for (int m = 0; m < M; ++m)
+                    acc[m] = _mm256_fmadd_ps(mv, _mm256_maskload_ps(xs + m * blocks + g, tail), acc[m]);
+            }
+            const __m256i low4 = _mm256_set1_epi8(0x0F);
+            // groups g, g + 1: d holds their scale products (weight scale x block scale of x) in
+            // lanes 2i and 2i + 1 of each row's vector; `at` spreads them over lanes 0-3 and 4-7
+            auto pair = [&](int64_t g, const __m256* d, __m256i at) {
                 // low nibbles: weights 0..15 of group g | of group g + 1; high nibbles: 16..31 of each
                 const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + g * 16));
                 const __m256i lo = _mm256_and_si256(v, low4);
                 const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-                const __m128 sc2 = load2(sc + g), mn2 = load2(mn + g);
                 for (int m = 0; m < M; ++m) {
                     const int8_t* xp = xq + m * K + g * 32;
                     const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp));
@@ -315,13 +341,21 @@ void q8_rows(const int8_t* xq, const float* xd, const float* xs, int64_t K, int6
                     // each int16 is at most 2 x 2 x 15 x 127 in magnitude: the two halves add exactly
                     const __m256i sum16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa), _mm256_maddubs_epi16(hi, xb));
                     const __m256i dot = _mm256_madd_epi16(sum16, ones);  // lanes 0-3: group g, 4-7: g + 1
-                    const __m128 d2 = _mm_mul_ps(sc2, load2(xd + m * blocks + g));
-                    const __m256 dv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d2), spread);
-                    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dv, acc[m]);
-                    macc[m] = _mm_fmadd_ps(mn2, load2(xs + m * blocks + g), macc[m]);
+                    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_permutevar8x32_ps(d[m], at), acc[m]);
                 }
+            };
+            const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+            __m256 d[M];
+            g = 0;
+            for (; g + 8 <= groups; g += 8) {  // four pairs share one multiply of scales
+                const __m256 s8 = _mm256_loadu_ps(sc + g);
+                for (int m = 0; m < M; ++m) d[m] = _mm256_mul_ps(s8, _mm256_loadu_ps(xd + m * blocks + g));
+                for (int p = 0; p < 4; ++p) pair(g + 2 * p, d, _mm256_add_epi32(spread, _mm256_set1_epi32(2 * p)));
             }
-            for (int m = 0; m < M; ++m) out[m] += _mm_cvtss_f32(_mm_add_ps(macc[m], _mm_movehdup_ps(macc[m])));
+            for (; g + 2 <= groups; g += 2) {
+                for (int m = 0; m < M; ++m) d[m] = _mm256_castps128_ps256(_mm_mul_ps(load2(sc + g), load2(xd + m * blocks + g)));
+                pair(g, d, spread);
+            }
             if (g < groups) {  // an odd last group, x in plain order
                 const __m128i low4x = _mm_set1_epi8(0x0F);
                 const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + g * 16));
@@ -332,7 +366,6 @@ void q8_rows(const int8_t* xq, const float* xd, const float* xs, int64_t K, int6
                     const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), ones);
                     acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(sc[g] * xd[m * blocks + g]),
                                              acc[m]);
-                    out[m] += mn[g] * xs[m * blocks + g];
                 }
             }
         } else {  // int8, groups a multiple of 32
@@ -348,7 +381,7 @@ void q8_rows(const int8_t* xq, const float* xd, const float* xs, int64_t K, int6
                 }
             }
         }
-        for (int m = 0; m < M; ++m) y[m * N + n] = out[m] + hsum256(acc[m]) + (bias ? bias[n] : 0.0f);
+        for (int m = 0; m < M; ++m) y[m * N + n] = hsum256(acc[m]) + (bias ? bias[n] : 0.0f);
     }
 }
 
