@@ -5,8 +5,9 @@
 2. Shared prefix (a long few-shot prefix + different questions): plait with the radix cache on
    and off.
 
-Beside each plait run: forward steps per second, and their share of the roofline (measured read
-bandwidth / the bytes of weights one step reads): a step reads every weight once however many
+Beside each plait run: forward steps per second, and their share of the roofline (the steps/s of
+a plain read of the weights one step reads, where they lie: `latency.measure_weights_read`): a
+step reads every weight once however many
 requests it serves, so at high concurrency the share shows how close batching gets to the limit.
 """
 
@@ -120,13 +121,14 @@ def run_throughput_bench(args: argparse.Namespace) -> int:
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")] if args.transformers else []
     prompts = random_prompts(args.num_requests, args.min_prompt_len, args.max_prompt_len)
     results: dict[str, Any] = {"random": [], "transformers": [], "shared_prefix": []}
-    from plait.benchmarks.latency import measure_bandwidth
+    from plait.benchmarks.latency import measure_bandwidth, measure_weights_read, roofline_steps_s
     from plait.runtime.engine import off_main_thread
 
     bandwidth = off_main_thread(measure_bandwidth)
     engine = Engine(**kwargs)
     dtype = engine.dtype
-    roofline = bandwidth / engine.stats()["weight_bytes"]  # steps/s if a step only read weights
+    weight_bytes = engine.stats()["weight_bytes"]
+    roofline = roofline_steps_s(measure_weights_read(engine), bandwidth, weight_bytes)  # steps/s reading only weights
     try:
         engine.generate(input_ids=prompts[0][:16], sampling_params={"max_new_tokens": 2})
         for c in concurrencies:
@@ -164,7 +166,7 @@ def run_throughput_bench(args: argparse.Namespace) -> int:
     print(f"\n{args.num_requests} requests, prompts {args.min_prompt_len}-{args.max_prompt_len} tokens, "
           f"{args.output_len} output tokens, dtype {str(dtype).removeprefix('torch.')}, "
           f"quantization {kwargs.get('quantization')}; roofline {roofline:.0f} steps/s "
-          f"({bandwidth / 1e9:.1f} GB/s read)")
+          f"(weights read at {roofline * weight_bytes / 1e9:.1f} GB/s; 1 GiB probe {bandwidth / 1e9:.1f} GB/s)")
     print_table(["system", "output tok/s", "x plait c=1", "x best transformers", "steps/s", "of roofline",
                  "TTFT mean s", "TTFT P99 s"], rows)  # fmt: skip
     on, off_r = results["shared_prefix"]

@@ -36,7 +36,9 @@ DISABLE_NATIVE_ENV = "PLAIT_DISABLE_NATIVE"
 CSRC = Path(__file__).parent / "csrc"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++17", "-fno-math-errno"]
 # library name -> its sources (every header in csrc/ is part of each build's cache key)
-LIBRARIES = {"cpu_kernels": ("cpu_attention.cpp", "cpu_quant_matmul.cpp", "cpu_fused.cpp", "cpu_decode.cpp")}
+LIBRARIES = {
+    "cpu_kernels": ("cpu_attention.cpp", "cpu_quant_matmul.cpp", "cpu_fused.cpp", "cpu_decode.cpp", "cpu_memory.cpp")
+}
 
 _lock = threading.Lock()
 

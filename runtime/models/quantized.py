@@ -68,17 +68,23 @@ def quantize_linears(
         setattr(parent, leaf, QuantLinear(qw, linear.bias))
 
 
-def weight_bytes(model: nn.Module) -> int:
-    """Bytes of weights one decode step reads: every linear and norm (quantized or not), plus one
-    embedding row per token (counted as one row)."""
-    total = 0
+def weight_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """The weights one decode step reads: every linear and norm (quantized or not: packed weights,
+    scales, minimums, biases), plus one embedding row per token (counted as one row)."""
+    found: list[torch.Tensor] = []
     for module in model.modules():
         if isinstance(module, QuantLinear):
-            total += module.qw.nbytes + (0 if module.bias is None else module.bias.nbytes)
+            qw = module.qw
+            found += [t for t in (qw.qweight, qw.scales, qw.mins, module.bias) if t is not None]
         elif isinstance(module, nn.Linear):
-            total += module.weight.nbytes + (0 if module.bias is None else module.bias.nbytes)
+            found += [t for t in (module.weight, module.bias) if t is not None]
         elif isinstance(module, nn.Embedding):
-            total += module.weight[0].nbytes
+            found.append(module.weight[0])
         elif hasattr(module, "weight") and isinstance(module.weight, nn.Parameter) and not list(module.children()):
-            total += module.weight.nbytes
-    return total
+            found.append(module.weight)
+    return [t.detach() for t in found]
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of weights one decode step reads (`weight_tensors`): the numerator of a roofline."""
+    return sum(t.nbytes for t in weight_tensors(model))

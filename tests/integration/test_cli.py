@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -81,8 +83,11 @@ def test_bench_latency_reports_roofline_and_perplexity_per_format(tiny_llama_dir
     f32, int4 = report["results"]["float32"], report["results"]["int4"]
     assert int4["plait"]["weight_bytes"] < f32["plait"]["weight_bytes"] / 4
     assert int4["roofline_steps_s"] > f32["roofline_steps_s"]
+    assert "weights themselves read at" in out.stdout
     for r in (f32, int4):
         assert r["plait"]["decode_tok_s"] > 0 and r["plait"]["perplexity"] > 1
+        # the roofline is a plain read of those very weights
+        assert r["roofline_steps_s"] == pytest.approx(1 / r["plait"]["weights_read_s"])
 
 
 def test_bench_overhead_compares_a_skinny_twin(tiny_llama_dir, tmp_path):

@@ -5,6 +5,7 @@ page invariants. GGUF files keep their blocks (see test_gguf_loader)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from plait import Engine
 from plait.runtime.models.quantized import QuantLinear
@@ -67,3 +68,22 @@ def test_quantized_engine_swaps_linears_and_reports_weight_bytes(engines, mode):
 def test_unknown_quantization_is_named(tiny_llama_dir):
     with pytest.raises(ValueError, match="quantization"):
         Engine(model_path=str(tiny_llama_dir), quantization="fp8")
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_weight_tensors_are_what_a_step_reads_and_read_back(engines, mode):
+    from plait.kernels.memory_read import read_seconds
+    from plait.runtime.models.quantized import weight_tensors
+
+    engine = engines[mode]
+    tensors = weight_tensors(engine.model)
+    assert sum(t.nbytes for t in tensors) == engine.stats()["weight_bytes"]
+    ptrs = {t.data_ptr() for t in tensors}
+    for m in engine.model.modules():
+        if isinstance(m, QuantLinear):  # packed weights, scales (and int4 minimums)
+            assert {t.data_ptr() for t in (m.qweight, m.scales, m.qw.mins) if t is not None} <= ptrs
+    seconds = read_seconds(tensors, repeats=2)
+    if seconds is not None:  # the native kernels built
+        assert 0 < seconds < 10
+        with pytest.raises(ValueError, match=r"tensors\[1\]"):
+            read_seconds([tensors[0], torch.ones(4, 4).t()])
