@@ -428,34 +428,39 @@ inline bool q8_usable(int64_t K, int format, int64_t group) {
 #endif
 
 // float32 weights (format 2), for the decode stack and the LM head: torch's GEMV for one row of x
-// read the weights at 16-36 GB/s on this machine; streaming two weight rows at a time against up
-// to 4 rows of x reads them at the memory's pace.
+// read the weights at 16-36 GB/s on this machine. Each weight row is read in one sequential pass
+// against up to 4 rows of x (independent accumulators: 4 for one row of x, 2 per row otherwise),
+// with the row `ahead` rows on prefetched, past this task's end into the next task's (the same
+// thread's under static scheduling). Two rows side by side, prefetched only within the task, read
+// SmolLM2's 30 float32 layers at 0.76-0.85 of a plain read of the same bytes; this runs at 1.02.
+constexpr int64_t DENSE_PREFETCH_BYTES = 8192;
+
 template <int M>
 void dense_rows(const float* x, int64_t K, int64_t n_begin, int64_t n_end, int64_t N, const float* w,
                 const float* bias, float* y) {
     int64_t n = n_begin;
 #ifdef __AVX2__
-    if (K % 8 == 0) {
-        for (; n + 2 <= n_end; n += 2) {
-            const float *w0 = w + n * K, *w1 = w0 + K;
-            __m256 a[M][2];
-            for (int m = 0; m < M; ++m) a[m][0] = a[m][1] = _mm256_setzero_ps();
-            const float* ahead = w0 + (n + 6 <= n_end ? 4 * K : 0);  // the pair after next
-            for (int64_t k = 0; k < K; k += 8) {
-                if (k % 16 == 0) {
-                    _mm_prefetch(reinterpret_cast<const char*>(ahead + k), _MM_HINT_T0);
-                    _mm_prefetch(reinterpret_cast<const char*>(ahead + K + k), _MM_HINT_T0);
-                }
-                const __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k);
-                for (int m = 0; m < M; ++m) {
-                    const __m256 xv = _mm256_loadu_ps(x + m * K + k);
-                    a[m][0] = _mm256_fmadd_ps(xv, v0, a[m][0]);
-                    a[m][1] = _mm256_fmadd_ps(xv, v1, a[m][1]);
+    constexpr int ACC = M == 1 ? 4 : 2;
+    if (K % (8 * ACC) == 0) {
+        const int64_t ahead = std::max<int64_t>(1, DENSE_PREFETCH_BYTES / (K * int64_t(sizeof(float))));
+        for (; n < n_end; ++n) {
+            const float* row = w + n * K;
+            const char* next = reinterpret_cast<const char*>(n + ahead < N ? row + ahead * K : row);
+            __m256 a[M][ACC];
+            for (int m = 0; m < M; ++m)
+                for (int j = 0; j < ACC; ++j) a[m][j] = _mm256_setzero_ps();
+            for (int64_t k = 0; k < K; k += 8 * ACC) {
+                for (int64_t line = 0; line < 8 * ACC * int64_t(sizeof(float)); line += 64)
+                    _mm_prefetch(next + k * int64_t(sizeof(float)) + line, _MM_HINT_T0);
+                for (int j = 0; j < ACC; ++j) {
+                    const __m256 v = _mm256_loadu_ps(row + k + 8 * j);
+                    for (int m = 0; m < M; ++m) a[m][j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * K + k + 8 * j), v, a[m][j]);
                 }
             }
             for (int m = 0; m < M; ++m) {
-                y[m * N + n] = hsum256(a[m][0]) + (bias ? bias[n] : 0.0f);
-                y[m * N + n + 1] = hsum256(a[m][1]) + (bias ? bias[n + 1] : 0.0f);
+                __m256 t = a[m][0];
+                for (int j = 1; j < ACC; ++j) t = _mm256_add_ps(t, a[m][j]);
+                y[m * N + n] = hsum256(t) + (bias ? bias[n] : 0.0f);
             }
         }
     }
