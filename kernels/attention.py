@@ -30,7 +30,7 @@ class AttentionMetadata:
     extend_kv_slots: list[torch.Tensor]  # per extend sequence: [kv_len] long
     decode_kv_slots: torch.Tensor | None = None  # [B, max_kv_len] long, padded with 0
     decode_kv_lens: torch.Tensor | None = None  # [B] long
-    decode_mask: torch.Tensor | None = None  # [B, 1, 1, max_kv_len] bool, True = attend
+    decode_mask: torch.Tensor | None = None  # [B, 1, 1, max_kv_len] bool, True = attend (None: from the lens)
     triton: Any = None  # PagedAttentionTables for the CUDA kernels, built once per forward
     cpu: Any = None  # attention_cpu.CpuRows for the native CPU kernel, built by its first layer
 
@@ -223,6 +223,9 @@ def paged_attention_ref(
     if meta.decode_kv_slots is not None:
         first = meta.num_extend_tokens
         mask = meta.decode_mask
+        if mask is None:  # the model runner leaves it to the reference path, its only reader
+            width = meta.decode_kv_slots.shape[1]
+            mask = (torch.arange(width, device=q.device)[None, :] < meta.decode_kv_lens[:, None])[:, None, None, :]
         if sliding_window is not None:
             positions = torch.arange(mask.shape[-1], device=q.device)
             lower = (meta.decode_kv_lens - sliding_window)[:, None, None, None]

@@ -61,6 +61,11 @@ def use_native_attention(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
 
 def cpu_rows(meta: AttentionMetadata, sliding_window: int | None) -> CpuRows:
     """The rows of a forward: every decode token, and each token of the short extends."""
+    if not meta.extend_q_lens and meta.decode_kv_slots is not None:  # decodes only: their tables as built
+        lens = meta.decode_kv_lens.to(torch.long)
+        rows = torch.arange(meta.num_decode)
+        first = torch.zeros_like(lens) if sliding_window is None else (lens - sliding_window).clamp_(min=0)
+        return CpuRows(meta.decode_kv_slots, rows, rows, first, lens, frozenset())
     tables: list[torch.Tensor] = []
     q_index: list[int] = []
     table_index: list[int] = []

@@ -14,7 +14,7 @@ from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.models.llama import LlamaForCausalLM
 from plait.runtime.request import Request
-from plait.runtime.sampling import SamplingRow, sample
+from plait.runtime.sampling import SamplingRow, argmax, sample
 from plait.runtime.speculative.verify import verify_draft
 
 
@@ -114,7 +114,7 @@ class ModelRunner:
             if samples:  # the last real token, then one row per draft token
                 logit_rows.extend(row0 + e.end - 1 - e.start + j for j in range(len(e.draft_ids) + 1))
             plans.append((input_rows, samples))
-        decode_slots = decode_lens = decode_mask = None
+        decode_slots = decode_lens = None
         if batch.decodes:
             lens = [r.num_tokens for r in batch.decodes]
             width = max(lens)
@@ -127,11 +127,8 @@ class ModelRunner:
                 table[i, : lens[i]] = s
                 slot_chunks.append(s[-1:])
                 plans.append(([], True))
-            decode_lens = torch.tensor(lens, dtype=torch.long)
-            decode_mask = (torch.arange(width)[None, :] < decode_lens[:, None])[:, None, None, :]
             decode_slots = table.to(self.device)
-            decode_lens = decode_lens.to(self.device)
-            decode_mask = decode_mask.to(self.device)
+            decode_lens = torch.tensor(lens, dtype=torch.long).to(self.device)
         meta = AttentionMetadata(
             slot_mapping=torch.cat(slot_chunks).to(self.device),
             extend_q_starts=q_starts,
@@ -140,7 +137,6 @@ class ModelRunner:
             extend_kv_slots=[s.to(self.device) for s in kv_slots],
             decode_kv_slots=decode_slots,
             decode_kv_lens=decode_lens,
-            decode_mask=decode_mask,
         )
         if use_triton(meta.slot_mapping):
             from plait.kernels.attention_triton import tables_from_pages
@@ -221,7 +217,12 @@ class ModelRunner:
                 sample_rows.append(cursor)
                 sample_reqs.append(i)
                 cursor += 1
-        if sample_rows:
+        if sample_rows and all(_plain_greedy(reqs[i]) for i in sample_reqs):  # argmax of the raw logits
+            every_row = sample_rows == list(range(logits.shape[0]))
+            picks = argmax(logits if every_row else logits[torch.tensor(sample_rows, device=logits.device)])
+            for j, token in enumerate(picks.tolist()):
+                results[sample_reqs[j]].tokens.append(token)
+        elif sample_rows:
             rows = torch.tensor(sample_rows, dtype=torch.long, device=logits.device)
             batch_logits = logits[rows]  # a copy: logprobs above stay those of the raw distribution
             self._apply_grammars(batch_logits, [reqs[i] for i in sample_reqs])
@@ -282,6 +283,16 @@ class ModelRunner:
         for j in constrained:
             grammars[j].fill_bitmask(bitmask, j)
         apply_token_bitmask(logits, bitmask.to(logits.device), constrained)
+
+
+def _plain_greedy(req: Request) -> bool:
+    """Whether the request's next token is the argmax of its raw logits: greedy, no grammar, no
+    penalty, no token banned (`_sampling_row`: stop and EOS ids before `min_new_tokens`)."""
+    p = req.params
+    return (
+        p.is_greedy and req.grammar is None and not p.frequency_penalty and not p.presence_penalty
+        and p.repetition_penalty == 1.0 and len(req.output_ids) >= p.min_new_tokens
+    )  # fmt: skip
 
 
 def _top(logprobs: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:

@@ -8,6 +8,7 @@ from typing import Any
 
 from plait.runtime.model_runner import ExtendEntry, ModelRunner, ScheduleBatch
 from plait.runtime.request import Request
+from plait.runtime.sampling import argmax
 from plait.runtime.speculative.base import Drafter
 
 
@@ -61,7 +62,7 @@ class ModelDrafter(Drafter):
                 start = min(r.spec.draft_valid, n - 1) if self.own_kv else n - 1
                 entries.append(ExtendEntry(r, start, n, True, draft_ids=drafts[id(r)]))
             logits = self.runner.last_logits(ScheduleBatch(extends=entries), self.num_layers)
-            for r, e, token in zip(ready, entries, logits.argmax(dim=-1).tolist()):
+            for r, e, token in zip(ready, entries, argmax(logits).tolist()):
                 if self.own_kv:
                     r.spec.draft_valid = e.end + len(e.draft_ids)
                 drafts[id(r)].append(token)

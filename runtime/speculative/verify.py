@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from plait.runtime.sampling import SamplingRow, apply_penalties, filter_probs
+from plait.runtime.sampling import SamplingRow, apply_penalties, argmax, filter_probs
 
 
 def target_probs(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
@@ -45,7 +45,7 @@ def verify_draft(
         mask_row(i, logits[i])
         if row.params.is_greedy:
             apply_penalties(logits[i][None], [row])
-            choice = int(logits[i].argmax())
+            choice = int(argmax(logits[i]))
             if i < len(draft) and choice == draft[i]:
                 out.append(choice)
                 continue

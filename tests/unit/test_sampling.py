@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from plait.runtime.protocol import SamplingParams
-from plait.runtime.sampling import SamplingRow, apply_penalties, sample
+from plait.runtime.sampling import SamplingRow, apply_penalties, argmax, sample
 
 VOCAB = 50
 
@@ -30,6 +30,16 @@ def logits() -> torch.Tensor:
 
 def test_greedy_is_argmax(logits):
     assert draws(logits, 4, temperature=0.0).tolist() == [logits.argmax().item()] * 4
+
+
+def test_argmax_is_torchs_first_maximum_with_ties_and_nan():
+    x = torch.tensor([[1.0, 3.0, 3.0, 2.0], [0.0, 0.0, 0.0, 0.0], [1.0, float("nan"), 5.0, float("nan")]])
+    assert argmax(x).tolist() == x.argmax(dim=-1).tolist() == [1, 0, 1]
+    assert argmax(x).dtype == torch.long
+    assert argmax(x[0]).item() == 1  # one row
+    assert argmax(x.t()[:2]).tolist() == x.t()[:2].argmax(dim=-1).tolist()  # not contiguous: torch's
+    big = torch.randn(3, 49152, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(argmax(big), big.argmax(dim=-1))
 
 
 def test_top_k_support(logits):
