@@ -88,6 +88,7 @@ def test_bench_latency_reports_roofline_and_perplexity_per_format(tiny_llama_dir
         assert r["plait"]["decode_tok_s"] > 0 and r["plait"]["perplexity"] > 1
         # the roofline is a plain read of those very weights
         assert r["roofline_steps_s"] == pytest.approx(1 / r["plait"]["weights_read_s"])
+        assert 0 < r["plait"]["decode_share_of_roofline"]  # each decode run against the reads beside it
 
 
 def test_bench_overhead_compares_a_skinny_twin(tiny_llama_dir, tmp_path):
