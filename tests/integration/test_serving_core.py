@@ -139,13 +139,23 @@ def test_abort_mid_prefill_and_mid_decode(tiny_llama_dir, reference):
 
         threads = [threading.Thread(target=call, args=(f"ok{i}", p, sp)) for i, (p, sp) in enumerate(items)]
         threads.append(threading.Thread(target=call, args=("prefill", long_prompt, long_params, "abort-prefill")))
-        threads.append(threading.Thread(target=call, args=("decode", "short", long_params, "abort-decode")))
+        # long enough to be still decoding when it is aborted: a tiny model decodes 400 tokens in
+        # a few tenths of a second
+        decode_params = {**GREEDY, "max_new_tokens": 2000}
+        threads.append(threading.Thread(target=call, args=("decode", "short", decode_params, "abort-decode")))
         for t in threads:
             t.start()
-        time.sleep(0.3)
-        engine.abort("abort-prefill")  # its 300-token prompt needs ~40 steps of 8 tokens
         deadline = time.time() + 60
+        sched = engine.scheduler
+        # its 300-token prompt needs ~40 steps of 8 tokens: abort it part-way through (a tiny model
+        # runs a step in well under a millisecond, so no fixed sleep lands there reliably)
+        while not any(r.rid == "abort-prefill" and r.num_computed > 0 for r in sched.prefilling + sched.running):
+            assert "prefill" not in results, "the request finished before it could be aborted"
+            assert time.time() < deadline
+            time.sleep(0.001)
+        engine.abort("abort-prefill")
         while not any(r.rid == "abort-decode" and r.output_ids for r in engine.scheduler.running):
+            assert "decode" not in results, "the request finished before it could be aborted"
             assert time.time() < deadline
             time.sleep(0.005)
         engine.abort("abort-decode")
