@@ -21,6 +21,7 @@ CASES = [
     Case(extends=[(20, 3), (0, 40), (7, 16), (50, 17)], decodes=[9, 200], page_size=4),
     Case(extends=[(33, 1)], decodes=[], num_heads=4, num_kv_heads=4, head_dim=32),
     Case(extends=[(30, 5)], decodes=[3, 100, 45], sliding_window=8, page_size=16),
+    Case(extends=[], decodes=[3, 100, 45], sliding_window=16, page_size=4),  # decodes only: tables as built
     Case(extends=[(0, 2)], decodes=[7], num_heads=8, num_kv_heads=1, head_dim=80, page_size=2),
     # few rows over long contexts: each row's context is split across threads, then merged
     Case(extends=[], decodes=[1500], num_heads=9, num_kv_heads=3, page_size=1),
