@@ -441,7 +441,8 @@ void dense_rows(const float* x, int64_t K, int64_t n_begin, int64_t n_end, int64
     int64_t n = n_begin;
 #ifdef __AVX2__
     constexpr int ACC = M == 1 ? 4 : 2;
-    if (K % (8 * ACC) == 0) {
+    if (K % 8 == 0) {
+        const int64_t K_acc = K / (8 * ACC) * (8 * ACC);  // then single vectors to K
         const int64_t ahead = std::max<int64_t>(1, DENSE_PREFETCH_BYTES / (K * int64_t(sizeof(float))));
         for (; n < n_end; ++n) {
             const float* row = w + n * K;
@@ -449,13 +450,18 @@ void dense_rows(const float* x, int64_t K, int64_t n_begin, int64_t n_end, int64
             __m256 a[M][ACC];
             for (int m = 0; m < M; ++m)
                 for (int j = 0; j < ACC; ++j) a[m][j] = _mm256_setzero_ps();
-            for (int64_t k = 0; k < K; k += 8 * ACC) {
+            for (int64_t k = 0; k < K_acc; k += 8 * ACC) {
                 for (int64_t line = 0; line < 8 * ACC * int64_t(sizeof(float)); line += 64)
                     _mm_prefetch(next + k * int64_t(sizeof(float)) + line, _MM_HINT_T0);
                 for (int j = 0; j < ACC; ++j) {
                     const __m256 v = _mm256_loadu_ps(row + k + 8 * j);
                     for (int m = 0; m < M; ++m) a[m][j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * K + k + 8 * j), v, a[m][j]);
                 }
+            }
+            for (int64_t k = K_acc; k < K; k += 8) {
+                _mm_prefetch(next + k * int64_t(sizeof(float)), _MM_HINT_T0);
+                const __m256 v = _mm256_loadu_ps(row + k);
+                for (int m = 0; m < M; ++m) a[m][0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * K + k), v, a[m][0]);
             }
             for (int m = 0; m < M; ++m) {
                 __m256 t = a[m][0];

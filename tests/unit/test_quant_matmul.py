@@ -134,11 +134,12 @@ def test_quant_linear_follows_its_buffers_when_moved():
 
 @needs_native
 @pytest.mark.parametrize("m", [1, 3, 4, 5, 47, 48])
-def test_dense_matmul_matches_linear(m: int) -> None:
+@pytest.mark.parametrize("k", [64, 40, 13])  # whole vector runs, a tail of single vectors, scalar
+def test_dense_matmul_matches_linear(m: int, k: int) -> None:
     gen = torch.Generator().manual_seed(m)
-    w, bias = torch.randn(70, 64, generator=gen), torch.randn(70, generator=gen)
-    x = torch.randn(m, 64, generator=gen)
+    w, bias = torch.randn(70, k, generator=gen), torch.randn(70, generator=gen)
+    x = torch.randn(m, k, generator=gen)
     expected = torch.nn.functional.linear(x, w, bias)
     torch.testing.assert_close(qm.dense_matmul(x, w, bias), expected, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(qm.dense_matmul(x.reshape(1, m, 64), w), expected.reshape(1, m, 70) - bias,
+    torch.testing.assert_close(qm.dense_matmul(x.reshape(1, m, k), w), expected.reshape(1, m, 70) - bias,
                                atol=1e-4, rtol=1e-4)  # fmt: skip
