@@ -36,6 +36,7 @@ class KVCacheManager:
         self.cache.lock(result.node)
         req.last_node = result.node
         req.pages = list(result.pages)
+        req.pages_stale_from = 0
         req.num_cached_pages = len(result.pages)
         req.num_computed = result.num_tokens
         return result.num_tokens
@@ -45,6 +46,7 @@ class KVCacheManager:
         self.cache.unlock(req.last_node)
         req.last_node = None
         req.pages = []
+        req.pages_stale_from = 0
         req.num_cached_pages = 0
         req.num_computed = 0
 
@@ -76,6 +78,7 @@ class KVCacheManager:
         if len(req.pages) > keep:
             self._free(req.pages[keep:])
             del req.pages[keep:]
+            req.pages_stale_from = min(req.pages_stale_from, keep)
 
     # caching and release ----------------------------------------------------------------
 
@@ -93,6 +96,7 @@ class KVCacheManager:
         self.cache.lock(result.node)
         self.cache.unlock(req.last_node)
         req.pages[:full] = result.pages
+        req.pages_stale_from = 0  # once per request: not worth proving which pages kept their place
         req.num_cached_pages = full
         req.last_node = result.node
 
@@ -106,6 +110,7 @@ class KVCacheManager:
             self._free(req.pages[req.num_cached_pages :])
             self.cache.unlock(req.last_node)
         req.pages = []
+        req.pages_stale_from = 0
         req.num_cached_pages = 0
         req.last_node = None
         req.num_computed = 0

@@ -43,6 +43,11 @@ class Request:
     pages: list[int] = field(default_factory=list)
     num_computed: int = 0
     num_cached_pages: int = 0  # leading pages owned by the radix tree, locked via last_node
+    # pages[i:] for i >= pages_stale_from may differ from the model runner's int64 copy of the
+    # table (`page_rows`, see ModelRunner.page_table): the KV cache manager lowers it whenever it
+    # replaces or drops pages; appended pages need no mark
+    pages_stale_from: int = 0
+    page_rows: Any = None
     last_node: Any = None
     admit_order: int = -1
     cached_tokens: int = 0
@@ -68,6 +73,10 @@ class Request:
     @property
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
+
+    @property
+    def last_id(self) -> int:
+        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
 
     @property
     def num_tokens(self) -> int:
