@@ -40,6 +40,9 @@ def test_compact_formats_greedy_agrees_with_float32(default_engine, key, value, 
     ref = [o["output_ids"] for o in default_engine.generate(PROMPTS, sampling_params=params)]
     with Engine(**{key: value}, max_total_tokens=8192) as engine:
         ours = [o["output_ids"] for o in engine.generate(PROMPTS, sampling_params=params)]
+        # one at a time too: single rows and batches of rows take different kernels
+        alone = [engine.generate(p, sampling_params=params)["output_ids"] for p in PROMPTS]
         stats = engine.stats()
     assert agreement(ours, ref) >= 0.95, (ours, ref)
+    assert agreement(alone, ref) >= 0.95, (alone, ref)
     assert stats[stat] <= default_engine.stats()[stat] / factor

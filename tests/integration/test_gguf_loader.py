@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from plait.kernels.quant_matmul import DEQUANT_GEMM_MIN_ROWS
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.model_loader import load_model
 from plait.runtime.model_runner import ExtendEntry, ModelRunner, ScheduleBatch
@@ -128,14 +129,15 @@ def test_gguf_types_match_transformers(tmp_path, smollm_tokenizer, gguf_metadata
 
         formats = {m.format for m in loaded.model.modules() if isinstance(m, QuantLinear)}
         assert formats == {"int8" if qtype == "Q8_0" else "int4"}
-    ids = torch.randint(3, 49152, (1, 24), generator=torch.Generator().manual_seed(0))
+    # a prefill's worth of rows: fewer (a decode batch) would round x to int8 for the quantized kernels
+    ids = torch.randint(3, 49152, (1, DEQUANT_GEMM_MIN_ROWS), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = hf(ids).logits[0]
     args = loaded.args
-    pool = KVPool(64, 1, args.num_layers, args.num_kv_heads, args.head_dim, torch.float32, torch.device("cpu"))
+    pool = KVPool(128, 1, args.num_layers, args.num_kv_heads, args.head_dim, torch.float32, torch.device("cpu"))
     runner = ModelRunner(loaded.model, pool, torch.device("cpu"), frozenset([2]), torch.Generator())
     req = request(ids[0].tolist(), 0, 1)
-    ours = all_logits(runner, ScheduleBatch(extends=[ExtendEntry(req, 0, 24, True)]))
+    ours = all_logits(runner, ScheduleBatch(extends=[ExtendEntry(req, 0, DEQUANT_GEMM_MIN_ROWS, True)]))
     assert (ours - ref).abs().max().item() < 1e-4
     assert loaded.tokenizer.encode("Hello world") == smollm_tokenizer.encode("Hello world")
 
