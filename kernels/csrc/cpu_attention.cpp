@@ -149,6 +149,92 @@ void attend_chunk(const float* qr, const T* k, const T* v, const float* ks,
     }
 }
 
+#ifdef __AVX2__
+// attend_chunk for G query heads per KV head (GQA, G <= 8), the same results: each slot's K and V
+// row of a KV head is loaded (and converted from bfloat16 or int8) once for its G query heads
+// instead of G times. Measured on SmolLM2's shapes (9 query heads over 3 KV heads) at 8,000 slots:
+// the per-head loop was compute-bound at 30 GB/s for a float32 cache and slower still for the
+// smaller types (a bfloat16 cache decoded slower than a float32 one).
+template <class T, int G>
+void attend_chunk_gqa(const float* qr, const T* k, const T* v, const float* ks, const float* vs,
+                      const int64_t* slots, int64_t j0, int64_t j1, int64_t num_kv_heads, int64_t head_dim,
+                      float scale, float* acc, float* m, float* l) {
+    thread_local std::vector<float> scores;
+    const int64_t n = j1 - j0, num_heads = G * num_kv_heads, slot_stride = num_kv_heads * head_dim;
+    const int64_t row_bytes = slot_stride * int64_t(sizeof(T)), D8 = head_dim / 8 * 8;
+    scores.resize(num_heads * n);
+    for (int64_t j = 0; j < n; ++j) {
+        const int64_t slot = slots[j0 + j];
+        if (j + PREFETCH_SLOTS < n) prefetch_row(k + slots[j0 + j + PREFETCH_SLOTS] * slot_stride, row_bytes);
+        for (int64_t h = 0; h < num_kv_heads; ++h) {
+            const T* kh = k + slot * slot_stride + h * head_dim;
+            const float* qh = qr + h * G * head_dim;  // query heads h * G .. h * G + G - 1
+            __m256 a[G];
+            for (int g = 0; g < G; ++g) a[g] = _mm256_setzero_ps();
+            for (int64_t d = 0; d < D8; d += 8) {
+                const __m256 kv = load8(kh + d);
+                for (int g = 0; g < G; ++g) a[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + g * head_dim + d), kv, a[g]);
+            }
+            const float s = ks ? scale * ks[slot * num_kv_heads + h] : scale;
+            for (int g = 0; g < G; ++g) {
+                float t = hsum(a[g]);
+                for (int64_t d = D8; d < head_dim; ++d) t += qh[g * head_dim + d] * to_float(kh[d]);
+                scores[(h * G + g) * n + j] = t * s;
+            }
+        }
+    }
+    for (int64_t i = 0; i < num_heads; ++i) {
+        float* p = scores.data() + i * n;
+        m[i] = *std::max_element(p, p + n);
+        l[i] = exp_shift_sum(p, n, m[i]);
+    }
+    std::fill(acc, acc + num_heads * head_dim, 0.0f);
+    for (int64_t j = 0; j < std::min(n, PREFETCH_SLOTS); ++j) prefetch_row(v + slots[j0 + j] * slot_stride, row_bytes);
+    for (int64_t j = 0; j < n; ++j) {
+        const int64_t slot = slots[j0 + j];
+        if (j + PREFETCH_SLOTS < n) prefetch_row(v + slots[j0 + j + PREFETCH_SLOTS] * slot_stride, row_bytes);
+        for (int64_t h = 0; h < num_kv_heads; ++h) {
+            const T* vh = v + slot * slot_stride + h * head_dim;
+            float* ah = acc + h * G * head_dim;
+            const float sv = vs ? vs[slot * num_kv_heads + h] : 1.0f;
+            float p[G];
+            __m256 vp[G];
+            for (int g = 0; g < G; ++g) {
+                p[g] = scores[(h * G + g) * n + j] * sv;
+                vp[g] = _mm256_set1_ps(p[g]);
+            }
+            for (int64_t d = 0; d < D8; d += 8) {
+                const __m256 x = load8(vh + d);
+                for (int g = 0; g < G; ++g) {
+                    float* o = ah + g * head_dim + d;
+                    _mm256_storeu_ps(o, _mm256_fmadd_ps(vp[g], x, _mm256_loadu_ps(o)));
+                }
+            }
+            for (int64_t d = D8; d < head_dim; ++d)
+                for (int g = 0; g < G; ++g) ah[g * head_dim + d] += p[g] * to_float(vh[d]);
+        }
+    }
+}
+
+#endif
+
+// attend_chunk_gqa where G is one of the compiled group sizes, else attend_chunk.
+template <class T>
+void attend(const float* qr, const T* k, const T* v, const float* ks, const float* vs, const int64_t* slots,
+            int64_t j0, int64_t j1, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
+            float* acc, float* m, float* l) {
+#ifdef __AVX2__
+    switch (num_heads % num_kv_heads == 0 ? num_heads / num_kv_heads : 0) {
+#define PLAIT_GQA(G) \
+    case G: return attend_chunk_gqa<T, G>(qr, k, v, ks, vs, slots, j0, j1, num_kv_heads, head_dim, scale, acc, m, l);
+        PLAIT_GQA(1) PLAIT_GQA(2) PLAIT_GQA(3) PLAIT_GQA(4) PLAIT_GQA(5) PLAIT_GQA(6) PLAIT_GQA(7) PLAIT_GQA(8)
+#undef PLAIT_GQA
+        default: break;
+    }
+#endif
+    attend_chunk<T>(qr, k, v, ks, vs, slots, j0, j1, num_heads, num_kv_heads, head_dim, scale, acc, m, l);
+}
+
 }  // namespace
 
 namespace {
@@ -193,8 +279,8 @@ void attention_rows(const float* q, const T* k, const T* v, const float* ks,
         const float* qr = q + q_index[r] * hd;
         if (splits > 1) {
             if (j1 > j0)
-                attend_chunk<T>(qr, k, v, ks, vs, slots, j0, j1, num_heads, num_kv_heads, head_dim, scale,
-                             part_acc.data() + t * hd, part_m.data() + t * num_heads, part_l.data() + t * num_heads);
+                attend<T>(qr, k, v, ks, vs, slots, j0, j1, num_heads, num_kv_heads, head_dim, scale,
+                          part_acc.data() + t * hd, part_m.data() + t * num_heads, part_l.data() + t * num_heads);
             return;
         }
         float* o = out + q_index[r] * hd;
@@ -205,8 +291,8 @@ void attention_rows(const float* q, const T* k, const T* v, const float* ks,
         acc.resize(hd);
         m.resize(num_heads);
         l.resize(num_heads);
-        attend_chunk<T>(qr, k, v, ks, vs, slots, 0, n, num_heads, num_kv_heads, head_dim, scale, acc.data(),
-                         m.data(), l.data());
+        attend<T>(qr, k, v, ks, vs, slots, 0, n, num_heads, num_kv_heads, head_dim, scale, acc.data(), m.data(),
+                  l.data());
         for (int64_t i = 0; i < num_heads; ++i) {
             const float inv = 1.0f / l[i];
             for (int64_t d = 0; d < head_dim; ++d) o[i * head_dim + d] = acc[i * head_dim + d] * inv;

@@ -23,6 +23,8 @@ CASES = [
     Case(extends=[(30, 5)], decodes=[3, 100, 45], sliding_window=8, page_size=16),
     Case(extends=[], decodes=[3, 100, 45], sliding_window=16, page_size=4),  # decodes only: tables as built
     Case(extends=[(0, 2)], decodes=[7], num_heads=8, num_kv_heads=1, head_dim=80, page_size=2),
+    Case(extends=[(3, 2)], decodes=[11, 70], num_heads=6, num_kv_heads=2, head_dim=20, page_size=1),  # a tail of 4
+    Case(extends=[], decodes=[9, 40], num_heads=12, num_kv_heads=1, head_dim=16, page_size=4),  # groups past 8
     # few rows over long contexts: each row's context is split across threads, then merged
     Case(extends=[], decodes=[1500], num_heads=9, num_kv_heads=3, page_size=1),
     Case(extends=[], decodes=[1200, 10], page_size=16),
