@@ -1,6 +1,7 @@
-"""The embedded model quantized (weights, and separately the KV cache): greedy int8 (re-quantized per channel) and int4 (the GGUF's own
-Q4_1 blocks, its Q8_0 embedding as the int8 LM head) agree with float32 on at least 95% of
-tokens over a fixed set of prompts."""
+"""The embedded model quantized (weights, and separately the KV cache): greedy int8 and int4 (both
+run the GGUF's own Q4_1 blocks, its Q8_0 embedding as the int8 LM head; see docs/cpu.md) agree
+with float32 on at least 95% of tokens over a fixed set of prompts, as one batch and one at a
+time (single rows and batches take different kernels)."""
 
 from __future__ import annotations
 
