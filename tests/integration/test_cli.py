@@ -98,6 +98,25 @@ def test_bench_overhead_compares_a_skinny_twin(tiny_llama_dir, tmp_path):
     out = run("bench", "overhead", "--model", str(tiny_llama_dir), "--formats", "int4", "--decode-len", "8",
               "--repeats", "1", "--output", str(out_path))  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert "overhead share" in out.stdout
+    assert "overhead share" in out.stdout and "python share" in out.stdout
     result = json.loads(out_path.read_text())["results"]["int4"]
     assert result["step_ms"] > 0 and result["twin_step_ms"] > 0 and result["overhead_share"] > 0
+    assert 0 < result["python_step_ms"] and result["python_share"] == pytest.approx(
+        result["python_step_ms"] / result["step_ms"]
+    )
+
+
+def test_kernels_stubbed_swaps_the_native_kernels_and_restores_them():
+    import torch
+
+    from plait.benchmarks.overhead import kernels_stubbed
+    from plait.kernels import quant_matmul as qm
+
+    if not qm.native_quant_available():
+        pytest.skip("native CPU kernels did not build")
+    qw, x = qm.quantize_int4(torch.randn(8, 64)), torch.randn(1, 64)
+    expected, real = qm.quant_matmul(x, qw), qm._kernels()[0]
+    with kernels_stubbed():
+        assert qm._kernels()[0] is not real and qm._kernels()[0]() is None
+    assert qm._kernels()[0] is real
+    torch.testing.assert_close(qm.quant_matmul(x, qw), expected)
