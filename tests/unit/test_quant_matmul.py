@@ -149,3 +149,17 @@ def test_dense_matmul_matches_linear(m: int, k: int) -> None:
     torch.testing.assert_close(qm.dense_matmul(x, w, bias), expected, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(qm.dense_matmul(x.reshape(1, m, k), w), expected.reshape(1, m, 70) - bias,
                                atol=1e-4, rtol=1e-4)  # fmt: skip
+
+
+@needs_native
+def test_dense_matmul_keeps_a_large_matrix_on_the_native_kernel_at_any_row_count(monkeypatch) -> None:
+    """An LM head-sized weight takes the native kernel at prefill row counts too (it beat torch's GEMM)."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn((qm.DEQUANT_GEMM_MAX_ELEMENTS // 256) + 1, 256, generator=gen)
+    x = torch.randn(qm.DEQUANT_GEMM_MIN_ROWS + 3, 256, generator=gen)
+    kernels, calls = qm._kernels(), []
+    monkeypatch.setattr(qm, "_kernels", lambda: (lambda *a: calls.append(a) or kernels[0](*a), *kernels[1:]))
+    torch.testing.assert_close(qm.dense_matmul(x, w), torch.nn.functional.linear(x, w), atol=1e-3, rtol=1e-4)
+    assert len(calls) == 1
+    qm.dense_matmul(x, w[:64])  # a small matrix at that many rows: torch's GEMM
+    assert len(calls) == 1
