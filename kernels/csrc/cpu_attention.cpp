@@ -190,7 +190,36 @@ void attend_chunk_gqa(const float* qr, const T* k, const T* v, const float* ks, 
     }
     std::fill(acc, acc + num_heads * head_dim, 0.0f);
     for (int64_t j = 0; j < std::min(n, PREFETCH_SLOTS); ++j) prefetch_row(v + slots[j0 + j] * slot_stride, row_bytes);
-    for (int64_t j = 0; j < n; ++j) {
+    int64_t j = 0;
+    // two slots at a time: one load and store of the accumulators per two FMAs
+    for (; j + 2 <= n; j += 2) {
+        const int64_t s0 = slots[j0 + j], s1 = slots[j0 + j + 1];
+        for (int64_t a = j + PREFETCH_SLOTS; a < std::min(n, j + PREFETCH_SLOTS + 2); ++a)
+            prefetch_row(v + slots[j0 + a] * slot_stride, row_bytes);
+        for (int64_t h = 0; h < num_kv_heads; ++h) {
+            const T *v0 = v + s0 * slot_stride + h * head_dim, *v1 = v + s1 * slot_stride + h * head_dim;
+            float* ah = acc + h * G * head_dim;
+            const float w0 = vs ? vs[s0 * num_kv_heads + h] : 1.0f, w1 = vs ? vs[s1 * num_kv_heads + h] : 1.0f;
+            float p0[G], p1[G];
+            __m256 vp0[G], vp1[G];
+            for (int g = 0; g < G; ++g) {
+                p0[g] = scores[(h * G + g) * n + j] * w0;
+                p1[g] = scores[(h * G + g) * n + j + 1] * w1;
+                vp0[g] = _mm256_set1_ps(p0[g]);
+                vp1[g] = _mm256_set1_ps(p1[g]);
+            }
+            for (int64_t d = 0; d < D8; d += 8) {
+                const __m256 x0 = load8(v0 + d), x1 = load8(v1 + d);
+                for (int g = 0; g < G; ++g) {
+                    float* o = ah + g * head_dim + d;
+                    _mm256_storeu_ps(o, _mm256_fmadd_ps(vp1[g], x1, _mm256_fmadd_ps(vp0[g], x0, _mm256_loadu_ps(o))));
+                }
+            }
+            for (int64_t d = D8; d < head_dim; ++d)
+                for (int g = 0; g < G; ++g) ah[g * head_dim + d] += p0[g] * to_float(v0[d]) + p1[g] * to_float(v1[d]);
+        }
+    }
+    for (; j < n; ++j) {
         const int64_t slot = slots[j0 + j];
         if (j + PREFETCH_SLOTS < n) prefetch_row(v + slots[j0 + j + PREFETCH_SLOTS] * slot_stride, row_bytes);
         for (int64_t h = 0; h < num_kv_heads; ++h) {
