@@ -16,13 +16,13 @@ are 32), it rounds x to int8 in blocks of 32 and multiplies with integer dot pro
 llama.cpp does, but in two levels (an int8 and an int8 remainder: exact to 1/256 of a step;
 `q8_activations` is the reference). One level alone, llama.cpp's, changed 42% of SmolLM2's greedy
 tokens against float activations on the same weights; two change none, for ~9% of int4 decode.
-That ran 115-175 GMAC/s on 2 cores with SmolLM2's shapes, 2-3.5x the float tile path below for
-5-47 rows. Elsewhere, up to 4 rows of x are dotted with weights unpacked in
-registers, and up to 47 rows, tiles of weight rows are dequantized in L1. From
-`DEQUANT_GEMM_MIN_ROWS` rows (prefill chunks, compute-bound) x stays float32 (rounding it ran
-prefill 1.3x faster but raised SmolLM2's int4 perplexity on our text by 3%): the matrix is
-dequantized into a scratch buffer for torch's float32 GEMM, except for very large matrices (an LM
-head), which stay on the tile kernel.
+That ran 80-105 GMAC/s on 2 cores with SmolLM2's shapes for 5-47 rows, where the float tile path
+below ran 37-90. Elsewhere, up to 4 rows of x are dotted with weights unpacked in registers, and
+up to 47 rows, tiles of weight rows are dequantized in L1. From `DEQUANT_GEMM_MIN_ROWS` rows
+(prefill chunks, compute-bound) x stays float32 (rounding it in one level ran prefill 1.3x faster
+but raised SmolLM2's int4 perplexity on our text by 3%; in two levels it was no faster): the
+matrix is dequantized into a scratch buffer for torch's float32 GEMM, except for very large
+matrices (an LM head), which stay on the tile kernel.
 """
 
 from __future__ import annotations

@@ -100,6 +100,15 @@ inline void axpy(float* a, float p, const T* b, int64_t n) {
     for (; i < n; ++i) a[i] += p * to_float(b[i]);
 }
 
+// scores [H, n] -> exp(score - max) per head, in place; m [H] gets each head's max, l [H] the sum.
+inline void softmax_numerators(float* scores, int64_t num_heads, int64_t n, float* m, float* l) {
+    for (int64_t i = 0; i < num_heads; ++i) {
+        float* p = scores + i * n;
+        m[i] = *std::max_element(p, p + n);
+        l[i] = exp_shift_sum(p, n, m[i]);
+    }
+}
+
 // Slots are single tokens scattered over the pool (a batch's decode tokens interleave), so the
 // hardware sees no stream: the K/V rows a few slots ahead are prefetched by hand.
 constexpr int64_t PREFETCH_SLOTS = 4;
@@ -130,11 +139,7 @@ void attend_chunk(const float* qr, const T* k, const T* v, const float* ks,
             scores[i * n + j] = dot(qr + i * head_dim, kr + h * head_dim, head_dim) * s;
         }
     }
-    for (int64_t i = 0; i < num_heads; ++i) {
-        float* p = scores.data() + i * n;
-        m[i] = *std::max_element(p, p + n);
-        l[i] = exp_shift_sum(p, n, m[i]);
-    }
+    softmax_numerators(scores.data(), num_heads, n, m, l);
     std::fill(acc, acc + num_heads * head_dim, 0.0f);
     for (int64_t j = 0; j < std::min(n, PREFETCH_SLOTS); ++j) prefetch_row(v + slots[j0 + j] * slot_stride, row_bytes);
     for (int64_t j = 0; j < n; ++j) {
@@ -183,11 +188,7 @@ void attend_chunk_gqa(const float* qr, const T* k, const T* v, const float* ks, 
             }
         }
     }
-    for (int64_t i = 0; i < num_heads; ++i) {
-        float* p = scores.data() + i * n;
-        m[i] = *std::max_element(p, p + n);
-        l[i] = exp_shift_sum(p, n, m[i]);
-    }
+    softmax_numerators(scores.data(), num_heads, n, m, l);
     std::fill(acc, acc + num_heads * head_dim, 0.0f);
     for (int64_t j = 0; j < std::min(n, PREFETCH_SLOTS); ++j) prefetch_row(v + slots[j0 + j] * slot_stride, row_bytes);
     int64_t j = 0;

@@ -445,9 +445,9 @@ void q8_int8_row_tiles(const int8_t* xq, const int8_t* xr, const float* xd, int6
 }
 
 // Rows of x up to this many (decode batches, short extends) round x to int8; more (prefill
-// chunks, an LM head's prompt logprobs) keep float32 activations: rounding them too ran prefill
-// 1.3x faster but raised SmolLM2's int4 perplexity on our text from 44.1 to 45.6 (the error is
-// spread over every projection). Mirrors kernels/quant_matmul.py: DEQUANT_GEMM_MIN_ROWS - 1.
+// chunks, an LM head's prompt logprobs) keep float32 activations: rounding them in one level ran
+// prefill 1.3x faster but raised SmolLM2's int4 perplexity on our text from 44.1 to 45.6 (the
+// error is spread over every projection); in two levels it ran no faster than the GEMM. Mirrors kernels/quant_matmul.py: DEQUANT_GEMM_MIN_ROWS - 1.
 constexpr int64_t MAX_Q8_M = 47;
 
 inline bool q8_usable(int64_t K, int format, int64_t group) {
@@ -545,7 +545,7 @@ extern "C" void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t 
 #ifdef __AVX2__
     if (M <= MAX_Q8_M && q8_usable(K, format, group)) {
         const int64_t blocks = K / XBLOCK;
-        std::vector<int8_t> xq(2 * M * K);  // q1 [M, K], then q2 [M, K]  // q1 [M, K], then (int8 weights) q2 [M, K]
+        std::vector<int8_t> xq(2 * M * K);  // q1 [M, K], then q2 [M, K]
         int8_t* const xr = xq.data() + M * K;
         std::vector<float> xd(M * blocks), xs(M * blocks);
         plait::parallel_for(M, M >= 8 ? num_threads : 1, false, [&](int64_t m) {
@@ -570,7 +570,7 @@ extern "C" void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t 
             }
             // more rows of x go through in fours, each four against the whole chunk: the chunk's
             // 16 weight rows are unpacked once per four rows of x and stay in L1 meanwhile
-            // (the float tile path this replaced for 5-47 rows ran 2.4x slower per row of x)
+            // (80-105 GMAC/s on SmolLM2's shapes, where the float tile path it replaced ran 37-90)
             for (int64_t m0 = 0; m0 < M; m0 += 4) {
                 const int8_t *q = xq.data() + m0 * K, *r = xr + m0 * K;
                 const float *d = xd.data() + m0 * blocks, *sx = xs.data() + m0 * blocks;
