@@ -15,6 +15,7 @@ import torch
 
 from plait.kernels import native
 from plait.kernels.attention_cpu import CpuRows
+from plait.kernels.kv_cache import slot_error
 from plait.kernels.quant_matmul import FORMAT_CODE, QuantizedWeight
 
 _p, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -34,7 +35,7 @@ class DecodeLayer(ctypes.Structure):
 class DecodeShape(ctypes.Structure):
     _fields_ = [("tokens", _i64), ("hidden", _i64), ("num_heads", _i64), ("num_kv_heads", _i64),
                 ("head_dim", _i64), ("intermediate", _i64), ("eps", _f32), ("attn_scale", _f32),
-                ("kv_type", _i64)]  # fmt: skip
+                ("kv_type", _i64), ("num_slots", _i64)]  # fmt: skip
 
 
 class DecodeRows(ctypes.Structure):
@@ -46,7 +47,7 @@ class DecodeRows(ctypes.Structure):
 def _kernel() -> ctypes._CFuncPtr | None:
     argtypes = [ctypes.POINTER(DecodeLayer), _i64, ctypes.POINTER(DecodeShape), ctypes.POINTER(DecodeRows),
                 _p, _p, _p, _p, _p, ctypes.c_int, _p, ctypes.c_int]  # fmt: skip
-    return native.function("cpu_kernels", "plait_decode_layers", argtypes)
+    return native.function("cpu_kernels", "plait_decode_layers", argtypes, restype=_i64)
 
 
 def available() -> bool:
@@ -87,13 +88,16 @@ def run_layers(
     has_residual: bool,
     scratch: torch.Tensor,
 ) -> None:
-    """Runs layers [0, num_layers) on x [T, hidden] in place; `residual` receives the stream."""
+    """Runs layers [0, num_layers) on x [T, hidden] in place; `residual` receives the stream.
+    A slot outside the KV pool raises IndexError before any layer runs."""
     assert x.is_contiguous() and residual.is_contiguous() and scratch.numel() >= scratch_floats(x.shape[0], shape)
     table = DecodeRows(rows.tables.data_ptr(), rows.tables.shape[1], rows.q_index.data_ptr(),
                        rows.table_index.data_ptr(), rows.first.data_ptr(), rows.kv_len.data_ptr(),
                        rows.q_index.shape[0])  # fmt: skip
-    _kernel()(
+    bad = _kernel()(
         layers, num_layers, ctypes.byref(shape), ctypes.byref(table), positions.data_ptr(), inv_freq.data_ptr(),
         slots.data_ptr(), x.data_ptr(), residual.data_ptr(), int(has_residual), scratch.data_ptr(),
         torch.get_num_threads(),
     )
+    if bad >= 0:
+        raise slot_error(slots, bad, shape.num_slots)

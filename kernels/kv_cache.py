@@ -60,8 +60,14 @@ def read_kv(flat: torch.Tensor, scales: torch.Tensor | None, index: torch.Tensor
 @cache
 def _store_kernel() -> ctypes._CFuncPtr | None:
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    argtypes = [ptr, ptr, i64, ptr, i64, i64, i64, ctypes.c_int, ptr, ptr, ptr, ptr]
-    return native.function("cpu_kernels", "plait_store_kv", argtypes)
+    argtypes = [ptr, ptr, i64, ptr, i64, i64, i64, ctypes.c_int, ptr, ptr, ptr, ptr, i64]
+    return native.function("cpu_kernels", "plait_store_kv", argtypes, restype=i64)
+
+
+def slot_error(slots: torch.Tensor, index: int, num_slots: int) -> IndexError:
+    """The error for slots[index] lying outside a KV pool of `num_slots` (native kernels check
+    before they write; the torch path's index_copy_ raises its own)."""
+    return IndexError(f"slots[{index}] = {int(slots[index])} is outside the KV pool's {num_slots} slots")
 
 
 def _native_store_ok(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> bool:
@@ -94,11 +100,13 @@ def store_kv(
     code = kv_type_code(k_cache.dtype)
     if num_tokens and code is not None and _native_store_ok(k, v, slots):
         ks, vs = kv_scales if kv_scales is not None else (None, None)
-        _store_kernel()(
+        bad = _store_kernel()(
             k.data_ptr(), v.data_ptr(), k.stride(0), slots.data_ptr(), num_tokens, num_kv_heads,
             head_dim, code, k_cache.data_ptr(), v_cache.data_ptr(),
-            None if ks is None else ks.data_ptr(), None if vs is None else vs.data_ptr(),
+            None if ks is None else ks.data_ptr(), None if vs is None else vs.data_ptr(), k_flat.shape[0],
         )
+        if bad >= 0:
+            raise slot_error(slots, bad, k_flat.shape[0])
         return k_flat, v_flat
     if kv_scales is not None:
         k_scale, v_scale = flat_scales(kv_scales)

@@ -377,11 +377,20 @@ extern "C" void plait_paged_attention_rows(
     }
 }
 
+// The first t whose slot lies outside a pool of `num_slots`, or -1 when every slot is inside.
+extern "C" int64_t plait_first_bad_slot(const int64_t* slots, int64_t num_tokens, int64_t num_slots) {
+    for (int64_t t = 0; t < num_tokens; ++t)
+        if (slots[t] < 0 || slots[t] >= num_slots) return t;
+    return -1;
+}
+
 // Stores new K/V rows (float32 [T, Hkv, D], row stride in floats) at `slots`, converting to the
-// cache's type; int8 rows get a symmetric per-(slot, head) scale = max|x| / 127.
-extern "C" void plait_store_kv(const float* k, const float* v, int64_t row_stride, const int64_t* slots,
-                               int64_t num_tokens, int64_t num_kv_heads, int64_t head_dim, int kv_type,
-                               void* k_cache, void* v_cache, float* k_scale, float* v_scale) {
+// cache's type; int8 rows get a symmetric per-(slot, head) scale = max|x| / 127. A slot outside
+// the pool's `num_slots` stores nothing and returns its token's index (else -1): the caller raises.
+extern "C" int64_t plait_store_kv(const float* k, const float* v, int64_t row_stride, const int64_t* slots,
+                                  int64_t num_tokens, int64_t num_kv_heads, int64_t head_dim, int kv_type,
+                                  void* k_cache, void* v_cache, float* k_scale, float* v_scale, int64_t num_slots) {
+    if (const int64_t bad = plait_first_bad_slot(slots, num_tokens, num_slots); bad >= 0) return bad;
     const int64_t width = num_kv_heads * head_dim;
     for (int64_t t = 0; t < num_tokens; ++t) {
         const int64_t slot = slots[t];
@@ -419,4 +428,5 @@ extern "C" void plait_store_kv(const float* k, const float* v, int64_t row_strid
             }
         }
     }
+    return -1;
 }

@@ -19,9 +19,10 @@ void plait_silu_mul_f32(const float* gate_up, float* out, int64_t rows, int64_t 
 void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t N, const void* qweight, int format,
                        int64_t group, const float* scales, const float* mins, const float* bias, float* y,
                        int num_threads);
-void plait_store_kv(const float* k, const float* v, int64_t row_stride, const int64_t* slots, int64_t num_tokens,
-                    int64_t num_kv_heads, int64_t head_dim, int kv_type, void* k_cache, void* v_cache,
-                    float* k_scale, float* v_scale);
+int64_t plait_first_bad_slot(const int64_t* slots, int64_t num_tokens, int64_t num_slots);
+int64_t plait_store_kv(const float* k, const float* v, int64_t row_stride, const int64_t* slots, int64_t num_tokens,
+                       int64_t num_kv_heads, int64_t head_dim, int kv_type, void* k_cache, void* v_cache,
+                       float* k_scale, float* v_scale, int64_t num_slots);
 void plait_paged_attention_rows(const float* q, const void* k, const void* v, const float* k_scale,
                                 const float* v_scale, int kv_type, const int64_t* tables, int64_t table_width,
                                 const int64_t* q_index, const int64_t* table_index, const int64_t* first,
@@ -53,6 +54,7 @@ struct PlaitDecodeShape {
     int64_t tokens, hidden, num_heads, num_kv_heads, head_dim, intermediate;
     float eps, attn_scale;
     int64_t kv_type;
+    int64_t num_slots;  // the KV pool's slots per layer
 };
 
 struct PlaitDecodeRows {  // the attention rows (kernels/attention_cpu.py: CpuRows)
@@ -76,8 +78,9 @@ inline void linear(const PlaitQLinear& l, const float* x, int64_t m, float* y, i
 
 // x [T, hidden]: in, the embeddings (or the previous layer's MLP output when `has_residual`); out,
 // the last layer's MLP output. residual [T, hidden]: the residual stream before that output.
-// scratch holds T * (hidden + qkv width + 2 * q width + 3 * intermediate) floats.
-extern "C" void plait_decode_layers(const PlaitDecodeLayer* layers, int64_t num_layers, const PlaitDecodeShape* s,
+// scratch holds T * (hidden + qkv width + 2 * q width + 3 * intermediate) floats. Returns -1, or
+// the index of the first token whose slot lies outside the pool (then nothing has run).
+extern "C" int64_t plait_decode_layers(const PlaitDecodeLayer* layers, int64_t num_layers, const PlaitDecodeShape* s,
                                     const PlaitDecodeRows* rows, const int64_t* positions, const float* inv_freq,
                                     const int64_t* slots, float* x, float* residual, int has_residual,
                                     float* scratch, int num_threads) {
@@ -91,6 +94,7 @@ extern "C" void plait_decode_layers(const PlaitDecodeLayer* layers, int64_t num_
     float* attn = q + T * q_size;         // [T, q_size]
     float* gate_up = attn + T * q_size;   // [T, 2 * inter]
     float* act = gate_up + T * 2 * inter; // [T, inter]
+    if (const int64_t bad = plait_first_bad_slot(slots, T, s->num_slots); bad >= 0) return bad;
     for (int64_t i = 0; i < num_layers; ++i) {
         const PlaitDecodeLayer& L = layers[i];
         if (i == 0 && !has_residual) {
@@ -103,7 +107,7 @@ extern "C" void plait_decode_layers(const PlaitDecodeLayer* layers, int64_t num_
         plait_rope_f32(qkv, qkv + q_size, positions, inv_freq, T, s->num_heads, s->num_kv_heads, hd, qkv_width,
                        qkv_width, num_threads);
         plait_store_kv(qkv + q_size, qkv + q_size + kv_size, qkv_width, slots, T, s->num_kv_heads, hd, kv_type,
-                       L.k_cache, L.v_cache, L.k_scale, L.v_scale);
+                       L.k_cache, L.v_cache, L.k_scale, L.v_scale, s->num_slots);
         for (int64_t t = 0; t < T; ++t) std::memcpy(q + t * q_size, qkv + t * qkv_width, q_size * sizeof(float));
         plait_paged_attention_rows(q, L.k_cache, L.v_cache, L.k_scale, L.v_scale, kv_type, rows->tables,
                                    rows->table_width, rows->q_index, rows->table_index, rows->first, rows->kv_len,
@@ -115,4 +119,5 @@ extern "C" void plait_decode_layers(const PlaitDecodeLayer* layers, int64_t num_
         plait_silu_mul_f32(gate_up, act, T, inter, num_threads);
         linear(L.down, act, T, x, num_threads);
     }
+    return -1;
 }

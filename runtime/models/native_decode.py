@@ -44,6 +44,7 @@ class NativeDecodeStack:
         self.shape = decode_stack.DecodeShape(
             0, model.embed_tokens.weight.shape[1], attn.num_heads, attn.num_kv_heads, attn.head_dim,
             mlp.intermediate_size, first.input_layernorm.eps, attn.scale, kv_type_code(pool.dtype),
+            pool.layer(0)[0].numel() // (attn.num_kv_heads * attn.head_dim),
         )
         self.scratch = torch.empty(0)
 

@@ -6,6 +6,7 @@ the same tokens and logprobs with the stack on and off."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from plait import Engine
 from plait.kernels import decode_stack
@@ -64,3 +65,18 @@ def test_bfloat16_models_keep_the_layer_path(tiny_llama_dir, monkeypatch):
     with Engine(model_path=str(tiny_llama_dir), dtype="bfloat16", max_total_tokens=512) as engine:
         out = engine.generate(input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 4, "ignore_eos": True})
     assert len(out["output_ids"]) == 4 and not calls
+
+
+def test_a_slot_outside_the_pool_raises_before_any_layer_runs():
+    from plait.kernels.attention_cpu import CpuRows
+
+    shape = decode_stack.DecodeShape(2, 8, 2, 1, 4, 16, 1e-5, 0.5, 0, 10)  # a pool of 10 slots
+    one = torch.zeros(1, dtype=torch.long)
+    rows = CpuRows(torch.zeros(1, 4, dtype=torch.long), one, one, one, one + 1, frozenset())
+    x = torch.randn(2, 8)
+    before = x.clone()
+    with pytest.raises(IndexError, match=r"slots\[1\] = 10 is outside the KV pool's 10 slots"):
+        decode_stack.run_layers((decode_stack.DecodeLayer * 0)(), 0, shape, rows, torch.zeros(2, dtype=torch.long),
+                                torch.ones(2), torch.tensor([9, 10]), x, torch.empty(2, 8), False,
+                                torch.empty(decode_stack.scratch_floats(2, shape)))  # fmt: skip
+    assert torch.equal(x, before)

@@ -65,6 +65,22 @@ def test_native_store_writes_what_torch_writes(monkeypatch, dtype) -> None:
         torch.testing.assert_close(back, k, atol=0.02, rtol=0)
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, *DTYPES], ids=str)
+@pytest.mark.parametrize("bad", [32, -1])
+def test_a_slot_outside_the_pool_raises_and_stores_nothing(monkeypatch, dtype, bad) -> None:
+    k, v = torch.randn(3, 4, 16), torch.randn(3, 4, 16)
+    slots = torch.tensor([5, bad, 7])
+    for disabled in (False, True):  # the native store checks first; torch's index_copy_ raises too
+        monkeypatch.setattr(native, "DISABLED", disabled)
+        kc, vc = torch.zeros(8, 4, 4, 16, dtype=dtype), torch.zeros(8, 4, 4, 16, dtype=dtype)  # 32 slots
+        scales = (torch.ones(8, 4, 4), torch.ones(8, 4, 4)) if dtype == torch.int8 else None
+        with pytest.raises(IndexError) if not disabled else pytest.raises((IndexError, RuntimeError)) as err:
+            store_kv(k, v, kc, vc, slots, scales)
+        if not disabled:
+            assert f"slots[1] = {bad}" in str(err.value) and "32 slots" in str(err.value)
+            assert not kc.any() and not vc.any()
+
 CASES = [
     Case(extends=[], decodes=[5, 37, 130, 1, 64], num_heads=9, num_kv_heads=3, page_size=1),
     Case(extends=[(20, 3), (0, 40), (7, 16), (50, 17)], decodes=[9, 200], page_size=4),
