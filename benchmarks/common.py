@@ -57,3 +57,12 @@ def write_json(path: str, payload: dict[str, Any]) -> None:
     with open(path, "w") as f:
         json.dump(payload, f, indent=2)
     print(f"\nwrote {path}")
+
+
+def check_decoded(last: dict, decode_len: int) -> None:
+    """Raises unless a timed decode run produced all `decode_len` tokens: a step that raised ends
+    its requests early, and the time of a cut-short run means nothing."""
+    meta = last["meta_info"]
+    if meta["completion_tokens"] != decode_len:
+        raise RuntimeError(f"decode run ended after {meta['completion_tokens']} of {decode_len} tokens: "
+                           f"{meta['finish_reason']}")  # fmt: skip

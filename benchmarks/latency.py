@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from plait.benchmarks.common import best_of, print_table, write_json
+from plait.benchmarks.common import best_of, check_decoded, print_table, write_json
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 FORMATS = ("float32", "bfloat16", "int8", "int4")
@@ -115,11 +115,14 @@ def measure_plait(
         decode_params = {"max_new_tokens": decode_len, "temperature": 0, "ignore_eos": True}
 
         def decode_once() -> float:
-            first = None
-            for _ in engine.generate(input_ids=ids[:16], sampling_params=decode_params, stream=True):
+            first = last = None
+            for chunk in engine.generate(input_ids=ids[:16], sampling_params=decode_params, stream=True):
+                last = chunk
                 if first is None:
                     first = time.perf_counter()
-            return (decode_len - 1) / (time.perf_counter() - first)
+            elapsed = time.perf_counter() - first
+            check_decoded(last, decode_len)
+            return (decode_len - 1) / elapsed
 
         # NOTE: this VM's memory reads drift by tens of percent within seconds, so each decode run
         # is paired with reads of the weights just before and after it, and its share of the
