@@ -1,7 +1,8 @@
 """Weight-only quantized linear layers: formats, quantizers, the torch reference and the native
 CPU kernel (`csrc/cpu_quant_matmul.cpp`).
 
-Two formats, both grouped along the input dimension K:
+Two formats, both grouped along the input dimension K, with float16 scales (and minimums), as
+GGUF stores them:
 
 - `int8`: symmetric, `w = q * scale`, q in [-127, 127]; one scale per row (per-channel, the
   default) or per group (GGUF Q8_0 is int8 with groups of 32).
@@ -48,9 +49,15 @@ class QuantizedWeight:
 
     format: str
     qweight: torch.Tensor  # int8 [N, K] or uint8 [N, K // 2]
-    scales: torch.Tensor  # float32 [N, K // group]
-    mins: torch.Tensor | None  # float32 [N, K // group] (int4 only)
+    scales: torch.Tensor  # float16 [N, K // group]
+    mins: torch.Tensor | None  # float16 [N, K // group] (int4 only)
     group: int
+
+    def __post_init__(self) -> None:
+        for name in ("scales", "mins"):
+            t = getattr(self, name)
+            if t is not None and t.dtype != torch.float16:
+                raise ValueError(f"QuantizedWeight: {name} must be float16, got {t.dtype}")
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -94,8 +101,8 @@ def quantize_int8(w: torch.Tensor, group: int | None = None) -> QuantizedWeight:
         raise ValueError(f"quantize_int8: group {group} must divide K = {k}")
     g = w.detach().float().reshape(n, k // group, group)
     scales = g.abs().amax(-1) / 127.0
-    scales = torch.where(scales == 0, torch.ones_like(scales), scales)
-    q = torch.round(g / scales[..., None]).clamp_(-127, 127).to(torch.int8).reshape(n, k)
+    scales = torch.where(scales == 0, torch.ones_like(scales), scales).half()  # q is rounded against these
+    q = torch.round(g / scales.float()[..., None]).clamp_(-127, 127).to(torch.int8).reshape(n, k)
     return QuantizedWeight("int8", q.contiguous(), scales.contiguous(), None, group)
 
 
@@ -104,10 +111,10 @@ def quantize_int4(w: torch.Tensor, group: int = 32) -> QuantizedWeight:
     n, k = w.shape
     _check_group(k, group, "quantize_int4")
     g = w.detach().float().reshape(n, k // group, group)
-    lo, hi = g.amin(-1), g.amax(-1)
-    scales = (hi - lo) / 15.0
-    safe = torch.where(scales == 0, torch.ones_like(scales), scales)
-    q = torch.round((g - lo[..., None]) / safe[..., None]).clamp_(0, 15).to(torch.uint8)
+    lo = g.amin(-1).half()  # q is rounded against the float16 minimum and scale it is stored with
+    scales = ((g.amax(-1) - lo.float()) / 15.0).half()
+    safe = torch.where(scales == 0, torch.ones_like(scales), scales).float()
+    q = torch.round((g - lo.float()[..., None]) / safe[..., None]).clamp_(0, 15).to(torch.uint8)
     return QuantizedWeight("int4", pack_int4(q.reshape(n, k), group), scales.contiguous(), lo.contiguous(), group)
 
 
@@ -129,9 +136,9 @@ def dequantize_ref(qw: QuantizedWeight, with_mins: bool = True) -> torch.Tensor:
     n, k = qw.shape
     if qw.format == "int8":
         q = qw.qweight.float().reshape(n, k // qw.group, qw.group)
-        return (q * qw.scales[..., None]).reshape(n, k)
-    q = unpack_int4(qw.qweight, qw.group).float().reshape(n, k // qw.group, qw.group) * qw.scales[..., None]
-    return (q + qw.mins[..., None] if with_mins else q).reshape(n, k)
+        return (q * qw.scales.float()[..., None]).reshape(n, k)
+    q = unpack_int4(qw.qweight, qw.group).float().reshape(n, k // qw.group, qw.group) * qw.scales.float()[..., None]
+    return (q + qw.mins.float()[..., None] if with_mins else q).reshape(n, k)
 
 
 def q8_activations(x: torch.Tensor, levels: int = 2) -> torch.Tensor:
@@ -160,7 +167,7 @@ def quant_matmul_ref(
     else:
         y = q8_activations(x) @ dequantize_ref(qw, with_mins=False).t()
         if qw.mins is not None:
-            y = y + x @ qw.mins.repeat_interleave(qw.group, dim=1).t()
+            y = y + x @ qw.mins.float().repeat_interleave(qw.group, dim=1).t()
     return y if bias is None else y + bias
 
 

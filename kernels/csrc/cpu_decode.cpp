@@ -17,7 +17,7 @@ void plait_rope_f32(float* q, float* k, const int64_t* positions, const float* i
                     int64_t hk, int64_t head_dim, int64_t q_stride, int64_t k_stride, int num_threads);
 void plait_silu_mul_f32(const float* gate_up, float* out, int64_t rows, int64_t inter, int num_threads);
 void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t N, const void* qweight, int format,
-                       int64_t group, const float* scales, const float* mins, const float* bias, float* y,
+                       int64_t group, const uint16_t* scales, const uint16_t* mins, const float* bias, float* y,
                        int num_threads);
 int64_t plait_first_bad_slot(const int64_t* slots, int64_t num_tokens, int64_t num_slots);
 int64_t plait_store_kv(const float* k, const float* v, int64_t row_stride, const int64_t* slots, int64_t num_tokens,
@@ -33,8 +33,8 @@ void plait_paged_attention_rows(const float* q, const void* k, const void* v, co
 // Mirrored by ctypes structures in kernels/decode_stack.py: keep the two in the same order.
 struct PlaitQLinear {
     const void* qweight;
-    const float* scales;
-    const float* mins;  // int4 only
+    const uint16_t* scales;  // float16
+    const uint16_t* mins;    // float16, int4 only
     const float* bias;  // may be null
     int64_t out_features, in_features, group;
     int64_t format;  // 0 int8, 1 int4

@@ -5,6 +5,8 @@
 //   1  int4: qweight uint8 [N, K / 2]; in each group of `group` weights, byte j holds weight j in
 //      its low nibble and weight j + group / 2 in its high nibble (GGUF Q4_1 order);
 //      w = q * scale[n, g] + min[n, g]
+// Scales and minimums are IEEE float16 [N, K / group], as GGUF stores them: float32 ones were a
+// third of the bytes an int4 matrix reads (8 of 24 per 32 weights; 4 of 20 now).
 //
 // Each task dequantizes a tile of 4 weight rows into a float buffer that stays in L1, then runs
 // every row of x against it (2 x 4 register tile). The weights are read once per call, as int8
@@ -19,13 +21,51 @@
 #include <immintrin.h>
 #endif
 
+#if defined(__AVX2__) && !defined(__F16C__)
+#error "the AVX2 paths read float16 scales with F16C (every AVX2 processor has it)"
+#endif
+
 namespace {
+
+using half = uint16_t;  // IEEE float16 bits
+
+inline float h2f(half h) {
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+    if (exp == 0) {  // zero or subnormal: man * 2^-24
+        const float f = static_cast<float>(man) * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    const uint32_t u = sign | (exp == 31 ? 0x7F800000u | (man << 13) : ((exp + 112) << 23) | (man << 13));
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+#endif
+}
+
+#ifdef __AVX2__
+inline __m256 load8h(const half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+// Two float16 values into the low half of an SSE register.
+inline __m128 load2h(const half* p) {
+    uint32_t u;
+    std::memcpy(&u, p, sizeof u);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(u)));
+}
+// The first n < 8 values, zeros after.
+inline __m256 load8h_partial(const half* p, int64_t n) {
+    alignas(16) half t[8] = {};
+    std::memcpy(t, p, n * sizeof(half));
+    return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
+}
+#endif
 
 constexpr int64_t TILE_N = 4;
 
-void dequant_int8_row(const int8_t* q, const float* scales, int64_t K, int64_t group, float* out) {
+void dequant_int8_row(const int8_t* q, const half* scales, int64_t K, int64_t group, float* out) {
     for (int64_t g0 = 0; g0 < K; g0 += group) {
-        const float s = scales[g0 / group];
+        const float s = h2f(scales[g0 / group]);
         int64_t k = g0;
         const int64_t end = g0 + group;
 #ifdef __AVX2__
@@ -39,11 +79,11 @@ void dequant_int8_row(const int8_t* q, const float* scales, int64_t K, int64_t g
     }
 }
 
-void dequant_int4_row(const uint8_t* q, const float* scales, const float* mins, int64_t K, int64_t group,
+void dequant_int4_row(const uint8_t* q, const half* scales, const half* mins, int64_t K, int64_t group,
                       float* out) {
     const int64_t half = group / 2;
     for (int64_t g0 = 0, gi = 0; g0 < K; g0 += group, ++gi) {
-        const float s = scales[gi], m = mins[gi];
+        const float s = h2f(scales[gi]), m = h2f(mins[gi]);
         const uint8_t* b = q + g0 / 2;
         float* o = out + g0;
         int64_t j = 0;
@@ -139,19 +179,19 @@ constexpr int64_t MAX_FUSED_M = 4;
 
 template <int M>
 void fused_rows(const float* x, int64_t K, int64_t n_begin, int64_t n_end, int64_t N, const void* qweight,
-                int format, int64_t group, const float* scales, const float* mins, const float* xsum,
+                int format, int64_t group, const half* scales, const half* mins, const float* xsum,
                 const float* bias, float* y) {
     const int64_t groups = K / group;
     for (int64_t n = n_begin; n < n_end; ++n) {
         float out[M];
         for (int m = 0; m < M; ++m) out[m] = 0.0f;
-        const float* sc = scales + n * groups;
+        const half* sc = scales + n * groups;
 #ifdef __AVX2__
         __m256 acc[M];
         for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
         if (format == 1 && group == 32) {
             const uint8_t* row = static_cast<const uint8_t*>(qweight) + n * (K / 2);
-            const float* mn = mins + n * groups;
+            const half* mn = mins + n * groups;
             const __m128i low4 = _mm_set1_epi8(0x0F);
             for (int64_t g = 0; g < groups; ++g) {
                 __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + g * 16));
@@ -161,7 +201,8 @@ void fused_rows(const float* x, int64_t K, int64_t n_begin, int64_t n_end, int64
                 __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
                 __m256 q2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
                 __m256 q3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
-                const __m256 s = _mm256_set1_ps(sc[g]);
+                const __m256 s = _mm256_set1_ps(h2f(sc[g]));
+                const float mg = h2f(mn[g]);
                 for (int m = 0; m < M; ++m) {
                     const float* xg = x + m * K + g * 32;
                     __m256 t = _mm256_mul_ps(q0, _mm256_loadu_ps(xg));
@@ -169,7 +210,7 @@ void fused_rows(const float* x, int64_t K, int64_t n_begin, int64_t n_end, int64
                     t = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xg + 16), t);
                     t = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xg + 24), t);
                     acc[m] = _mm256_fmadd_ps(t, s, acc[m]);
-                    out[m] += mn[g] * xsum[m * groups + g];
+                    out[m] += mg * xsum[m * groups + g];
                 }
             }
         } else if (format == 0 && group % 8 == 0) {
@@ -182,7 +223,7 @@ void fused_rows(const float* x, int64_t K, int64_t n_begin, int64_t n_end, int64
                         _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k))));
                     for (int m = 0; m < M; ++m) t[m] = _mm256_fmadd_ps(q, _mm256_loadu_ps(x + m * K + k), t[m]);
                 }
-                const __m256 s = _mm256_set1_ps(sc[g]);
+                const __m256 s = _mm256_set1_ps(h2f(sc[g]));
                 for (int m = 0; m < M; ++m) acc[m] = _mm256_fmadd_ps(t[m], s, acc[m]);
             }
         } else
@@ -307,13 +348,13 @@ inline void pair_x_q8(int8_t* xq, int64_t K) {
 constexpr int64_t INT4_PREFETCH_BYTES = 8192;
 
 // Row n's loop prefetches row n + ahead (computed once per call: a division per row cost 25%).
-inline void prefetch_int4_row(const uint8_t* row, const float* sc, const float* mn, int64_t row_bytes, int64_t groups,
+inline void prefetch_int4_row(const uint8_t* row, const half* sc, const half* mn, int64_t row_bytes, int64_t groups,
                               int64_t ahead) {
     const char* w = reinterpret_cast<const char*>(row + ahead * row_bytes);
     for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(w + off, _MM_HINT_T0);
     const char* s = reinterpret_cast<const char*>(sc + ahead * groups);
     const char* m = reinterpret_cast<const char*>(mn + ahead * groups);
-    for (int64_t off = 0; off < groups * int64_t(sizeof(float)); off += 64) {
+    for (int64_t off = 0; off < groups * int64_t(sizeof(half)); off += 64) {
         _mm_prefetch(s + off, _MM_HINT_T0);
         _mm_prefetch(m + off, _MM_HINT_T0);
     }
@@ -321,28 +362,28 @@ inline void prefetch_int4_row(const uint8_t* row, const float* sc, const float* 
 
 template <int M>
 void q8_rows(const int8_t* xq, const int8_t* xr, const float* xd, const float* xs, int64_t K, int64_t n_begin, int64_t n_end,
-             int64_t N, const void* qweight, int format, int64_t group, const float* scales, const float* mins,
+             int64_t N, const void* qweight, int format, int64_t group, const half* scales, const half* mins,
              const float* bias, float* y) {
     const int64_t groups = K / group, blocks = K / XBLOCK;
     const __m256i ones = _mm256_set1_epi16(1), k128 = _mm256_set1_epi16(128);
     const int64_t ahead = std::max<int64_t>(1, INT4_PREFETCH_BYTES / (K / 2));
     for (int64_t n = n_begin; n < n_end; ++n) {
-        const float* sc = scales + n * groups;
+        const half* sc = scales + n * groups;
         __m256 acc[M];
         for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
         if (format == 1) {  // int4, groups of 32: one block per group, two groups per step (see pair_x_q8)
             const uint8_t* row = static_cast<const uint8_t*>(qweight) + n * (K / 2);
-            const float* mn = mins + n * groups;
+            const half* mn = mins + n * groups;
             if (n + ahead < N) prefetch_int4_row(row, sc, mn, K / 2, groups, ahead);
             // the minimum's term, sum_g mn[g] * xs[g]: eight groups per FMA, in the same accumulator
             int64_t g = 0;
             for (; g + 8 <= groups; g += 8) {
-                const __m256 mv = _mm256_loadu_ps(mn + g);
+                const __m256 mv = load8h(mn + g);
                 for (int m = 0; m < M; ++m) acc[m] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(xs + m * blocks + g), acc[m]);
             }
             if (g < groups) {
                 const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(groups - g)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-                const __m256 mv = _mm256_maskload_ps(mn + g, tail);
+                const __m256 mv = load8h_partial(mn + g, groups - g);
                 for (int m = 0; m < M; ++m)
                     acc[m] = _mm256_fmadd_ps(mv, _mm256_maskload_ps(xs + m * blocks + g, tail), acc[m]);
             }
@@ -368,12 +409,12 @@ void q8_rows(const int8_t* xq, const int8_t* xr, const float* xd, const float* x
             __m256 d[M];
             g = 0;
             for (; g + 8 <= groups; g += 8) {  // four pairs share one multiply of scales
-                const __m256 s8 = _mm256_loadu_ps(sc + g);
+                const __m256 s8 = load8h(sc + g);
                 for (int m = 0; m < M; ++m) d[m] = _mm256_mul_ps(s8, _mm256_loadu_ps(xd + m * blocks + g));
                 for (int p = 0; p < 4; ++p) pair(g + 2 * p, d, _mm256_add_epi32(spread, _mm256_set1_epi32(2 * p)));
             }
             for (; g + 2 <= groups; g += 2) {
-                for (int m = 0; m < M; ++m) d[m] = _mm256_castps128_ps256(_mm_mul_ps(load2(sc + g), load2(xd + m * blocks + g)));
+                for (int m = 0; m < M; ++m) d[m] = _mm256_castps128_ps256(_mm_mul_ps(load2h(sc + g), load2(xd + m * blocks + g)));
                 pair(g, d, spread);
             }
             if (g < groups) {  // an odd last group, x in plain order
@@ -384,7 +425,7 @@ void q8_rows(const int8_t* xq, const int8_t* xr, const float* xd, const float* x
                 for (int m = 0; m < M; ++m) {
                     const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w, load256(xq + m * K + g * 32)), k128),
                                                          _mm256_madd_epi16(_mm256_maddubs_epi16(w, load256(xr + m * K + g * 32)), ones));
-                    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(sc[g] * xd[m * blocks + g]),
+                    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(h2f(sc[g]) * xd[m * blocks + g]),
                                              acc[m]);
                 }
             }
@@ -393,7 +434,7 @@ void q8_rows(const int8_t* xq, const int8_t* xr, const float* xd, const float* x
             for (int64_t b = 0; b < blocks; ++b) {
                 const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 32));
                 const __m256i aw = _mm256_sign_epi8(w, w);
-                const float s = sc[(b * XBLOCK) / group];
+                const float s = h2f(sc[(b * XBLOCK) / group]);
                 for (int m = 0; m < M; ++m) {
                     const __m256i xv = load256(xq + m * K + b * 32), rv = load256(xr + m * K + b * 32);
                     const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w)), k128),
@@ -420,7 +461,7 @@ inline __m256 hsum8(const __m256* a) {
 // masked tail), and eight rows' sums are reduced together (hsum8) rather than one by one. From
 // L2, one thread: 5.6-5.8 -> 5.2-5.4 cycles per pair of groups at K = 576, no change at 1,536.
 void q8_int4_rows_x1(const int8_t* xq, const int8_t* xr, const float* xd, const float* xs, int64_t K, int64_t n_begin,
-                     int64_t n_end, int64_t N, const uint8_t* qweight, const float* scales, const float* mins,
+                     int64_t n_end, int64_t N, const uint8_t* qweight, const half* scales, const half* mins,
                      const float* bias, float* y) {
     const int64_t groups = K / 32;
     const __m256i ones = _mm256_set1_epi16(1), k128 = _mm256_set1_epi16(128), low4 = _mm256_set1_epi8(0x0F);
@@ -429,8 +470,8 @@ void q8_int4_rows_x1(const int8_t* xq, const int8_t* xr, const float* xd, const 
     __m256 sums[8];
     int64_t pending = 0;  // rows in `sums` not yet written, from n - pending
     for (int64_t n = n_begin; n < n_end; ++n) {
-        const float* sc = scales + n * groups;
-        const float* mn = mins + n * groups;
+        const half* sc = scales + n * groups;
+        const half* mn = mins + n * groups;
         const uint8_t* row = qweight + n * (K / 2);
         if (n + ahead < N) prefetch_int4_row(row, sc, mn, K / 2, groups, ahead);
         // groups g, g + 1 (see pair_x_q8): int32 dots of group g in lanes 0-3, g + 1 in 4-7
@@ -446,14 +487,14 @@ void q8_int4_rows_x1(const int8_t* xq, const int8_t* xr, const float* xd, const 
         __m256 acc = _mm256_setzero_ps(), acc_min = _mm256_setzero_ps();
         int64_t g = 0;
         for (; g + 8 <= groups; g += 8) {
-            acc_min = _mm256_fmadd_ps(_mm256_loadu_ps(mn + g), _mm256_loadu_ps(xs + g), acc_min);
-            const __m256 d = _mm256_mul_ps(_mm256_loadu_ps(sc + g), _mm256_loadu_ps(xd + g));
+            acc_min = _mm256_fmadd_ps(load8h(mn + g), _mm256_loadu_ps(xs + g), acc_min);
+            const __m256 d = _mm256_mul_ps(load8h(sc + g), _mm256_loadu_ps(xd + g));
             for (int p = 0; p < 4; ++p)
                 acc = _mm256_fmadd_ps(pair(g + 2 * p), _mm256_permutevar8x32_ps(d, _mm256_add_epi32(spread, _mm256_set1_epi32(2 * p))), acc);
         }
         for (; g < groups; g += 2) {
-            acc_min = _mm256_add_ps(acc_min, _mm256_zextps128_ps256(_mm_mul_ps(load2(mn + g), load2(xs + g))));
-            const __m256 d = _mm256_castps128_ps256(_mm_mul_ps(load2(sc + g), load2(xd + g)));
+            acc_min = _mm256_add_ps(acc_min, _mm256_zextps128_ps256(_mm_mul_ps(load2h(mn + g), load2(xs + g))));
+            const __m256 d = _mm256_castps128_ps256(_mm_mul_ps(load2h(sc + g), load2(xd + g)));
             acc = _mm256_fmadd_ps(pair(g), _mm256_permutevar8x32_ps(d, spread), acc);
         }
         sums[pending++] = _mm256_add_ps(acc, acc_min);
@@ -478,14 +519,15 @@ constexpr int64_t INT8_TILE = 4;
 constexpr int64_t PREFETCH_AHEAD = 2 * INT8_TILE;  // rows
 
 void q8_int8_row_tiles(const int8_t* xq, const int8_t* xr, const float* xd, int64_t K, int64_t n_begin, int64_t n_end,
-                       const int8_t* qweight, int64_t group, const float* scales, const float* bias, float* y) {
+                       const int8_t* qweight, int64_t group, const half* scales, const float* bias, float* y) {
     const int64_t groups = K / group, blocks = K / XBLOCK, per_group = group / XBLOCK;
     const __m256i ones = _mm256_set1_epi16(1), k128 = _mm256_set1_epi16(128);
     for (int64_t n = n_begin; n < n_end; n += INT8_TILE) {
         const int8_t* rows = qweight + n * K;
         const char* ahead = reinterpret_cast<const char*>(rows + PREFETCH_AHEAD * K);
         const char* scales_ahead = reinterpret_cast<const char*>(scales + (n + PREFETCH_AHEAD) * groups);
-        for (int64_t off = 0; off < INT8_TILE * groups * 4; off += 64) _mm_prefetch(scales_ahead + off, _MM_HINT_T0);
+        for (int64_t off = 0; off < INT8_TILE * groups * int64_t(sizeof(half)); off += 64)
+            _mm_prefetch(scales_ahead + off, _MM_HINT_T0);
         __m256 acc[INT8_TILE];
         for (auto& a : acc) a = _mm256_setzero_ps();
         for (int64_t b = 0, g = 0, left = per_group; b < blocks; ++b) {  // block b is in scale group g
@@ -496,7 +538,7 @@ void q8_int8_row_tiles(const int8_t* xq, const int8_t* xr, const float* xd, int6
                 const __m256i w = load256(rows + r * K + b * 32), aw = _mm256_sign_epi8(w, w);
                 const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w)), k128),
                                                      _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(rv, w)), ones));
-                const float d = scales[(n + r) * groups + g] * xd[b];
+                const float d = h2f(scales[(n + r) * groups + g]) * xd[b];
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d), acc[r]);
             }
             if (--left == 0) {
@@ -599,7 +641,7 @@ void dense_matmul(const float* x, int64_t M, int64_t K, int64_t N, const float* 
 }  // namespace
 
 extern "C" void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t N, const void* qweight,
-                                  int format, int64_t group, const float* scales, const float* mins,
+                                  int format, int64_t group, const half* scales, const half* mins,
                                   const float* bias, float* y, int num_threads) {
     if (format == 2) {
         dense_matmul(x, M, K, N, static_cast<const float*>(qweight), bias, y, num_threads);
@@ -696,7 +738,7 @@ extern "C" void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t 
 // Dequantizes rows [0, N) into out[N, K] (the reference, and the large-M path: one pass over the
 // weights, then a float32 GEMM whose cost dwarfs it).
 extern "C" void plait_dequantize_f32(const void* qweight, int format, int64_t N, int64_t K, int64_t group,
-                                     const float* scales, const float* mins, float* out, int num_threads) {
+                                     const half* scales, const half* mins, float* out, int num_threads) {
     const int64_t groups = K / group;
     plait::parallel_for(N, num_threads, false, [&](int64_t n) {
         if (format == 0)

@@ -118,19 +118,19 @@ def _quantized_blocks(tensor: Any) -> QuantizedWeight:
     n, k = (int(d) for d in reversed(tensor.shape.tolist()))
     block_bytes = {"Q4_1": 20, "Q4_0": 18, "Q8_0": 34}[kind]
     raw = np.asarray(tensor.data).view(np.uint8).reshape(n, k // 32, block_bytes)
-    scale = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    scale = np.ascontiguousarray(raw[..., 0:2].copy().view(np.float16)[..., 0])  # float16, as the kernels read it
     if kind == "Q8_0":
         q = raw[..., 2:34].copy().view(np.int8).reshape(n, k)
         return QuantizedWeight("int8", torch.from_numpy(q), torch.from_numpy(scale), None, 32)
     if kind == "Q4_1":
-        low = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        low = raw[..., 2:4].copy().view(np.float16)[..., 0]
         packed = raw[..., 4:20]
-    else:  # Q4_0: w = (q - 8) * d
-        low = -8.0 * scale
+    else:  # Q4_0: w = (q - 8) * d, exact in float16 (a power-of-two multiple)
+        low = (scale * np.float16(-8.0)).astype(np.float16)
         packed = raw[..., 2:18]
     return QuantizedWeight(
         "int4", torch.from_numpy(packed.reshape(n, k // 2).copy()), torch.from_numpy(scale),
-        torch.from_numpy(np.ascontiguousarray(low, dtype=np.float32)), 32,
+        torch.from_numpy(np.ascontiguousarray(low, dtype=np.float16)), 32,
     )
 
 

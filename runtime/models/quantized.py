@@ -35,6 +35,9 @@ class QuantLinear(nn.Module):
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202  (nn.Module's signature)
         super()._apply(fn, recurse)
+        for name in ("scales", "mins"):  # the kernels' format, whatever dtype the model is cast to
+            if self._buffers[name] is not None:
+                self._buffers[name] = self._buffers[name].to(torch.float16)
         self._refresh()  # `.to(device)` replaced the buffers
         return self
 

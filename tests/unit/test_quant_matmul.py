@@ -28,13 +28,14 @@ def test_int8_per_channel_error_is_at_most_half_a_step() -> None:
     assert qw.qweight.dtype == torch.int8 and qw.scales.shape == (37, 1) and qw.group == 96
     err = (dequantize_ref(qw) - w).abs()
     assert torch.all(err <= qw.scales / 2 + 1e-6)
-    assert qw.nbytes == 37 * 96 + 37 * 4
+    assert qw.scales.dtype == torch.float16 and qw.nbytes == 37 * 96 + 37 * 2  # float16 scales, as GGUF's
 
 
 def test_int4_group_error_is_at_most_half_a_step_and_packing_round_trips() -> None:
     w = torch.randn(10, 128, generator=torch.Generator().manual_seed(1)) * 3
     qw = quantize_int4(w, group=32)
     assert qw.qweight.shape == (10, 64) and qw.scales.shape == (10, 4)
+    assert qw.scales.dtype == qw.mins.dtype == torch.float16 and qw.nbytes == 10 * 64 + 2 * 10 * 4 * 2
     err = (dequantize_ref(qw) - w).abs().reshape(10, 4, 32)
     assert torch.all(err <= qw.scales[..., None] / 2 + 1e-5)
     q = torch.randint(0, 16, (3, 64), dtype=torch.uint8)
@@ -43,11 +44,12 @@ def test_int4_group_error_is_at_most_half_a_step_and_packing_round_trips() -> No
     assert pack_int4(q, 32)[0, 0].item() == q[0, 0].item() | (q[0, 16].item() << 4)
 
 
-def test_constant_rows_quantize_exactly() -> None:
+def test_constant_rows_quantize_to_their_value() -> None:
     w = torch.zeros(4, 64)
     w[1] = 2.5
-    for qw in (quantize_int8(w), quantize_int4(w)):
-        torch.testing.assert_close(dequantize_ref(qw), w)
+    torch.testing.assert_close(dequantize_ref(quantize_int4(w)), w)  # scale 0, the minimum holds it
+    # int8: 127 steps of a float16 scale, 2.5 / 127 to float16's precision (2^-11)
+    torch.testing.assert_close(dequantize_ref(quantize_int8(w)), w, atol=0, rtol=2**-11)
 
 
 def test_bad_arguments_name_the_argument() -> None:
@@ -57,6 +59,11 @@ def test_bad_arguments_name_the_argument() -> None:
         quant_matmul(torch.randn(2, 10), quantize_int8(torch.randn(4, 12)))
     with pytest.raises(ValueError, match="format"):
         QuantizedWeight.cat([quantize_int8(torch.randn(4, 64)), quantize_int4(torch.randn(4, 64))])
+    good = quantize_int4(torch.randn(4, 64))
+    with pytest.raises(ValueError, match="scales must be float16"):
+        QuantizedWeight("int4", good.qweight, good.scales.float(), good.mins, 32)
+    with pytest.raises(ValueError, match="mins must be float16"):
+        QuantizedWeight("int4", good.qweight, good.scales, good.mins.float(), 32)
 
 
 needs_native = pytest.mark.skipif(not qm.native_quant_available(), reason="native CPU kernels did not build")
@@ -136,6 +143,9 @@ def test_quant_linear_follows_its_buffers_when_moved():
     assert layer.qweight is not old and layer.qw.qweight is layer.qweight and layer.qw.scales is layer.scales
     x = torch.randn(3, 64)
     expected = quant_matmul_ref(x, layer.qw, layer.bias, q8=qm.native_q8_rows(3, layer.qw))
+    torch.testing.assert_close(layer(x), expected, atol=1e-4, rtol=1e-4)
+    layer.to(torch.float32)  # a model-wide dtype cast leaves the kernels' float16 scales as they are
+    assert layer.scales.dtype == layer.mins.dtype == layer.qw.scales.dtype == torch.float16
     torch.testing.assert_close(layer(x), expected, atol=1e-4, rtol=1e-4)
 
 
