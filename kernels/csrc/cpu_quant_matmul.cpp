@@ -522,15 +522,28 @@ void q8_int8_row_tiles(const int8_t* xq, const int8_t* xr, const float* xd, int6
                        const int8_t* qweight, int64_t group, const half* scales, const float* bias, float* y) {
     const int64_t groups = K / group, blocks = K / XBLOCK, per_group = group / XBLOCK;
     const __m256i ones = _mm256_set1_epi16(1), k128 = _mm256_set1_epi16(128);
+    // each tile's scale products (weight scale x block scale of x) [INT8_TILE, blocks], widened
+    // from float16 eight at a time: one scalar conversion per block and row cost the Q8_0 LM head
+    // 6% over its float32 scales
+    thread_local std::vector<float> dbuf;
+    dbuf.resize(INT8_TILE * blocks);
     for (int64_t n = n_begin; n < n_end; n += INT8_TILE) {
         const int8_t* rows = qweight + n * K;
         const char* ahead = reinterpret_cast<const char*>(rows + PREFETCH_AHEAD * K);
         const char* scales_ahead = reinterpret_cast<const char*>(scales + (n + PREFETCH_AHEAD) * groups);
         for (int64_t off = 0; off < INT8_TILE * groups * int64_t(sizeof(half)); off += 64)
             _mm_prefetch(scales_ahead + off, _MM_HINT_T0);
+        for (int r = 0; r < INT8_TILE; ++r) {
+            const half* sc = scales + (n + r) * groups;
+            float* d = dbuf.data() + r * blocks;
+            int64_t b = 0;
+            if (per_group == 1)
+                for (; b + 8 <= blocks; b += 8) _mm256_storeu_ps(d + b, _mm256_mul_ps(load8h(sc + b), _mm256_loadu_ps(xd + b)));
+            for (; b < blocks; ++b) d[b] = h2f(sc[b / per_group]) * xd[b];
+        }
         __m256 acc[INT8_TILE];
         for (auto& a : acc) a = _mm256_setzero_ps();
-        for (int64_t b = 0, g = 0, left = per_group; b < blocks; ++b) {  // block b is in scale group g
+        for (int64_t b = 0; b < blocks; ++b) {
             _mm_prefetch(ahead + b * INT8_TILE * 32, _MM_HINT_T0);
             _mm_prefetch(ahead + b * INT8_TILE * 32 + 64, _MM_HINT_T0);
             const __m256i xv = load256(xq + b * 32), rv = load256(xr + b * 32);
@@ -538,12 +551,7 @@ void q8_int8_row_tiles(const int8_t* xq, const int8_t* xr, const float* xd, int6
                 const __m256i w = load256(rows + r * K + b * 32), aw = _mm256_sign_epi8(w, w);
                 const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w)), k128),
                                                      _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(rv, w)), ones));
-                const float d = h2f(scales[(n + r) * groups + g]) * xd[b];
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d), acc[r]);
-            }
-            if (--left == 0) {
-                ++g;
-                left = per_group;
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcast_ss(dbuf.data() + r * blocks + b), acc[r]);
             }
         }
         for (int r = 0; r < INT8_TILE; ++r) y[n + r] = hsum256(acc[r]) + (bias ? bias[n + r] : 0.0f);
