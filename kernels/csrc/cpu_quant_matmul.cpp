@@ -81,7 +81,7 @@ void dequant_int8_row(const int8_t* q, const half* scales, int64_t K, int64_t gr
 
 void dequant_int4_row(const uint8_t* q, const half* scales, const half* mins, int64_t K, int64_t group,
                       float* out) {
-    const int64_t half = group / 2;
+    const int64_t half_group = group / 2;
     for (int64_t g0 = 0, gi = 0; g0 < K; g0 += group, ++gi) {
         const float s = h2f(scales[gi]), m = h2f(mins[gi]);
         const uint8_t* b = q + g0 / 2;
@@ -90,19 +90,19 @@ void dequant_int4_row(const uint8_t* q, const half* scales, const half* mins, in
 #ifdef __AVX2__
         const __m256 vs = _mm256_set1_ps(s), vm = _mm256_set1_ps(m);
         const __m128i low4 = _mm_set1_epi8(0x0F);
-        for (; j + 8 <= half; j += 8) {
+        for (; j + 8 <= half_group; j += 8) {
             __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + j));
             __m128i lo = _mm_and_si128(bytes, low4);
             __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low4);
             __m256 flo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
             __m256 fhi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
             _mm256_storeu_ps(o + j, _mm256_fmadd_ps(flo, vs, vm));
-            _mm256_storeu_ps(o + half + j, _mm256_fmadd_ps(fhi, vs, vm));
+            _mm256_storeu_ps(o + half_group + j, _mm256_fmadd_ps(fhi, vs, vm));
         }
 #endif
-        for (; j < half; ++j) {
+        for (; j < half_group; ++j) {
             o[j] = static_cast<float>(b[j] & 0x0F) * s + m;
-            o[half + j] = static_cast<float>(b[j] >> 4) * s + m;
+            o[half_group + j] = static_cast<float>(b[j] >> 4) * s + m;
         }
     }
 }
