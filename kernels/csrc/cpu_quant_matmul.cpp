@@ -53,12 +53,6 @@ inline __m128 load2h(const half* p) {
     std::memcpy(&u, p, sizeof u);
     return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(u)));
 }
-// The first n < 8 values, zeros after.
-inline __m256 load8h_partial(const half* p, int64_t n) {
-    alignas(16) half t[8] = {};
-    std::memcpy(t, p, n * sizeof(half));
-    return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
-}
 #endif
 
 constexpr int64_t TILE_N = 4;
@@ -381,11 +375,15 @@ void q8_rows(const int8_t* xq, const int8_t* xr, const float* xd, const float* x
                 const __m256 mv = load8h(mn + g);
                 for (int m = 0; m < M; ++m) acc[m] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(xs + m * blocks + g), acc[m]);
             }
-            if (g < groups) {
-                const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(groups - g)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-                const __m256 mv = load8h_partial(mn + g, groups - g);
+            for (; g + 2 <= groups; g += 2) {  // the rest two at a time (a partial 16-byte load of
+                const __m128 mv = load2h(mn + g);  // float16 through the stack stalled every row)
                 for (int m = 0; m < M; ++m)
-                    acc[m] = _mm256_fmadd_ps(mv, _mm256_maskload_ps(xs + m * blocks + g, tail), acc[m]);
+                    acc[m] = _mm256_add_ps(acc[m], _mm256_zextps128_ps256(_mm_mul_ps(mv, load2(xs + m * blocks + g))));
+            }
+            if (g < groups) {
+                const float mg = h2f(mn[g]);
+                for (int m = 0; m < M; ++m)
+                    acc[m] = _mm256_add_ps(acc[m], _mm256_setr_ps(mg * xs[m * blocks + g], 0, 0, 0, 0, 0, 0, 0));
             }
             const __m256i low4 = _mm256_set1_epi8(0x0F);
             // groups g, g + 1: d holds their scale products (weight scale x block scale of x) in
