@@ -354,6 +354,16 @@ inline void prefetch_int4_row(const uint8_t* row, const half* sc, const half* mn
     }
 }
 
+// Two int4 groups against one row of x in two levels (see pair_x_q8): lo / hi are the weights'
+// low and high nibbles, xp / rp the pair's 64 q1 and q2 values. The int32 dots of group g are
+// in lanes 0-3, of g + 1 in lanes 4-7; each int16 before `madd` is at most 2 x 2 x 15 x 127 in
+// magnitude, so the two halves add exactly.
+inline __m256i int4_pair_dot(__m256i lo, __m256i hi, const int8_t* xp, const int8_t* rp) {
+    const __m256i s1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, load256(xp)), _mm256_maddubs_epi16(hi, load256(xp + 32)));
+    const __m256i s2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, load256(rp)), _mm256_maddubs_epi16(hi, load256(rp + 32)));
+    return _mm256_add_epi32(_mm256_madd_epi16(s1, _mm256_set1_epi16(128)), _mm256_madd_epi16(s2, _mm256_set1_epi16(1)));
+}
+
 template <int M>
 void q8_rows(const int8_t* xq, const int8_t* xr, const float* xd, const float* xs, int64_t K, int64_t n_begin, int64_t n_end,
              int64_t N, const void* qweight, int format, int64_t group, const half* scales, const half* mins,
@@ -394,12 +404,7 @@ void q8_rows(const int8_t* xq, const int8_t* xr, const float* xd, const float* x
                 const __m256i lo = _mm256_and_si256(v, low4);
                 const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
                 for (int m = 0; m < M; ++m) {
-                    const int8_t *xp = xq + m * K + g * 32, *rp = xr + m * K + g * 32;
-                    // each int16 is at most 2 x 2 x 15 x 127 in magnitude: the two halves add exactly
-                    const __m256i s1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, load256(xp)), _mm256_maddubs_epi16(hi, load256(xp + 32)));
-                    const __m256i s2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, load256(rp)), _mm256_maddubs_epi16(hi, load256(rp + 32)));
-                    // lanes 0-3: group g, 4-7: g + 1
-                    const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(s1, k128), _mm256_madd_epi16(s2, ones));
+                    const __m256i dot = int4_pair_dot(lo, hi, xq + m * K + g * 32, xr + m * K + g * 32);
                     acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_permutevar8x32_ps(d[m], at), acc[m]);
                 }
             };
@@ -462,8 +467,7 @@ void q8_int4_rows_x1(const int8_t* xq, const int8_t* xr, const float* xd, const 
                      int64_t n_end, int64_t N, const uint8_t* qweight, const half* scales, const half* mins,
                      const float* bias, float* y) {
     const int64_t groups = K / 32;
-    const __m256i ones = _mm256_set1_epi16(1), k128 = _mm256_set1_epi16(128), low4 = _mm256_set1_epi8(0x0F);
-    const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    const __m256i low4 = _mm256_set1_epi8(0x0F), spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     const int64_t ahead = std::max<int64_t>(1, INT4_PREFETCH_BYTES / (K / 2));
     __m256 sums[8];
     int64_t pending = 0;  // rows in `sums` not yet written, from n - pending
@@ -475,12 +479,8 @@ void q8_int4_rows_x1(const int8_t* xq, const int8_t* xr, const float* xd, const 
         // groups g, g + 1 (see pair_x_q8): int32 dots of group g in lanes 0-3, g + 1 in 4-7
         auto pair = [&](int64_t g) {
             const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + g * 16));
-            const __m256i lo = _mm256_and_si256(v, low4);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-            const int8_t *xp = xq + g * 32, *rp = xr + g * 32;
-            const __m256i s1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, load256(xp)), _mm256_maddubs_epi16(hi, load256(xp + 32)));
-            const __m256i s2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, load256(rp)), _mm256_maddubs_epi16(hi, load256(rp + 32)));
-            return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(s1, k128), _mm256_madd_epi16(s2, ones)));
+            const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            return _mm256_cvtepi32_ps(int4_pair_dot(lo, hi, xq + g * 32, xr + g * 32));
         };
         __m256 acc = _mm256_setzero_ps(), acc_min = _mm256_setzero_ps();
         int64_t g = 0;
@@ -534,10 +534,14 @@ void q8_int8_row_tiles(const int8_t* xq, const int8_t* xr, const float* xd, int6
         for (int r = 0; r < INT8_TILE; ++r) {
             const half* sc = scales + (n + r) * groups;
             float* d = dbuf.data() + r * blocks;
-            int64_t b = 0;
-            if (per_group == 1)
+            if (per_group == 1) {
+                int64_t b = 0;
                 for (; b + 8 <= blocks; b += 8) _mm256_storeu_ps(d + b, _mm256_mul_ps(load8h(sc + b), _mm256_loadu_ps(xd + b)));
-            for (; b < blocks; ++b) d[b] = h2f(sc[b / per_group]) * xd[b];
+                for (; b < blocks; ++b) d[b] = h2f(sc[b]) * xd[b];
+            } else {
+                for (int64_t g = 0, b = 0; g < groups; ++g)
+                    for (const float sg = h2f(sc[g]); b < (g + 1) * per_group; ++b) d[b] = sg * xd[b];
+            }
         }
         __m256 acc[INT8_TILE];
         for (auto& a : acc) a = _mm256_setzero_ps();
