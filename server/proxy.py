@@ -83,7 +83,7 @@ class Proxy:
         resp: httpx.Response | None = None
         handed_off = False  # the streaming relay releases the replica when it ends
         try:
-            resp = await until_disconnect(request, self.client.send(upstream, stream=True))
+            resp = await until_disconnect(request, self._send(upstream))
             if resp.status_code == 503 and len(self.router.healthy()) > 1:
                 return f"{replica.url} is at capacity (503)"
             if stream and resp.status_code == 200:
@@ -110,6 +110,15 @@ class Proxy:
                 replica.in_flight -= 1
                 if resp is not None:
                     await resp.aclose()
+
+    async def _send(self, upstream: httpx.Request) -> httpx.Response:
+        try:
+            return await self.client.send(upstream, stream=True)
+        except AttributeError as e:
+            # NOTE: a replica killed while its connection opens can leave httpcore asking anyio for
+            # the peer of a socket that is already gone ('NoneType' has no 'getpeername'): an
+            # unreachable replica like any other, not a bug of the request.
+            raise httpx.ConnectError(f"the connection closed while opening ({e})", request=upstream) from e
 
     async def _relay(
         self, lease: _Lease, resp: httpx.Response, chunks: AsyncIterator[bytes],
