@@ -44,12 +44,15 @@ def _fmt(value: Any) -> str:
 def write_json(path: str, payload: dict[str, Any]) -> None:
     import torch
 
+    from plait.kernels.quant_matmul import native_isa
+
     payload = {
         "machine": {
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
             "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(),
+            "native_isa": native_isa(),
         },
         **payload,
     }

@@ -7,6 +7,10 @@ the runtime torch already loaded, and the kernels share torch's threads. The sha
 `$PLAIT_CACHE_DIR/native` (default `~/.cache/plait/native`), keyed by a hash of the source, the
 flags, the compiler and the CPU, so a machine never loads code built for another CPU.
 
+The build targets the machine it runs on (`-march=native`), so the AVX-512 VNNI paths compile
+where the CPU has them and the AVX2 ones elsewhere; `PLAIT_NATIVE_MARCH` names another target
+(`haswell` builds the AVX2 paths on any x86-64 machine that runs them, as the tests do).
+
 `load(name)` returns the `ctypes.CDLL`, or None when the kernels are unavailable: not Linux/x86,
 no compiler, a build error (logged once), or `PLAIT_DISABLE_NATIVE=1`. Every caller keeps a torch
 fallback, so a machine without a compiler is slower, never broken.
@@ -33,8 +37,17 @@ import torch  # noqa: F401  (loads torch's libgomp before ours)
 logger = logging.getLogger(__name__)
 
 DISABLE_NATIVE_ENV = "PLAIT_DISABLE_NATIVE"
+MARCH_ENV = "PLAIT_NATIVE_MARCH"
 CSRC = Path(__file__).parent / "csrc"
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++17", "-fno-math-errno"]
+FLAGS = [
+    "-O3",
+    f"-march={os.environ.get(MARCH_ENV) or 'native'}",
+    "-fopenmp",
+    "-fPIC",
+    "-shared",
+    "-std=c++17",
+    "-fno-math-errno",
+]
 # library name -> its sources (every header in csrc/ is part of each build's cache key)
 LIBRARIES = {
     "cpu_kernels": ("cpu_attention.cpp", "cpu_quant_matmul.cpp", "cpu_fused.cpp", "cpu_decode.cpp", "cpu_memory.cpp")

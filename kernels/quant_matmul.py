@@ -189,6 +189,15 @@ def native_q8_rows(m: int, qw: QuantizedWeight) -> bool:
     return bool(_kernels()[2](qw.shape[1], FORMAT_CODE[qw.format], qw.group))
 
 
+def native_isa() -> str:
+    """The instructions the native decode rows were built with: "avx512-vnni", "avx2", "portable"
+    (no integer dot products: the float paths alone) or "none" (no native kernels)."""
+    if not native_quant_available():
+        return "none"
+    fn = native.function("cpu_kernels", "plait_qmatmul_isa", [], ctypes.c_int)
+    return {2: "avx512-vnni", 1: "avx2"}.get(fn(), "portable")
+
+
 def native_quant_available() -> bool:
     return not native.native_disabled() and _kernels() is not None
 
