@@ -625,7 +625,7 @@ void q8_int4_rows_x1_vnni(const int8_t* xq, const int8_t* xr, const float* xd, c
 constexpr int64_t INT8_TILE = 4;
 constexpr int64_t PREFETCH_AHEAD = 2 * INT8_TILE;  // rows
 
-void q8_int8_row_tiles(const int8_t* xq, const int8_t* xr, const float* xd, int64_t K, int64_t n_begin, int64_t n_end,
+[[maybe_unused]] void q8_int8_row_tiles(const int8_t* xq, const int8_t* xr, const float* xd, int64_t K, int64_t n_begin, int64_t n_end,
                        const int8_t* qweight, int64_t group, const half* scales, const float* bias, float* y) {
     const int64_t groups = K / group, blocks = K / XBLOCK, per_group = group / XBLOCK;
     const __m256i ones = _mm256_set1_epi16(1), k128 = _mm256_set1_epi16(128);
@@ -668,6 +668,218 @@ void q8_int8_row_tiles(const int8_t* xq, const int8_t* xr, const float* xd, int6
         for (int r = 0; r < INT8_TILE; ++r) y[n + r] = hsum256(acc[r]) + (bias ? bias[n + r] : 0.0f);
     }
 }
+
+#ifdef PLAIT_VNNI512
+// int8 weights on VNNI: `vpdpbusd` wants one unsigned side, so the weights go in as w + 128
+// (w ^ 0x80, one instruction per 64 weights whatever the rows of x) and each x row's int32 lanes
+// start from -128 times the sum of their four values of x (`lane_bias`), which cancels the 128.
+inline void lane_bias(const int8_t* x, int64_t K, int32_t* out) {
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (int64_t k = 0; k < K; k += 64) {  // K is a multiple of 32: the last step may be 32 wide
+        if (k + 64 <= K) {
+            const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(x + k));
+            _mm512_storeu_si512(out + k / 4, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s, 7)));
+        } else {
+            const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), load256(x + k));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k / 4),
+                                _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(s, 7)));
+        }
+    }
+}
+
+// 64 int8 weights (w ^ 0x80) against one row of x in two levels; c1 / c2 the rows' lane biases.
+// Blocks b and b + 1's int32 dots are in lanes 0-7 and 8-15.
+inline __m512i int8_dot_vnni(__m512i wu, const int8_t* xp, const int8_t* rp, const int32_t* c1, const int32_t* c2) {
+    const __m512i q1 = _mm512_dpbusd_epi32(_mm512_loadu_si512(c1), wu, _mm512_loadu_si512(xp));
+    const __m512i q2 = _mm512_dpbusd_epi32(_mm512_loadu_si512(c2), wu, _mm512_loadu_si512(rp));
+    return _mm512_add_epi32(_mm512_slli_epi32(q1, 7), q2);
+}
+
+// The same for one block of 32.
+inline __m256i int8_block_dot_vnni(__m256i wu, const int8_t* xp, const int8_t* rp, const int32_t* c1, const int32_t* c2) {
+    const __m256i q1 = _mm256_dpbusd_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c1)), wu, load256(xp));
+    const __m256i q2 = _mm256_dpbusd_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c2)), wu, load256(rp));
+    return _mm256_add_epi32(_mm256_slli_epi32(q1, 7), q2);
+}
+
+inline __m256 reduce512(__m512 v) { return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); }
+
+// Eight blocks' weight scales of row `sc` from block b (float16; one per `group` weights).
+inline __m256 block_scales8(const half* sc, int64_t b, int64_t group) {
+    if (group == XBLOCK) return load8h(sc + b);
+    alignas(32) float s[8];
+    for (int i = 0; i < 8; ++i) s[i] = h2f(sc[(b + i) * XBLOCK / group]);
+    return _mm256_load_ps(s);
+}
+
+// q8_rows on AVX-512 VNNI, M <= 4 rows of x. int4: x in quad layout, four groups per step, then a
+// pair and an odd group as q8_rows takes them; int8: 64 weights per step. The weights are unpacked
+// once per step for all M rows of x.
+template <int M>
+void q8_rows_vnni(const int8_t* xq, const int8_t* xr, const int32_t* xc1, const int32_t* xc2, const float* xd,
+                  const float* xs, int64_t K, int64_t n_begin, int64_t n_end, int64_t N, const void* qweight, int format,
+                  int64_t group, const half* scales, const half* mins, const float* bias, float* y) {
+    const int64_t groups = K / group, blocks = K / XBLOCK;
+    const __m512i spread_lo = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i spread_hi = _mm512_add_epi32(spread_lo, _mm512_set1_epi32(4));
+    const __m512i spread2 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    const __m512i low4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    const int64_t ahead = std::max<int64_t>(1, INT4_PREFETCH_BYTES / (K / 2));
+    for (int64_t n = n_begin; n < n_end; ++n) {
+        const half* sc = scales + n * groups;
+        __m512 acc[M];
+        __m256 acc8[M];
+        for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps(), acc8[m] = _mm256_setzero_ps();
+        __m512 d[M];
+        if (format == 1) {
+            const uint8_t* row = static_cast<const uint8_t*>(qweight) + n * (K / 2);
+            const half* mn = mins + n * groups;
+            if (n + ahead < N) prefetch_int4_row(row, sc, mn, K / 2, groups, ahead);
+            auto quad = [&](int64_t g, __m512i at) {
+                const __m512i v = _mm512_loadu_si512(row + g * 16);
+                const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                for (int m = 0; m < M; ++m) {
+                    const int8_t *xp = xq + m * K + g * 32, *rp = xr + m * K + g * 32;
+                    const __m512i q1 = _mm512_dpbusd_epi32(
+                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xp)), hi, _mm512_loadu_si512(xp + 64));
+                    const __m512i q2 = _mm512_dpbusd_epi32(
+                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(rp)), hi, _mm512_loadu_si512(rp + 64));
+                    const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(q1, 7), q2));
+                    acc[m] = _mm512_fmadd_ps(dot, _mm512_permutexvar_ps(at, d[m]), acc[m]);
+                }
+            };
+            int64_t g = 0;
+            for (; g + 8 <= groups; g += 8) {
+                const __m256 s8 = load8h(sc + g), m8 = load8h(mn + g);
+                for (int m = 0; m < M; ++m) {
+                    d[m] = _mm512_castps256_ps512(_mm256_mul_ps(s8, _mm256_loadu_ps(xd + m * blocks + g)));
+                    acc8[m] = _mm256_fmadd_ps(m8, _mm256_loadu_ps(xs + m * blocks + g), acc8[m]);
+                }
+                quad(g, spread_lo);
+                quad(g + 4, spread_hi);
+            }
+            if (g + 4 <= groups) {
+                const __m128 s4 = load4h(sc + g), m4 = load4h(mn + g);
+                for (int m = 0; m < M; ++m) {
+                    d[m] = _mm512_castps128_ps512(_mm_mul_ps(s4, _mm_loadu_ps(xd + m * blocks + g)));
+                    acc8[m] = _mm256_add_ps(acc8[m], _mm256_zextps128_ps256(_mm_mul_ps(m4, _mm_loadu_ps(xs + m * blocks + g))));
+                }
+                quad(g, spread_lo);
+                g += 4;
+            }
+            if (g + 2 <= groups) {  // a pair, in pair layout
+                const __m128 s2 = load2h(sc + g), m2 = load2h(mn + g);
+                for (int m = 0; m < M; ++m) {
+                    const __m256 dm = _mm256_permutevar8x32_ps(
+                        _mm256_castps128_ps256(_mm_mul_ps(s2, load2(xd + m * blocks + g))), spread);
+                    acc8[m] = _mm256_add_ps(acc8[m], _mm256_zextps128_ps256(_mm_mul_ps(m2, load2(xs + m * blocks + g))));
+                    const __m256i dot = int4_pair_dot_vnni(row + g * 16, xq + m * K + g * 32, xr + m * K + g * 32);
+                    acc8[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dm, acc8[m]);
+                }
+                g += 2;
+            }
+            if (g < groups) {  // an odd last group, x in plain order
+                const __m128i low4x = _mm_set1_epi8(0x0F);
+                const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + g * 16));
+                const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), low4x), _mm_and_si128(bytes, low4x));
+                const float sg = h2f(sc[g]), mg = h2f(mn[g]);
+                for (int m = 0; m < M; ++m) {
+                    const __m256i q1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, load256(xq + m * K + g * 32));
+                    const __m256i q2 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, load256(xr + m * K + g * 32));
+                    const __m256 dot = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(q1, 7), q2));
+                    acc8[m] = _mm256_fmadd_ps(dot, _mm256_set1_ps(sg * xd[m * blocks + g]), acc8[m]);
+                    acc8[m] = _mm256_add_ps(acc8[m], _mm256_setr_ps(mg * xs[m * blocks + g], 0, 0, 0, 0, 0, 0, 0));
+                }
+            }
+        } else {  // int8, groups a multiple of 32
+            const int8_t* row = static_cast<const int8_t*>(qweight) + n * K;
+            int64_t b = 0;
+            for (; b + 8 <= blocks; b += 8) {
+                const __m256 s8 = block_scales8(sc, b, group);
+                for (int m = 0; m < M; ++m) d[m] = _mm512_castps256_ps512(_mm256_mul_ps(s8, _mm256_loadu_ps(xd + m * blocks + b)));
+                for (int p = 0; p < 4; ++p) {
+                    const int64_t k = (b + 2 * p) * XBLOCK;
+                    const __m512i wu = _mm512_xor_si512(_mm512_loadu_si512(row + k), flip);
+                    const __m512i at = _mm512_add_epi32(spread2, _mm512_set1_epi32(2 * p));
+                    for (int m = 0; m < M; ++m) {
+                        const __m512i dot = int8_dot_vnni(wu, xq + m * K + k, xr + m * K + k, xc1 + m * (K / 4) + k / 4,
+                                                          xc2 + m * (K / 4) + k / 4);
+                        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(at, d[m]), acc[m]);
+                    }
+                }
+            }
+            for (; b < blocks; ++b) {  // the rest one block at a time
+                const int64_t k = b * XBLOCK;
+                const __m256i wu = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k)),
+                                                    _mm256_set1_epi8(static_cast<char>(0x80)));
+                const float s = h2f(sc[k / group]);
+                for (int m = 0; m < M; ++m) {
+                    const __m256i dot = int8_block_dot_vnni(wu, xq + m * K + k, xr + m * K + k, xc1 + m * (K / 4) + k / 4,
+                                                            xc2 + m * (K / 4) + k / 4);
+                    acc8[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(s * xd[m * blocks + b]), acc8[m]);
+                }
+            }
+        }
+        for (int m = 0; m < M; ++m)
+            y[m * N + n] = hsum256(_mm256_add_ps(reduce512(acc[m]), acc8[m])) + (bias ? bias[n] : 0.0f);
+    }
+}
+
+// q8_int8_row_tiles on AVX-512 VNNI: four weight rows against one row of x, 64 weights per step,
+// the x vectors and lane biases loaded once per step for the four rows.
+void q8_int8_row_tiles_vnni(const int8_t* xq, const int8_t* xr, const int32_t* xc1, const int32_t* xc2, const float* xd,
+                            int64_t K, int64_t n_begin, int64_t n_end, const int8_t* qweight, int64_t group,
+                            const half* scales, const float* bias, float* y) {
+    const int64_t groups = K / group, blocks = K / XBLOCK;
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    const __m512i spread2 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    thread_local std::vector<float> dbuf;  // each row's scale products [INT8_TILE, blocks]
+    dbuf.resize(INT8_TILE * blocks + 1);
+    for (int64_t n = n_begin; n < n_end; n += INT8_TILE) {
+        const int8_t* rows = qweight + n * K;
+        const char* ahead = reinterpret_cast<const char*>(rows + PREFETCH_AHEAD * K);
+        const char* scales_ahead = reinterpret_cast<const char*>(scales + (n + PREFETCH_AHEAD) * groups);
+        for (int64_t off = 0; off < INT8_TILE * groups * int64_t(sizeof(half)); off += 64)
+            _mm_prefetch(scales_ahead + off, _MM_HINT_T0);
+        for (int r = 0; r < INT8_TILE; ++r) {
+            const half* sc = scales + (n + r) * groups;
+            float* d = dbuf.data() + r * blocks;
+            int64_t b = 0;
+            for (; b + 8 <= blocks; b += 8) _mm256_storeu_ps(d + b, _mm256_mul_ps(block_scales8(sc, b, group), _mm256_loadu_ps(xd + b)));
+            for (; b < blocks; ++b) d[b] = h2f(sc[b * XBLOCK / group]) * xd[b];
+        }
+        __m512 acc[INT8_TILE];
+        for (auto& a : acc) a = _mm512_setzero_ps();
+        int64_t b = 0;
+        for (; b + 2 <= blocks; b += 2) {
+            for (int i = 0; i < 4; ++i) _mm_prefetch(ahead + b * INT8_TILE * 32 + 64 * i, _MM_HINT_T0);
+            const int64_t k = b * XBLOCK;
+            const __m512i x1 = _mm512_loadu_si512(xq + k), x2 = _mm512_loadu_si512(xr + k);
+            const __m512i c1 = _mm512_loadu_si512(xc1 + k / 4), c2 = _mm512_loadu_si512(xc2 + k / 4);
+            for (int r = 0; r < INT8_TILE; ++r) {
+                const __m512i wu = _mm512_xor_si512(_mm512_loadu_si512(rows + r * K + k), flip);
+                const __m512i q1 = _mm512_dpbusd_epi32(c1, wu, x1), q2 = _mm512_dpbusd_epi32(c2, wu, x2);
+                const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(q1, 7), q2));
+                const __m512 dv = _mm512_permutexvar_ps(spread2, _mm512_castps128_ps512(load2(dbuf.data() + r * blocks + b)));
+                acc[r] = _mm512_fmadd_ps(dot, dv, acc[r]);
+            }
+        }
+        __m256 acc8[INT8_TILE];
+        for (int r = 0; r < INT8_TILE; ++r) acc8[r] = reduce512(acc[r]);
+        if (b < blocks) {  // an odd last block
+            const int64_t k = b * XBLOCK;
+            for (int r = 0; r < INT8_TILE; ++r) {
+                const __m256i wu = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows + r * K + k)),
+                                                    _mm256_set1_epi8(static_cast<char>(0x80)));
+                const __m256 dot = _mm256_cvtepi32_ps(int8_block_dot_vnni(wu, xq + k, xr + k, xc1 + k / 4, xc2 + k / 4));
+                acc8[r] = _mm256_fmadd_ps(dot, _mm256_set1_ps(dbuf[r * blocks + b]), acc8[r]);
+            }
+        }
+        for (int r = 0; r < INT8_TILE; ++r) y[n + r] = hsum256(acc8[r]) + (bias ? bias[n + r] : 0.0f);
+    }
+}
+#endif
 
 // Rows of x up to this many (decode batches, short extends) round x to int8; more (prefill
 // chunks, an LM head's prompt logprobs) keep float32 activations: rounding them in one level ran
@@ -778,31 +990,58 @@ extern "C" void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t 
         int8_t* const xr = xq + stride;
         std::vector<float> xd(M * blocks), xs(M * blocks);
         const bool int4_x1 = M == 1 && format == 1 && blocks % 2 == 0;  // q8_int4_rows_x1
+#ifdef PLAIT_VNNI512
+        // int8 weights: each row's lane biases, q1's [M, K / 4] then q2's
+        std::vector<int32_t> xc(format == 0 ? 2 * M * (K / 4) : 0);
+        int32_t* const xc1 = xc.data();
+        int32_t* const xc2 = xc.data() + (format == 0 ? M * (K / 4) : 0);
+#endif
         plait::parallel_for(M, M >= 8 ? num_threads : 1, false, [&](int64_t m) {
             quantize_x_q8(x + m * K, K, xq + m * K, xr + m * K, xd.data() + m * blocks, xs.data() + m * blocks);
             if (format == 1) {
                 pair_x_q8(xq + m * K, K);
                 pair_x_q8(xr + m * K, K);
-            }
 #ifdef PLAIT_VNNI512
-            if (int4_x1) {
                 quad_x_q8(xq + m * K, K);
                 quad_x_q8(xr + m * K, K);
-            }
+            } else {
+                lane_bias(xq + m * K, K, xc1 + m * (K / 4));
+                lane_bias(xr + m * K, K, xc2 + m * (K / 4));
 #endif
+            }
         });
         const int64_t chunk = 16;
         const int64_t chunks = (N + chunk - 1) / chunk;
         plait::parallel_for(chunks, num_threads, false, [&](int64_t c) {
             const int64_t b = c * chunk, e = std::min(N, b + chunk);
-            if (int4_x1) {
 #ifdef PLAIT_VNNI512
+            if (int4_x1) {
                 q8_int4_rows_x1_vnni(xq, xr, xd.data(), xs.data(), K, b, e, N, static_cast<const uint8_t*>(qweight),
                                      scales, mins, bias, y);
+                return;
+            }
+            int64_t from = b;
+            if (M == 1 && format == 0) {
+                from = b + (e - b) / INT8_TILE * INT8_TILE;
+                q8_int8_row_tiles_vnni(xq, xr, xc1, xc2, xd.data(), K, b, from, static_cast<const int8_t*>(qweight),
+                                       group, scales, bias, y);
+            }
+            for (int64_t m0 = 0; m0 < M; m0 += 4) {
+                const int8_t *q = xq + m0 * K, *r = xr + m0 * K;
+                const int32_t *c1 = xc1 + m0 * (K / 4), *c2 = xc2 + m0 * (K / 4);
+                const float *d = xd.data() + m0 * blocks, *sx = xs.data() + m0 * blocks;
+                float* out = y + m0 * N;
+                switch (std::min<int64_t>(4, M - m0)) {
+                    case 1: q8_rows_vnni<1>(q, r, c1, c2, d, sx, K, from, e, N, qweight, format, group, scales, mins, bias, out); break;
+                    case 2: q8_rows_vnni<2>(q, r, c1, c2, d, sx, K, from, e, N, qweight, format, group, scales, mins, bias, out); break;
+                    case 3: q8_rows_vnni<3>(q, r, c1, c2, d, sx, K, from, e, N, qweight, format, group, scales, mins, bias, out); break;
+                    default: q8_rows_vnni<4>(q, r, c1, c2, d, sx, K, from, e, N, qweight, format, group, scales, mins, bias, out); break;
+                }
+            }
 #else
+            if (int4_x1) {
                 q8_int4_rows_x1(xq, xr, xd.data(), xs.data(), K, b, e, N, static_cast<const uint8_t*>(qweight), scales,
                                 mins, bias, y);
-#endif
                 return;
             }
             if (M == 1 && format == 0) {
@@ -827,6 +1066,7 @@ extern "C" void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t 
                     default: q8_rows<4>(q, r, d, sx, K, b, e, N, qweight, format, group, scales, mins, bias, out); break;
                 }
             }
+#endif
         });
         return;
     }
