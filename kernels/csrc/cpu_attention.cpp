@@ -155,18 +155,54 @@ void attend_chunk(const float* qr, const T* k, const T* v, const float* ks,
 }
 
 #ifdef __AVX2__
+// The vector width of attend_chunk_gqa: 8 floats (AVX2) or 16 (AVX-512, for head_dim % 16 == 0).
+struct Vec8 {
+    using R = __m256;
+    static constexpr int W = 8;
+    static R zero() { return _mm256_setzero_ps(); }
+    static R set1(float x) { return _mm256_set1_ps(x); }
+    static R loadf(const float* p) { return _mm256_loadu_ps(p); }
+    template <class T>
+    static R load(const T* p) { return load8(p); }
+    static R fma(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
+    static void store(float* p, R v) { _mm256_storeu_ps(p, v); }
+    static float sum(R v) { return hsum(v); }
+};
+
+#ifdef __AVX512F__
+struct Vec16 {
+    using R = __m512;
+    static constexpr int W = 16;
+    static R zero() { return _mm512_setzero_ps(); }
+    static R set1(float x) { return _mm512_set1_ps(x); }
+    static R loadf(const float* p) { return _mm512_loadu_ps(p); }
+    static R load(const float* p) { return _mm512_loadu_ps(p); }
+    static R load(const uint16_t* p) {
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    static R load(const int8_t* p) {
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    }
+    static R fma(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
+    static void store(float* p, R v) { _mm512_storeu_ps(p, v); }
+    static float sum(R v) { return _mm512_reduce_add_ps(v); }
+};
+#endif
+
 // attend_chunk for G query heads per KV head (GQA, G <= 8), the same results: each slot's K and V
 // row of a KV head is loaded (and converted from bfloat16 or int8) once for its G query heads
 // instead of G times. Measured on SmolLM2's shapes (9 query heads over 3 KV heads) at 8,000 slots:
 // the per-head loop was compute-bound at 30 GB/s for a float32 cache and slower still for the
-// smaller types (a bfloat16 cache decoded slower than a float32 one).
-template <class T, int G>
+// smaller types (a bfloat16 cache decoded slower than a float32 one). V is the vector width.
+template <class T, int G, class V>
 void attend_chunk_gqa(const float* qr, const T* k, const T* v, const float* ks, const float* vs,
                       const int64_t* slots, int64_t j0, int64_t j1, int64_t num_kv_heads, int64_t head_dim,
                       float scale, float* acc, float* m, float* l) {
+    using R = typename V::R;
     thread_local std::vector<float> scores;
     const int64_t n = j1 - j0, num_heads = G * num_kv_heads, slot_stride = num_kv_heads * head_dim;
-    const int64_t row_bytes = slot_stride * int64_t(sizeof(T)), D8 = head_dim / 8 * 8;
+    const int64_t row_bytes = slot_stride * int64_t(sizeof(T)), DW = head_dim / V::W * V::W;
     scores.resize(num_heads * n);
     for (int64_t j = 0; j < n; ++j) {
         const int64_t slot = slots[j0 + j];
@@ -174,16 +210,16 @@ void attend_chunk_gqa(const float* qr, const T* k, const T* v, const float* ks, 
         for (int64_t h = 0; h < num_kv_heads; ++h) {
             const T* kh = k + slot * slot_stride + h * head_dim;
             const float* qh = qr + h * G * head_dim;  // query heads h * G .. h * G + G - 1
-            __m256 a[G];
-            for (int g = 0; g < G; ++g) a[g] = _mm256_setzero_ps();
-            for (int64_t d = 0; d < D8; d += 8) {
-                const __m256 kv = load8(kh + d);
-                for (int g = 0; g < G; ++g) a[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + g * head_dim + d), kv, a[g]);
+            R a[G];
+            for (int g = 0; g < G; ++g) a[g] = V::zero();
+            for (int64_t d = 0; d < DW; d += V::W) {
+                const R kv = V::load(kh + d);
+                for (int g = 0; g < G; ++g) a[g] = V::fma(V::loadf(qh + g * head_dim + d), kv, a[g]);
             }
             const float s = ks ? scale * ks[slot * num_kv_heads + h] : scale;
             for (int g = 0; g < G; ++g) {
-                float t = hsum(a[g]);
-                for (int64_t d = D8; d < head_dim; ++d) t += qh[g * head_dim + d] * to_float(kh[d]);
+                float t = V::sum(a[g]);
+                for (int64_t d = DW; d < head_dim; ++d) t += qh[g * head_dim + d] * to_float(kh[d]);
                 scores[(h * G + g) * n + j] = t * s;
             }
         }
@@ -202,21 +238,21 @@ void attend_chunk_gqa(const float* qr, const T* k, const T* v, const float* ks, 
             float* ah = acc + h * G * head_dim;
             const float w0 = vs ? vs[s0 * num_kv_heads + h] : 1.0f, w1 = vs ? vs[s1 * num_kv_heads + h] : 1.0f;
             float p0[G], p1[G];
-            __m256 vp0[G], vp1[G];
+            R vp0[G], vp1[G];
             for (int g = 0; g < G; ++g) {
                 p0[g] = scores[(h * G + g) * n + j] * w0;
                 p1[g] = scores[(h * G + g) * n + j + 1] * w1;
-                vp0[g] = _mm256_set1_ps(p0[g]);
-                vp1[g] = _mm256_set1_ps(p1[g]);
+                vp0[g] = V::set1(p0[g]);
+                vp1[g] = V::set1(p1[g]);
             }
-            for (int64_t d = 0; d < D8; d += 8) {
-                const __m256 x0 = load8(v0 + d), x1 = load8(v1 + d);
+            for (int64_t d = 0; d < DW; d += V::W) {
+                const R x0 = V::load(v0 + d), x1 = V::load(v1 + d);
                 for (int g = 0; g < G; ++g) {
                     float* o = ah + g * head_dim + d;
-                    _mm256_storeu_ps(o, _mm256_fmadd_ps(vp1[g], x1, _mm256_fmadd_ps(vp0[g], x0, _mm256_loadu_ps(o))));
+                    V::store(o, V::fma(vp1[g], x1, V::fma(vp0[g], x0, V::loadf(o))));
                 }
             }
-            for (int64_t d = D8; d < head_dim; ++d)
+            for (int64_t d = DW; d < head_dim; ++d)
                 for (int g = 0; g < G; ++g) ah[g * head_dim + d] += p0[g] * to_float(v0[d]) + p1[g] * to_float(v1[d]);
         }
     }
@@ -228,19 +264,19 @@ void attend_chunk_gqa(const float* qr, const T* k, const T* v, const float* ks, 
             float* ah = acc + h * G * head_dim;
             const float sv = vs ? vs[slot * num_kv_heads + h] : 1.0f;
             float p[G];
-            __m256 vp[G];
+            R vp[G];
             for (int g = 0; g < G; ++g) {
                 p[g] = scores[(h * G + g) * n + j] * sv;
-                vp[g] = _mm256_set1_ps(p[g]);
+                vp[g] = V::set1(p[g]);
             }
-            for (int64_t d = 0; d < D8; d += 8) {
-                const __m256 x = load8(vh + d);
+            for (int64_t d = 0; d < DW; d += V::W) {
+                const R x = V::load(vh + d);
                 for (int g = 0; g < G; ++g) {
                     float* o = ah + g * head_dim + d;
-                    _mm256_storeu_ps(o, _mm256_fmadd_ps(vp[g], x, _mm256_loadu_ps(o)));
+                    V::store(o, V::fma(vp[g], x, V::loadf(o)));
                 }
             }
-            for (int64_t d = D8; d < head_dim; ++d)
+            for (int64_t d = DW; d < head_dim; ++d)
                 for (int g = 0; g < G; ++g) ah[g * head_dim + d] += p[g] * to_float(vh[d]);
         }
     }
@@ -254,9 +290,21 @@ void attend(const float* qr, const T* k, const T* v, const float* ks, const floa
             int64_t j0, int64_t j1, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
             float* acc, float* m, float* l) {
 #ifdef __AVX2__
-    switch (num_heads % num_kv_heads == 0 ? num_heads / num_kv_heads : 0) {
+    const int64_t group = num_heads % num_kv_heads == 0 ? num_heads / num_kv_heads : 0;
+#ifdef __AVX512F__
+    if (head_dim % 16 == 0) {  // 16 floats a vector: half the instructions of 8 on SmolLM2's 64
+        switch (group) {
 #define PLAIT_GQA(G) \
-    case G: return attend_chunk_gqa<T, G>(qr, k, v, ks, vs, slots, j0, j1, num_kv_heads, head_dim, scale, acc, m, l);
+    case G: return attend_chunk_gqa<T, G, Vec16>(qr, k, v, ks, vs, slots, j0, j1, num_kv_heads, head_dim, scale, acc, m, l);
+            PLAIT_GQA(1) PLAIT_GQA(2) PLAIT_GQA(3) PLAIT_GQA(4) PLAIT_GQA(5) PLAIT_GQA(6) PLAIT_GQA(7) PLAIT_GQA(8)
+#undef PLAIT_GQA
+            default: break;
+        }
+    }
+#endif
+    switch (group) {
+#define PLAIT_GQA(G) \
+    case G: return attend_chunk_gqa<T, G, Vec8>(qr, k, v, ks, vs, slots, j0, j1, num_kv_heads, head_dim, scale, acc, m, l);
         PLAIT_GQA(1) PLAIT_GQA(2) PLAIT_GQA(3) PLAIT_GQA(4) PLAIT_GQA(5) PLAIT_GQA(6) PLAIT_GQA(7) PLAIT_GQA(8)
 #undef PLAIT_GQA
         default: break;

@@ -1,6 +1,7 @@
-"""Both builds of the native decode rows. `-march=native` takes the AVX-512 VNNI paths on a CPU that
+"""Both builds of the native kernels. `-march=native` takes the AVX-512 (VNNI) paths on a CPU that
 has them, so on such a machine the AVX2 paths, which CPUs without AVX-512 run, would go untested:
-this runs the quantized kernels' tests again on a build for `haswell` (`PLAIT_NATIVE_MARCH`)."""
+this runs the quantized matmul's and attention's tests again on a build for `haswell`
+(`PLAIT_NATIVE_MARCH`)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def test_the_avx2_paths_match_the_reference_on_an_avx512_machine() -> None:
     assert isa.stdout.strip() == "avx2", isa.stderr[-2000:]
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit/test_quant_matmul.py",
+         "tests/unit/test_kernels_attention_cpu.py", "tests/unit/test_kv_cache_dtypes.py",
          "tests/integration/test_native_decode_stack.py"],
         env=env, capture_output=True, text=True, cwd=ROOT, timeout=900,
     )
