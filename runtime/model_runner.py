@@ -121,7 +121,7 @@ class ModelRunner:
             req = e.req
             row0 = len(ids)
             end = e.end + len(e.draft_ids)
-            ids.extend(req.all_ids[e.start : e.end])
+            ids.extend(req.ids_between(e.start, e.end))
             ids.extend(e.draft_ids)
             positions.extend(range(e.start, end))
             all_slots = self.slots(req, 0, end)
@@ -224,8 +224,9 @@ class ModelRunner:
         for i, (req, (input_rows, samples)) in enumerate(zip(reqs, plans)):
             if input_rows:
                 n = len(input_rows)
+                context = req.ids_between(input_rows[0] + 1, input_rows[-1] + 2)  # rows ascend
                 targets = torch.tensor(
-                    [req.all_ids[r + 1] for r in input_rows], dtype=torch.long, device=logits.device
+                    [context[r - input_rows[0]] for r in input_rows], dtype=torch.long, device=logits.device
                 )
                 lp = logprobs[cursor : cursor + n].gather(1, targets[:, None])[:, 0].tolist()
                 results[i].input_logprobs = list(zip(lp, targets.tolist()))

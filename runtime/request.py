@@ -74,6 +74,16 @@ class Request:
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
+    def ids_between(self, start: int, end: int) -> list[int]:
+        """`all_ids[start:end]` (0 <= start <= end) without building `all_ids`: a decode step reads
+        one token of a long context, so copying the whole context per step and request adds up."""
+        p = len(self.prompt_ids)
+        if end <= p:
+            return self.prompt_ids[start:end]
+        if start >= p:
+            return self.output_ids[start - p : end - p]
+        return self.prompt_ids[start:] + self.output_ids[: end - p]
+
     @property
     def last_id(self) -> int:
         return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]

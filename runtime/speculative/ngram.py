@@ -16,6 +16,25 @@ class NgramIndex:
         self.max_n = max_n
         self.table: dict[tuple[int, ...], int] = {}
         self.indexed = 0  # n-grams ending before this position are in the table
+        self.ids: list[int] = []  # the request's tokens so far, kept by `sync`
+
+    def sync(self, prompt: list[int], output: list[int]) -> list[int]:
+        """`ids` brought up to prompt + output by appending only what is new since the last call
+        (a step's cost stays with its new tokens, not the whole context)."""
+        have, total = len(self.ids), len(prompt) + len(output)
+        if have > total or (have and self._token(prompt, output, have - 1) != self.ids[-1]):
+            self.__init__(self.max_n)  # the request's tokens changed under us: start over
+            have = 0
+        if have < len(prompt):
+            self.ids.extend(prompt[have:])
+            self.ids.extend(output)
+        else:
+            self.ids.extend(output[have - len(prompt) :])
+        return self.ids
+
+    @staticmethod
+    def _token(prompt: list[int], output: list[int], i: int) -> int:
+        return prompt[i] if i < len(prompt) else output[i - len(prompt)]
 
     def update(self, ids: list[int], upto: int) -> None:
         for end in range(max(self.indexed, 1), upto + 1):
@@ -47,5 +66,6 @@ class NgramDrafter(Drafter):
                 req.spec.index = NgramIndex(self.max_ngram)
             # propose about as far as recent drafts were accepted, plus a little more
             k = min(num_tokens, int(req.spec.mean_accepted) + 2)
-            drafts.append(req.spec.index.lookup(req.all_ids, k, self.min_ngram))
+            ids = req.spec.index.sync(req.prompt_ids, req.output_ids)
+            drafts.append(req.spec.index.lookup(ids, k, self.min_ngram))
         return drafts

@@ -67,3 +67,27 @@ def test_ngram_index_proposes_the_latest_continuation():
     ids += [7, 9]
     assert index.lookup(ids, 2, min_n=1) == [2, 5]
     assert NgramIndex(3).lookup([1, 2, 3], 2, min_n=1) == []
+
+
+def test_ngram_index_follows_a_request_by_its_new_tokens():
+    prompt, output = [5, 6, 7, 8, 1, 5, 6], []
+    index = NgramIndex(max_n=3)
+    for token in [7, 9, 2, 5, 6, 7]:
+        ids = index.sync(prompt, output)
+        assert ids == prompt + output
+        assert index.lookup(ids, 3, min_n=1) == NgramIndex(3).lookup(prompt + output, 3, min_n=1)
+        output.append(token)
+    output[-1] = 42  # the tokens changed under it: it starts over
+    assert index.sync(prompt, output) == prompt + output
+    assert index.lookup(index.ids, 2, min_n=1) == NgramIndex(3).lookup(prompt + output, 2, min_n=1)
+    assert index.sync(prompt, output[:2]) == prompt + output[:2]
+
+
+def test_request_ids_between_equals_slicing_all_ids():
+    from plait.runtime.request import Request
+
+    req = Request(rid="r", prompt_ids=[1, 2, 3, 4], params=SamplingParams())
+    req.output_ids = [5, 6, 7]
+    for start in range(8):
+        for end in range(start, 8):
+            assert req.ids_between(start, end) == req.all_ids[start:end], (start, end)
