@@ -11,15 +11,16 @@ GGUF stores them:
   j holds weight j (low nibble) and weight j + group/2 (high nibble), as in GGUF.
 
 `quant_matmul(x, qw, bias)` runs the native kernel on CPU float32 inputs when it builds, and the
-reference (dequantize, then matmul) elsewhere. For fewer than `DEQUANT_GEMM_MIN_ROWS` rows of x
-(decode batches, short extends) on AVX2 machines, where K is a multiple of 32 (and int4 groups
+reference (dequantize, then matmul) elsewhere. For up to `q8_max_rows()` rows of x (on AVX2
+machines fewer than `DEQUANT_GEMM_MIN_ROWS`: decode batches, short extends; with AVX-512 VNNI any
+number, prefill chunks too), where K is a multiple of 32 (and int4 groups
 are 32), it rounds x to int8 in blocks of 32 and multiplies with integer dot products, as
 llama.cpp does, but in two levels (an int8 and an int8 remainder: exact to 1/256 of a step;
 `q8_activations` is the reference). One level alone, llama.cpp's, changed 42% of SmolLM2's greedy
 tokens against float activations on the same weights; two change none, for ~9% of int4 decode.
 That ran 80-105 GMAC/s on 2 cores with SmolLM2's shapes for 5-47 rows, where the float tile path
 below ran 37-90. Elsewhere, up to 4 rows of x are dotted with weights unpacked in registers, and
-up to 47 rows, tiles of weight rows are dequantized in L1. From `DEQUANT_GEMM_MIN_ROWS` rows
+up to 47 rows, tiles of weight rows are dequantized in L1. On AVX2, from `DEQUANT_GEMM_MIN_ROWS` rows
 (prefill chunks, compute-bound) x stays float32 (rounding it in one level ran prefill 1.3x faster
 but raised SmolLM2's int4 perplexity on our text by 3%; in two levels it was no faster): the
 matrix is dequantized into a scratch buffer for torch's float32 GEMM, except for very large
@@ -179,12 +180,19 @@ def _kernels() -> tuple | None:
         return None
     dq = native.function("cpu_kernels", "plait_dequantize_f32", [ptr, c_int, i64, i64, i64, ptr, ptr, ptr, c_int])
     q8 = native.function("cpu_kernels", "plait_qmatmul_q8_rows", [i64, c_int, i64], c_int)
-    return mm, dq, q8
+    q8_max = native.function("cpu_kernels", "plait_qmatmul_max_q8_rows", [], i64)
+    return mm, dq, q8, q8_max()
+
+
+def q8_max_rows() -> int:
+    """The most rows of x the native kernel rounds to int8: 47 on AVX2 (decode batches and short
+    extends), every row count with AVX-512 VNNI (prefill chunks too), 0 without the kernels."""
+    return _kernels()[3] if native_quant_available() else 0
 
 
 def native_q8_rows(m: int, qw: QuantizedWeight) -> bool:
     """Whether the native kernel rounds x to int8 (`q8_activations`) for these `m` rows of x."""
-    if m >= DEQUANT_GEMM_MIN_ROWS or not native_quant_available():
+    if m > q8_max_rows() or not native_quant_available():
         return False
     return bool(_kernels()[2](qw.shape[1], FORMAT_CODE[qw.format], qw.group))
 
@@ -226,7 +234,7 @@ def quant_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k).contiguous()
     m = x2.shape[0]
-    if m >= DEQUANT_GEMM_MIN_ROWS and n * k <= DEQUANT_GEMM_MAX_ELEMENTS:
+    if m >= DEQUANT_GEMM_MIN_ROWS and n * k <= DEQUANT_GEMM_MAX_ELEMENTS and not native_q8_rows(m, qw):
         y = torch.nn.functional.linear(x2, dequantize(qw), bias)
         return y.reshape(*lead, n)
     y = torch.empty(m, n, dtype=torch.float32)

@@ -881,11 +881,18 @@ void q8_int8_row_tiles_vnni(const int8_t* xq, const int8_t* xr, const int32_t* x
 }
 #endif
 
-// Rows of x up to this many (decode batches, short extends) round x to int8; more (prefill
-// chunks, an LM head's prompt logprobs) keep float32 activations: rounding them in one level ran
-// prefill 1.3x faster but raised SmolLM2's int4 perplexity on our text from 44.1 to 45.6 (the
-// error is spread over every projection); in two levels it ran no faster than the GEMM. Mirrors kernels/quant_matmul.py: DEQUANT_GEMM_MIN_ROWS - 1.
+// Rows of x up to this many round x to int8 (mirrored by kernels/quant_matmul.py: q8_max_rows).
+// On AVX2: decode batches and short extends; more (prefill chunks, an LM head's prompt logprobs)
+// keep float32 activations, since rounding them in one level ran prefill 1.3x faster but raised
+// SmolLM2's int4 perplexity on our text from 44.1 to 45.6 (the error is spread over every
+// projection) and in two levels it ran no faster than the GEMM. With VNNI, two levels run
+// 164-201 GMAC/s at 512 rows on SmolLM2's int4 shapes where torch's float32 GEMM runs 92-105
+// (before dequantizing the matrix), so every row count takes them.
+#ifdef PLAIT_VNNI512
+constexpr int64_t MAX_Q8_M = int64_t(1) << 40;
+#else
 constexpr int64_t MAX_Q8_M = 47;
+#endif
 
 inline bool q8_usable(int64_t K, int format, int64_t group) {
     return K % XBLOCK == 0 && ((format == 1 && group == 32) || (format == 0 && group % XBLOCK == 0));
@@ -1121,6 +1128,15 @@ extern "C" void plait_dequantize_f32(const void* qweight, int format, int64_t N,
             dequant_int4_row(static_cast<const uint8_t*>(qweight) + n * (K / 2), scales + n * groups,
                              mins + n * groups, K, group, out + n * K);
     });
+}
+
+// The most rows of x that round to int8 (MAX_Q8_M), 0 without AVX2.
+extern "C" int64_t plait_qmatmul_max_q8_rows() {
+#ifdef __AVX2__
+    return MAX_Q8_M;
+#else
+    return 0;
+#endif
 }
 
 // Which integer dot products the decode rows were built with: 2 AVX-512 VNNI, 1 AVX2, 0 none (the

@@ -124,12 +124,16 @@ def test_gguf_types_match_transformers(tmp_path, smollm_tokenizer, gguf_metadata
     loaded = load_model(
         str(tmp_path / f"tiny-{qtype}.gguf"), torch.float32, torch.device("cpu"), quantization
     )
+    tolerance = 1e-4
     if quantization is not None:
+        from plait.kernels.quant_matmul import native_q8_rows
         from plait.runtime.models.quantized import QuantLinear
 
-        formats = {m.format for m in loaded.model.modules() if isinstance(m, QuantLinear)}
-        assert formats == {"int8" if qtype == "Q8_0" else "int4"}
-    # a prefill's worth of rows: fewer (a decode batch) would round x to int8 for the quantized kernels
+        linears = [m for m in loaded.model.modules() if isinstance(m, QuantLinear)]
+        assert {m.format for m in linears} == {"int8" if qtype == "Q8_0" else "int4"}
+        if native_q8_rows(DEQUANT_GEMM_MIN_ROWS, linears[0].qw):  # AVX-512 VNNI rounds x at any row count
+            tolerance = 1e-2  # two levels: 1/256 of a step of x (2.4e-3 seen); a misread block is off by O(1)
+    # a prefill's worth of rows: on AVX2, fewer (a decode batch) would round x to int8 for the quantized kernels
     ids = torch.randint(3, 49152, (1, DEQUANT_GEMM_MIN_ROWS), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = hf(ids).logits[0]
@@ -138,7 +142,7 @@ def test_gguf_types_match_transformers(tmp_path, smollm_tokenizer, gguf_metadata
     runner = ModelRunner(loaded.model, pool, torch.device("cpu"), frozenset([2]), torch.Generator())
     req = request(ids[0].tolist(), 0, 1)
     ours = all_logits(runner, ScheduleBatch(extends=[ExtendEntry(req, 0, DEQUANT_GEMM_MIN_ROWS, True)]))
-    assert (ours - ref).abs().max().item() < 1e-4
+    assert (ours - ref).abs().max().item() < tolerance
     assert loaded.tokenizer.encode("Hello world") == smollm_tokenizer.encode("Hello world")
 
 
