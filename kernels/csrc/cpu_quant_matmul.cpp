@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "parallel.h"
@@ -992,19 +993,23 @@ extern "C" void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t 
         // q1 [M, K], then q2 [M, K], each 64-byte aligned: a 64-byte load of x that straddles two
         // cache lines cost the 512-bit int4 rows a quarter of their time
         const int64_t stride = (M * K + 63) / 64 * 64;
-        std::vector<int8_t> xbuf(2 * stride + 64);
-        int8_t* const xq = reinterpret_cast<int8_t*>((reinterpret_cast<uintptr_t>(xbuf.data()) + 63) & ~uintptr_t(63));
+        // (left uninitialized: every byte read is written first; zeroing a prefill chunk's x cost
+        // as much as rounding it)
+        std::unique_ptr<int8_t[]> xbuf(new int8_t[2 * stride + 64]);
+        int8_t* const xq = reinterpret_cast<int8_t*>((reinterpret_cast<uintptr_t>(xbuf.get()) + 63) & ~uintptr_t(63));
         int8_t* const xr = xq + stride;
-        std::vector<float> xd(M * blocks), xs(M * blocks);
+        std::unique_ptr<float[]> xd_buf(new float[M * blocks]), xs_buf(new float[M * blocks]);
+        float* const xd = xd_buf.get();
+        float* const xs = xs_buf.get();
         const bool int4_x1 = M == 1 && format == 1 && blocks % 2 == 0;  // q8_int4_rows_x1
 #ifdef PLAIT_VNNI512
         // int8 weights: each row's lane biases, q1's [M, K / 4] then q2's
-        std::vector<int32_t> xc(format == 0 ? 2 * M * (K / 4) : 0);
-        int32_t* const xc1 = xc.data();
-        int32_t* const xc2 = xc.data() + (format == 0 ? M * (K / 4) : 0);
+        std::unique_ptr<int32_t[]> xc(new int32_t[format == 0 ? 2 * M * (K / 4) : 0]);
+        int32_t* const xc1 = xc.get();
+        int32_t* const xc2 = xc.get() + (format == 0 ? M * (K / 4) : 0);
 #endif
         plait::parallel_for(M, M >= 8 ? num_threads : 1, false, [&](int64_t m) {
-            quantize_x_q8(x + m * K, K, xq + m * K, xr + m * K, xd.data() + m * blocks, xs.data() + m * blocks);
+            quantize_x_q8(x + m * K, K, xq + m * K, xr + m * K, xd + m * blocks, xs + m * blocks);
             if (format == 1) {
                 pair_x_q8(xq + m * K, K);
                 pair_x_q8(xr + m * K, K);
@@ -1023,20 +1028,20 @@ extern "C" void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t 
             const int64_t b = c * chunk, e = std::min(N, b + chunk);
 #ifdef PLAIT_VNNI512
             if (int4_x1) {
-                q8_int4_rows_x1_vnni(xq, xr, xd.data(), xs.data(), K, b, e, N, static_cast<const uint8_t*>(qweight),
+                q8_int4_rows_x1_vnni(xq, xr, xd, xs, K, b, e, N, static_cast<const uint8_t*>(qweight),
                                      scales, mins, bias, y);
                 return;
             }
             int64_t from = b;
             if (M == 1 && format == 0) {
                 from = b + (e - b) / INT8_TILE * INT8_TILE;
-                q8_int8_row_tiles_vnni(xq, xr, xc1, xc2, xd.data(), K, b, from, static_cast<const int8_t*>(qweight),
+                q8_int8_row_tiles_vnni(xq, xr, xc1, xc2, xd, K, b, from, static_cast<const int8_t*>(qweight),
                                        group, scales, bias, y);
             }
             for (int64_t m0 = 0; m0 < M; m0 += 4) {
                 const int8_t *q = xq + m0 * K, *r = xr + m0 * K;
                 const int32_t *c1 = xc1 + m0 * (K / 4), *c2 = xc2 + m0 * (K / 4);
-                const float *d = xd.data() + m0 * blocks, *sx = xs.data() + m0 * blocks;
+                const float *d = xd + m0 * blocks, *sx = xs + m0 * blocks;
                 float* out = y + m0 * N;
                 switch (std::min<int64_t>(4, M - m0)) {
                     case 1: q8_rows_vnni<1>(q, r, c1, c2, d, sx, K, from, e, N, qweight, format, group, scales, mins, bias, out); break;
@@ -1047,15 +1052,15 @@ extern "C" void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t 
             }
 #else
             if (int4_x1) {
-                q8_int4_rows_x1(xq, xr, xd.data(), xs.data(), K, b, e, N, static_cast<const uint8_t*>(qweight), scales,
+                q8_int4_rows_x1(xq, xr, xd, xs, K, b, e, N, static_cast<const uint8_t*>(qweight), scales,
                                 mins, bias, y);
                 return;
             }
             if (M == 1 && format == 0) {
                 const int64_t tiled = b + (e - b) / INT8_TILE * INT8_TILE;
-                q8_int8_row_tiles(xq, xr, xd.data(), K, b, tiled, static_cast<const int8_t*>(qweight), group,
+                q8_int8_row_tiles(xq, xr, xd, K, b, tiled, static_cast<const int8_t*>(qweight), group,
                                   scales, bias, y);
-                q8_rows<1>(xq, xr, xd.data(), xs.data(), K, tiled, e, N, qweight, format, group, scales,
+                q8_rows<1>(xq, xr, xd, xs, K, tiled, e, N, qweight, format, group, scales,
                            mins, bias, y);
                 return;
             }
@@ -1064,7 +1069,7 @@ extern "C" void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t 
             // (80-105 GMAC/s on SmolLM2's shapes, where the float tile path it replaced ran 37-90)
             for (int64_t m0 = 0; m0 < M; m0 += 4) {
                 const int8_t *q = xq + m0 * K, *r = xr + m0 * K;
-                const float *d = xd.data() + m0 * blocks, *sx = xs.data() + m0 * blocks;
+                const float *d = xd + m0 * blocks, *sx = xs + m0 * blocks;
                 float* out = y + m0 * N;
                 switch (std::min<int64_t>(4, M - m0)) {
                     case 1: q8_rows<1>(q, r, d, sx, K, b, e, N, qweight, format, group, scales, mins, bias, out); break;
