@@ -993,8 +993,7 @@ extern "C" void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t 
         // q1 [M, K], then q2 [M, K], each 64-byte aligned: a 64-byte load of x that straddles two
         // cache lines cost the 512-bit int4 rows a quarter of their time
         const int64_t stride = (M * K + 63) / 64 * 64;
-        // (left uninitialized: every byte read is written first; zeroing a prefill chunk's x cost
-        // as much as rounding it)
+        // (left uninitialized: every byte read is written first)
         std::unique_ptr<int8_t[]> xbuf(new int8_t[2 * stride + 64]);
         int8_t* const xq = reinterpret_cast<int8_t*>((reinterpret_cast<uintptr_t>(xbuf.get()) + 63) & ~uintptr_t(63));
         int8_t* const xr = xq + stride;
