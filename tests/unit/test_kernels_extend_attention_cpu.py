@@ -1,0 +1,73 @@
+"""The native prefill attention (`csrc/cpu_extend_attention.cpp`, AVX-512 builds) against torch's
+scaled_dot_product_attention with an explicit mask: causal, over a cached prefix, sliding windows,
+GQA and MHA, head sizes that are and are not multiples of 16, query counts off the kernel's
+blocks; and that builds without AVX-512 fall back to the torch path."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from plait.kernels import native
+from plait.kernels.attention import extend_attention_ref, native_extend_attention
+from plait.kernels.quant_matmul import native_isa
+
+
+def avx512_build() -> bool:
+    """Whether the native library was built with AVX-512 (the CPU has it, no other target named)."""
+    if native_isa() == "none" or os.environ.get(native.MARCH_ENV):
+        return False
+    with open("/proc/cpuinfo") as f:
+        return "avx512f" in next((line for line in f if line.startswith("flags")), "").split()
+
+
+def sdpa_reference(q, k, v, prefix_len, scale, window):
+    q_pos = torch.arange(prefix_len, prefix_len + q.shape[0])[:, None]
+    k_pos = torch.arange(k.shape[0])[None, :]
+    mask = k_pos <= q_pos
+    if window is not None:
+        mask &= k_pos > q_pos - window
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
+    return out.transpose(0, 1)
+
+
+@pytest.mark.parametrize(
+    "q_len,prefix_len,heads,kv_heads,head_dim,window",
+    [
+        (512, 0, 9, 3, 64, None),  # SmolLM2's heads, whole blocks
+        (37, 0, 4, 4, 32, None),  # MHA, a partial block of queries and keys
+        (70, 50, 8, 2, 128, None),  # over a cached prefix, two passes of 64 columns
+        (100, 20, 9, 3, 64, 16),  # a window shorter than a key block
+        (200, 77, 9, 3, 64, 50),  # a window across blocks, keys before it skipped
+        (33, 0, 6, 1, 16, 7),  # one KV head for six query heads
+        (1, 40, 9, 3, 64, None),  # a single token
+        (45, 3, 10, 2, 80, None),  # 80 columns: 64 and a rest of 16
+        (20, 5, 4, 2, 40, None),  # 40 columns: not served natively
+    ],
+)
+def test_native_prefill_attention_matches_sdpa(q_len, prefix_len, heads, kv_heads, head_dim, window):
+    gen = torch.Generator().manual_seed(q_len * 7 + prefix_len)
+    q = torch.randn(q_len, heads, head_dim, generator=gen)
+    k = torch.randn(prefix_len + q_len, kv_heads, head_dim, generator=gen)
+    v = torch.randn(prefix_len + q_len, kv_heads, head_dim, generator=gen)
+    scale = head_dim**-0.5
+    expected = sdpa_reference(q, k, v, prefix_len, scale, window)
+    served = avx512_build() and head_dim % 16 == 0
+    out = native_extend_attention(q, k, v, prefix_len, scale, window)
+    assert (out is not None) == served
+    if out is not None:
+        torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(extend_attention_ref(q, k, v, prefix_len, scale, window), expected, atol=2e-5, rtol=1e-4)
+
+
+def test_disabled_native_kernels_leave_prefill_attention_to_torch(monkeypatch):
+    monkeypatch.setattr(native, "DISABLED", True)
+    q, k, v = torch.randn(8, 2, 16), torch.randn(8, 2, 16), torch.randn(8, 2, 16)
+    assert native_extend_attention(q, k, v, 0, 0.25, None) is None
+    torch.testing.assert_close(extend_attention_ref(q, k, v, 0, 0.25), sdpa_reference(q, k, v, 0, 0.25, None))
