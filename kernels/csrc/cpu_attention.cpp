@@ -64,12 +64,6 @@ inline __m256 load8(const int8_t* p) {
     const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
 }
-inline float hsum(__m256 v) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
-}
 #endif
 
 template <class T>
@@ -83,7 +77,7 @@ inline float dot(const float* a, const T* b, int64_t n) {
         s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8(b + i + 8), s1);
     }
     for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), s0);
-    s = hsum(_mm256_add_ps(s0, s1));
+    s = plait::F8::hsum(_mm256_add_ps(s0, s1));
 #endif
     for (; i < n; ++i) s += a[i] * to_float(b[i]);
     return s;
@@ -155,27 +149,15 @@ void attend_chunk(const float* qr, const T* k, const T* v, const float* ks,
 }
 
 #ifdef __AVX2__
-// The vector width of attend_chunk_gqa: 8 floats (AVX2) or 16 (AVX-512, for head_dim % 16 == 0).
-struct Vec8 {
-    using R = __m256;
-    static constexpr int W = 8;
-    static R zero() { return _mm256_setzero_ps(); }
-    static R set1(float x) { return _mm256_set1_ps(x); }
-    static R loadf(const float* p) { return _mm256_loadu_ps(p); }
+// The vector width of attend_chunk_gqa: 8 floats (AVX2) or 16 (AVX-512, for head_dim % 16 == 0),
+// with loads that convert the cache's element type.
+struct Vec8 : plait::F8 {
     template <class T>
     static R load(const T* p) { return load8(p); }
-    static R fma(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
-    static void store(float* p, R v) { _mm256_storeu_ps(p, v); }
-    static float sum(R v) { return hsum(v); }
 };
 
 #ifdef __AVX512F__
-struct Vec16 {
-    using R = __m512;
-    static constexpr int W = 16;
-    static R zero() { return _mm512_setzero_ps(); }
-    static R set1(float x) { return _mm512_set1_ps(x); }
-    static R loadf(const float* p) { return _mm512_loadu_ps(p); }
+struct Vec16 : plait::F16 {
     static R load(const float* p) { return _mm512_loadu_ps(p); }
     static R load(const uint16_t* p) {
         const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -184,9 +166,6 @@ struct Vec16 {
     static R load(const int8_t* p) {
         return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
     }
-    static R fma(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
-    static void store(float* p, R v) { _mm512_storeu_ps(p, v); }
-    static float sum(R v) { return _mm512_reduce_add_ps(v); }
 };
 #endif
 
@@ -214,11 +193,11 @@ void attend_chunk_gqa(const float* qr, const T* k, const T* v, const float* ks, 
             for (int g = 0; g < G; ++g) a[g] = V::zero();
             for (int64_t d = 0; d < DW; d += V::W) {
                 const R kv = V::load(kh + d);
-                for (int g = 0; g < G; ++g) a[g] = V::fma(V::loadf(qh + g * head_dim + d), kv, a[g]);
+                for (int g = 0; g < G; ++g) a[g] = V::fma(V::load(qh + g * head_dim + d), kv, a[g]);
             }
             const float s = ks ? scale * ks[slot * num_kv_heads + h] : scale;
             for (int g = 0; g < G; ++g) {
-                float t = V::sum(a[g]);
+                float t = V::hsum(a[g]);
                 for (int64_t d = DW; d < head_dim; ++d) t += qh[g * head_dim + d] * to_float(kh[d]);
                 scores[(h * G + g) * n + j] = t * s;
             }
@@ -249,7 +228,7 @@ void attend_chunk_gqa(const float* qr, const T* k, const T* v, const float* ks, 
                 const R x0 = V::load(v0 + d), x1 = V::load(v1 + d);
                 for (int g = 0; g < G; ++g) {
                     float* o = ah + g * head_dim + d;
-                    V::store(o, V::fma(vp1[g], x1, V::fma(vp0[g], x0, V::loadf(o))));
+                    V::store(o, V::fma(vp1[g], x1, V::fma(vp0[g], x0, V::load(o))));
                 }
             }
             for (int64_t d = DW; d < head_dim; ++d)
@@ -273,7 +252,7 @@ void attend_chunk_gqa(const float* qr, const T* k, const T* v, const float* ks, 
                 const R x = V::load(vh + d);
                 for (int g = 0; g < G; ++g) {
                     float* o = ah + g * head_dim + d;
-                    V::store(o, V::fma(vp[g], x, V::loadf(o)));
+                    V::store(o, V::fma(vp[g], x, V::load(o)));
                 }
             }
             for (int64_t d = DW; d < head_dim; ++d)
@@ -284,6 +263,22 @@ void attend_chunk_gqa(const float* qr, const T* k, const T* v, const float* ks, 
 
 #endif
 
+#ifdef __AVX2__
+// attend_chunk_gqa<T, group, V> for the compiled group sizes (1-8); false for others.
+template <class T, class V>
+bool attend_gqa(int64_t group, const float* qr, const T* k, const T* v, const float* ks, const float* vs,
+                const int64_t* slots, int64_t j0, int64_t j1, int64_t num_kv_heads, int64_t head_dim, float scale,
+                float* acc, float* m, float* l) {
+    switch (group) {
+#define PLAIT_GQA(G) \
+    case G: attend_chunk_gqa<T, G, V>(qr, k, v, ks, vs, slots, j0, j1, num_kv_heads, head_dim, scale, acc, m, l); return true;
+        PLAIT_GQA(1) PLAIT_GQA(2) PLAIT_GQA(3) PLAIT_GQA(4) PLAIT_GQA(5) PLAIT_GQA(6) PLAIT_GQA(7) PLAIT_GQA(8)
+#undef PLAIT_GQA
+        default: return false;
+    }
+}
+#endif
+
 // attend_chunk_gqa where G is one of the compiled group sizes, else attend_chunk.
 template <class T>
 void attend(const float* qr, const T* k, const T* v, const float* ks, const float* vs, const int64_t* slots,
@@ -292,23 +287,12 @@ void attend(const float* qr, const T* k, const T* v, const float* ks, const floa
 #ifdef __AVX2__
     const int64_t group = num_heads % num_kv_heads == 0 ? num_heads / num_kv_heads : 0;
 #ifdef __AVX512F__
-    if (head_dim % 16 == 0) {  // 16 floats a vector: half the instructions of 8 on SmolLM2's 64
-        switch (group) {
-#define PLAIT_GQA(G) \
-    case G: return attend_chunk_gqa<T, G, Vec16>(qr, k, v, ks, vs, slots, j0, j1, num_kv_heads, head_dim, scale, acc, m, l);
-            PLAIT_GQA(1) PLAIT_GQA(2) PLAIT_GQA(3) PLAIT_GQA(4) PLAIT_GQA(5) PLAIT_GQA(6) PLAIT_GQA(7) PLAIT_GQA(8)
-#undef PLAIT_GQA
-            default: break;
-        }
-    }
+    // 16 floats a vector: half the instructions of 8 on SmolLM2's 64
+    if (head_dim % 16 == 0 && attend_gqa<T, Vec16>(group, qr, k, v, ks, vs, slots, j0, j1, num_kv_heads, head_dim,
+                                                    scale, acc, m, l))
+        return;
 #endif
-    switch (group) {
-#define PLAIT_GQA(G) \
-    case G: return attend_chunk_gqa<T, G, Vec8>(qr, k, v, ks, vs, slots, j0, j1, num_kv_heads, head_dim, scale, acc, m, l);
-        PLAIT_GQA(1) PLAIT_GQA(2) PLAIT_GQA(3) PLAIT_GQA(4) PLAIT_GQA(5) PLAIT_GQA(6) PLAIT_GQA(7) PLAIT_GQA(8)
-#undef PLAIT_GQA
-        default: break;
-    }
+    if (attend_gqa<T, Vec8>(group, qr, k, v, ks, vs, slots, j0, j1, num_kv_heads, head_dim, scale, acc, m, l)) return;
 #endif
     attend_chunk<T>(qr, k, v, ks, vs, slots, j0, j1, num_heads, num_kv_heads, head_dim, scale, acc, m, l);
 }

@@ -26,53 +26,15 @@ struct Shape {
     float scale;
 };
 
-// Vector width traits: RT rows per score tile, PC vectors of columns per pass of P V.
-struct V8 {
-    using R = __m256;
-    static constexpr int W = 8, RT = 2, PC = 4;
-    static R zero() { return _mm256_setzero_ps(); }
-    static R set1(float x) { return _mm256_set1_ps(x); }
-    static R load(const float* p) { return _mm256_loadu_ps(p); }
-    static void store(float* p, R v) { _mm256_storeu_ps(p, v); }
-    static R fma(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
-    static R mul(R a, R b) { return _mm256_mul_ps(a, b); }
-    static R max(R a, R b) { return _mm256_max_ps(a, b); }
-    static R add(R a, R b) { return _mm256_add_ps(a, b); }
-    static float hmax(R v) {
-        __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-        return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
-    }
-    static float hsum(R v) {
-        __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-        return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
-    }
-    // exp(s - m), 0 where s is -inf (exp clamps its input, which would leave a tiny positive)
-    static R exp_shifted(R s, R m) {
-        const R e = plait::exp256(_mm256_sub_ps(s, m));
-        return _mm256_and_ps(e, _mm256_cmp_ps(s, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ));
-    }
+// The vector width (plait::F8 / F16) with RT rows per score tile and PC vectors of columns per
+// pass of P V (AVX2 has 16 registers, AVX-512 32).
+struct V8 : plait::F8 {
+    static constexpr int RT = 2, PC = 4;
 };
 
 #ifdef __AVX512F__
-struct V16 {
-    using R = __m512;
-    static constexpr int W = 16, RT = 4, PC = 4;
-    static R zero() { return _mm512_setzero_ps(); }
-    static R set1(float x) { return _mm512_set1_ps(x); }
-    static R load(const float* p) { return _mm512_loadu_ps(p); }
-    static void store(float* p, R v) { _mm512_storeu_ps(p, v); }
-    static R fma(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
-    static R mul(R a, R b) { return _mm512_mul_ps(a, b); }
-    static R max(R a, R b) { return _mm512_max_ps(a, b); }
-    static R add(R a, R b) { return _mm512_add_ps(a, b); }
-    static float hmax(R v) { return _mm512_reduce_max_ps(v); }
-    static float hsum(R v) { return _mm512_reduce_add_ps(v); }
-    static R exp_shifted(R s, R m) {
-        const R e = plait::exp512(_mm512_sub_ps(s, m));
-        return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ), e);
-    }
+struct V16 : plait::F16 {
+    static constexpr int RT = 4, PC = 4;
 };
 #endif
 

@@ -481,6 +481,28 @@ inline __m256 hsum8(const __m256* a) {
     return _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
 }
 
+// One x row's results for consecutive weight rows, eight reduced at once (hsum8): `push` row n's
+// accumulator, `flush` the rows left when a task ends.
+struct RowSums8 {
+    __m256 sums[8];
+    int64_t pending = 0;  // rows in `sums` not yet written, ending at the last pushed row
+    void push(int64_t n, __m256 v, const float* bias, float* y) {
+        sums[pending++] = v;
+        if (pending == 8) {
+            __m256 out = hsum8(sums);
+            if (bias) out = _mm256_add_ps(out, _mm256_loadu_ps(bias + n - 7));
+            _mm256_storeu_ps(y + n - 7, out);
+            pending = 0;
+        }
+    }
+    void flush(int64_t n_end, const float* bias, float* y) {
+        for (int64_t i = 0; i < pending; ++i) {
+            const int64_t n = n_end - pending + i;
+            y[n] = hsum256(sums[i]) + (bias ? bias[n] : 0.0f);
+        }
+    }
+};
+
 // int4 weights, one row of x (single-stream decode), an even number of groups. The pair loop is
 // q8_rows's; what changes is the cost around it, which SmolLM2's K = 576 (nine pairs a row) pays
 // on every row: the minimum's term rides in the eight-group loop (the last pair's with it, no
@@ -492,8 +514,7 @@ inline __m256 hsum8(const __m256* a) {
     const int64_t groups = K / 32;
     const __m256i low4 = _mm256_set1_epi8(0x0F), spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     const int64_t ahead = std::max<int64_t>(1, INT4_PREFETCH_BYTES / (K / 2));
-    __m256 sums[8];
-    int64_t pending = 0;  // rows in `sums` not yet written, from n - pending
+    RowSums8 rows;
     for (int64_t n = n_begin; n < n_end; ++n) {
         const half* sc = scales + n * groups;
         const half* mn = mins + n * groups;
@@ -518,18 +539,9 @@ inline __m256 hsum8(const __m256* a) {
             const __m256 d = _mm256_castps128_ps256(_mm_mul_ps(load2h(sc + g), load2(xd + g)));
             acc = _mm256_fmadd_ps(pair(g), _mm256_permutevar8x32_ps(d, spread), acc);
         }
-        sums[pending++] = _mm256_add_ps(acc, acc_min);
-        if (pending == 8) {
-            __m256 out = hsum8(sums);
-            if (bias) out = _mm256_add_ps(out, _mm256_loadu_ps(bias + n - 7));
-            _mm256_storeu_ps(y + n - 7, out);
-            pending = 0;
-        }
+        rows.push(n, _mm256_add_ps(acc, acc_min), bias, y);
     }
-    for (int64_t i = 0; i < pending; ++i) {
-        const int64_t n = n_end - pending + i;
-        y[n] = hsum256(sums[i]) + (bias ? bias[n] : 0.0f);
-    }
+    rows.flush(n_end, bias, y);
 }
 
 #ifdef PLAIT_VNNI512
@@ -572,8 +584,7 @@ void q8_int4_rows_x1_vnni(const int8_t* xq, const int8_t* xr, const float* xd, c
     const __m512i spread_hi = _mm512_add_epi32(spread_lo, _mm512_set1_epi32(4));
     const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     const int64_t ahead = std::max<int64_t>(1, INT4_PREFETCH_BYTES / (K / 2));
-    __m256 sums[8];
-    int64_t pending = 0;  // rows in `sums` not yet written, from n - pending
+    RowSums8 rows;
     for (int64_t n = n_begin; n < n_end; ++n) {
         const half* sc = scales + n * groups;
         const half* mn = mins + n * groups;
@@ -604,18 +615,9 @@ void q8_int4_rows_x1_vnni(const int8_t* xq, const int8_t* xr, const float* xd, c
             acc8 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(int4_pair_dot_vnni(row + g * 16, xq + g * 32, xr + g * 32)),
                                    _mm256_permutevar8x32_ps(d, spread), acc8);
         }
-        sums[pending++] = _mm256_add_ps(acc8, acc_min);
-        if (pending == 8) {
-            __m256 out = hsum8(sums);
-            if (bias) out = _mm256_add_ps(out, _mm256_loadu_ps(bias + n - 7));
-            _mm256_storeu_ps(y + n - 7, out);
-            pending = 0;
-        }
+        rows.push(n, _mm256_add_ps(acc8, acc_min), bias, y);
     }
-    for (int64_t i = 0; i < pending; ++i) {
-        const int64_t n = n_end - pending + i;
-        y[n] = hsum256(sums[i]) + (bias ? bias[n] : 0.0f);
-    }
+    rows.flush(n_end, bias, y);
 }
 #endif
 
