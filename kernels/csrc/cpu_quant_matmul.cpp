@@ -548,10 +548,15 @@ struct RowSums8 {
 // Four int4 groups (64 bytes of weights, see quad_x_q8) against one row of x in two levels: the
 // int32 dots of group g + i in lanes 4i..4i+3. `vpdpbusd` sums in int32, so the two levels
 // combine exactly as 128 (w . q1) + w . q2.
-inline __m512i int4_quad_dot(const uint8_t* w, const int8_t* xp, const int8_t* rp) {
+// lo / hi: the weights' low and high nibbles (unpack_int4_quad).
+inline void unpack_int4_quad(const uint8_t* w, __m512i& lo, __m512i& hi) {
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     const __m512i v = _mm512_loadu_si512(w);
-    const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    lo = _mm512_and_si512(v, low4);
+    hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+}
+
+inline __m512i int4_quad_dot(__m512i lo, __m512i hi, const int8_t* xp, const int8_t* rp) {
     const __m512i q1 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xp)), hi,
                                            _mm512_loadu_si512(xp + 64));
     const __m512i q2 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(rp)), hi,
@@ -590,22 +595,24 @@ void q8_int4_rows_x1_vnni(const int8_t* xq, const int8_t* xr, const float* xd, c
         const half* mn = mins + n * groups;
         const uint8_t* row = qweight + n * (K / 2);
         if (n + ahead < N) prefetch_int4_row(row, sc, mn, K / 2, groups, ahead);
+        auto quad = [&](int64_t g) {  // groups g..g+3, as floats
+            __m512i lo, hi;
+            unpack_int4_quad(row + g * 16, lo, hi);
+            return _mm512_cvtepi32_ps(int4_quad_dot(lo, hi, xq + g * 32, xr + g * 32));
+        };
         __m512 acc = _mm512_setzero_ps();
         __m256 acc_min = _mm256_setzero_ps();
         int64_t g = 0;
         for (; g + 8 <= groups; g += 8) {
             acc_min = _mm256_fmadd_ps(load8h(mn + g), _mm256_loadu_ps(xs + g), acc_min);
             const __m512 d = _mm512_castps256_ps512(_mm256_mul_ps(load8h(sc + g), _mm256_loadu_ps(xd + g)));
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(int4_quad_dot(row + g * 16, xq + g * 32, xr + g * 32)),
-                                  _mm512_permutexvar_ps(spread_lo, d), acc);
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(int4_quad_dot(row + g * 16 + 64, xq + g * 32 + 128, xr + g * 32 + 128)),
-                                  _mm512_permutexvar_ps(spread_hi, d), acc);
+            acc = _mm512_fmadd_ps(quad(g), _mm512_permutexvar_ps(spread_lo, d), acc);
+            acc = _mm512_fmadd_ps(quad(g + 4), _mm512_permutexvar_ps(spread_hi, d), acc);
         }
         if (g + 4 <= groups) {
             acc_min = _mm256_add_ps(acc_min, _mm256_zextps128_ps256(_mm_mul_ps(load4h(mn + g), _mm_loadu_ps(xs + g))));
             const __m512 d = _mm512_castps128_ps512(_mm_mul_ps(load4h(sc + g), _mm_loadu_ps(xd + g)));
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(int4_quad_dot(row + g * 16, xq + g * 32, xr + g * 32)),
-                                  _mm512_permutexvar_ps(spread_lo, d), acc);
+            acc = _mm512_fmadd_ps(quad(g), _mm512_permutexvar_ps(spread_lo, d), acc);
             g += 4;
         }
         __m256 acc8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
@@ -727,7 +734,7 @@ void q8_rows_vnni(const int8_t* xq, const int8_t* xr, const int32_t* xc1, const 
     const __m512i spread_hi = _mm512_add_epi32(spread_lo, _mm512_set1_epi32(4));
     const __m512i spread2 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-    const __m512i low4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     const int64_t ahead = std::max<int64_t>(1, INT4_PREFETCH_BYTES / (K / 2));
     for (int64_t n = n_begin; n < n_end; ++n) {
         const half* sc = scales + n * groups;
@@ -739,16 +746,11 @@ void q8_rows_vnni(const int8_t* xq, const int8_t* xr, const int32_t* xc1, const 
             const uint8_t* row = static_cast<const uint8_t*>(qweight) + n * (K / 2);
             const half* mn = mins + n * groups;
             if (n + ahead < N) prefetch_int4_row(row, sc, mn, K / 2, groups, ahead);
-            auto quad = [&](int64_t g, __m512i at) {
-                const __m512i v = _mm512_loadu_si512(row + g * 16);
-                const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+            auto quad = [&](int64_t g, __m512i at) {  // unpacked once for the M rows of x
+                __m512i lo, hi;
+                unpack_int4_quad(row + g * 16, lo, hi);
                 for (int m = 0; m < M; ++m) {
-                    const int8_t *xp = xq + m * K + g * 32, *rp = xr + m * K + g * 32;
-                    const __m512i q1 = _mm512_dpbusd_epi32(
-                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xp)), hi, _mm512_loadu_si512(xp + 64));
-                    const __m512i q2 = _mm512_dpbusd_epi32(
-                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(rp)), hi, _mm512_loadu_si512(rp + 64));
-                    const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(q1, 7), q2));
+                    const __m512 dot = _mm512_cvtepi32_ps(int4_quad_dot(lo, hi, xq + m * K + g * 32, xr + m * K + g * 32));
                     acc[m] = _mm512_fmadd_ps(dot, _mm512_permutexvar_ps(at, d[m]), acc[m]);
                 }
             };
