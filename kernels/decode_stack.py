@@ -4,6 +4,9 @@ The caller (`runtime/models/native_decode.py`) describes each layer once, as poi
 norms, quantized projections and KV pages (`DecodeLayer`); each step then passes the shapes, the
 attention rows, positions and slots, and the hidden states, which the kernel updates in place.
 The structures mirror the C++ ones field for field.
+
+`run_greedy` runs whole greedy decode steps back to back in one call (embedding, layers, final
+norm, LM head, argmax): the engine's continuous decode steps (`num_continuous_decode_steps`).
 """
 
 from __future__ import annotations
@@ -43,6 +46,12 @@ class DecodeRows(ctypes.Structure):
                 ("first", _p), ("kv_len", _p), ("num_rows", _i64)]  # fmt: skip
 
 
+class GreedyBurst(ctypes.Structure):
+    _fields_ = [("embed", _p), ("embed_rows", _i64), ("final_norm", _p), ("head", QLinear), ("tables", _p),
+                ("table_width", _i64), ("lens", _p), ("stop_ids", _p), ("stop_offsets", _p),
+                ("sliding_window", _i64), ("interrupt", _p)]  # fmt: skip
+
+
 @cache
 def _kernel() -> ctypes._CFuncPtr | None:
     argtypes = [ctypes.POINTER(DecodeLayer), _i64, ctypes.POINTER(DecodeShape), ctypes.POINTER(DecodeRows),
@@ -50,8 +59,19 @@ def _kernel() -> ctypes._CFuncPtr | None:
     return native.function("cpu_kernels", "plait_decode_layers", argtypes, restype=_i64)
 
 
+@cache
+def _greedy_kernel() -> ctypes._CFuncPtr | None:
+    argtypes = [ctypes.POINTER(DecodeLayer), _i64, ctypes.POINTER(DecodeShape), ctypes.POINTER(GreedyBurst),
+                _p, _i64, _p, _p, _p, _i64, ctypes.c_int]  # fmt: skip
+    return native.function("cpu_kernels", "plait_decode_greedy", argtypes, restype=_i64)
+
+
 def available() -> bool:
     return not native.native_disabled() and _kernel() is not None
+
+
+def greedy_available() -> bool:
+    return available() and _greedy_kernel() is not None
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -101,3 +121,34 @@ def run_layers(
     )
     if bad >= 0:
         raise slot_error(slots, bad, shape.num_slots)
+
+
+def greedy_scratch_floats(rows: int, shape: DecodeShape, vocab: int) -> int:
+    return scratch_floats(rows, shape) + rows * (3 * shape.hidden + vocab)
+
+
+def run_greedy(
+    layers: ctypes.Array,
+    num_layers: int,
+    shape: DecodeShape,
+    burst: GreedyBurst,
+    ids: torch.Tensor,
+    steps: int,
+    inv_freq: torch.Tensor,
+    scratch: torch.Tensor,
+) -> torch.Tensor:
+    """Up to `steps` greedy decode steps for the rows of `ids` (int64 [B], the tokens fed first;
+    `shape.tokens` must be B). Returns the picked tokens, int64 [B, steps run]: fewer than `steps`
+    when every row picked one of its stop ids or another thread set `burst.interrupt`. A row whose slots fall outside the pool or whose
+    token is outside the embedding raises IndexError before any step runs."""
+    rows = ids.shape[0]
+    assert shape.tokens == rows and ids.dtype == torch.long and ids.is_contiguous()
+    assert scratch.numel() >= greedy_scratch_floats(rows, shape, burst.head.out_features)
+    out = torch.empty(rows, steps, dtype=torch.long)
+    ran = _greedy_kernel()(
+        layers, num_layers, ctypes.byref(shape), ctypes.byref(burst), ids.data_ptr(), steps, inv_freq.data_ptr(),
+        out.data_ptr(), scratch.data_ptr(), scratch.numel(), torch.get_num_threads(),
+    )
+    if ran < 0:
+        raise IndexError(f"decode burst: row {-1 - ran} has a slot outside the KV pool or a token outside the vocabulary")
+    return out[:, :ran]

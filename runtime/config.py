@@ -65,6 +65,8 @@ class SchedulerConfig:
     max_prefill_tokens: int = 8192
     chunked_prefill_size: int = 2048
     max_queued_requests: int | None = None
+    # greedy decode steps run back to back in one native call when nothing else is queued (CPU)
+    num_continuous_decode_steps: int = 16
 
     def __post_init__(self) -> None:
         if self.schedule_policy not in _POLICIES:
@@ -72,7 +74,9 @@ class SchedulerConfig:
                 f"schedule_policy: expected one of {', '.join(_POLICIES)}, "
                 f"got {self.schedule_policy!r}"
             )
-        for name in ("max_running_requests", "max_prefill_tokens", "chunked_prefill_size"):
+        for name in (
+            "max_running_requests", "max_prefill_tokens", "chunked_prefill_size", "num_continuous_decode_steps"
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ctypes
 import itertools
 import logging
 import queue
@@ -35,6 +36,10 @@ from plait.runtime.speculative.governor import SpeculationGovernor
 from plait.runtime.tokenizer import GIL_FREE_CHARS
 
 logger = logging.getLogger("plait.engine")
+
+# A decode burst (`num_continuous_decode_steps`) lasts about this long at most: streams get their
+# tokens in groups, and a group should not take much longer than a screen refresh or two.
+BURST_SECONDS = 0.05
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -106,9 +111,12 @@ class Engine:
         self._grammars: Any = None  # GrammarCache, made on the first constrained request
         self._grammar_lock = threading.Lock()
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        # set by `_post` from any thread: a running decode burst ends after its current step
+        self._interrupt = ctypes.c_int32(0)
+        self._decode_step_s: float | None = None  # the last decode-only step's forward time
         self._counter = itertools.count()
         self._stopped = threading.Event()
-        self._totals = {"requests": 0, "prompt_tokens": 0, "generated_tokens": 0, "steps": 0}
+        self._totals = {"requests": 0, "prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "burst_steps": 0}
         self._thread = threading.Thread(target=self._loop, name="plait-engine", daemon=True)
         self._thread.start()
 
@@ -304,11 +312,14 @@ class Engine:
     def _submit(self, reqs: list[Request]) -> None:
         if self._stopped.is_set():
             raise RuntimeError("Engine: already shut down")
-        for req in reqs:
-            self._inbox.put(("add", req))
+        self._post("add", reqs)  # one message: requests submitted together are scheduled together
+
+    def _post(self, kind: str, item: Any) -> None:
+        self._inbox.put((kind, item))
+        self._interrupt.value = 1
 
     def abort(self, rid: str) -> None:
-        self._inbox.put(("abort", rid))
+        self._post("abort", rid)
 
     def generate(
         self,
@@ -444,6 +455,7 @@ class Engine:
     def _run_loop(self) -> None:
         while not self._stopped.is_set():
             block = not self.scheduler.has_work()
+            self._interrupt.value = 0  # before draining: a message posted after this ends a burst
             try:
                 kind, item = self._inbox.get(block=block, timeout=0.5 if block else None)
             except queue.Empty:
@@ -466,18 +478,18 @@ class Engine:
 
     def _handle(self, kind: str, item: Any) -> None:
         if kind == "add":
-            req: Request = item
-            self._totals["requests"] += 1
-            self._totals["prompt_tokens"] += len(req.prompt_ids)
-            try:
-                self.processor.start(req)
-                self.scheduler.add(req)
-            except Exception as exc:
-                status = 400 if isinstance(exc, ValueError) else 500
-                self.processor.finish(
-                    req, FinishReason("abort", message=str(exc), status_code=status)
-                )
-                self._deliver(req)
+            for req in item:
+                self._totals["requests"] += 1
+                self._totals["prompt_tokens"] += len(req.prompt_ids)
+                try:
+                    self.processor.start(req)
+                    self.scheduler.add(req)
+                except Exception as exc:
+                    status = 400 if isinstance(exc, ValueError) else 500
+                    self.processor.finish(
+                        req, FinishReason("abort", message=str(exc), status_code=status)
+                    )
+                    self._deliver(req)
         elif kind == "abort":
             req = self.scheduler.abort(item)
             if req is not None and not req.finished:
@@ -502,10 +514,17 @@ class Engine:
             self._propose_drafts(batch)
         if not batch:
             return
-        threads = self._choose_threads(batch.num_tokens)
+        num_tokens = batch.num_tokens
+        threads = self._choose_threads(num_tokens)
         forward_started = time.perf_counter()
         try:
-            results = self.runner.forward(batch)
+            burst = self._burst_steps(batch)
+            if burst > 1:
+                results = self.runner.decode_burst(batch, burst, self._interrupt)
+                batch.decode_steps = max(len(r.tokens) for r in results)
+                self._totals["burst_steps"] += batch.decode_steps
+            else:
+                results = self.runner.forward(batch)
         except Exception as exc:  # a failing batch must not take the engine down
             logger.error("forward pass failed: %s", traceback.format_exc())
             reqs = [e.req for e in batch.extends] + batch.decodes
@@ -514,9 +533,12 @@ class Engine:
             else:
                 self._fail(batch, f"internal error: {type(exc).__name__}: {exc}")
             return
+        step_s = (time.perf_counter() - forward_started) / batch.decode_steps
+        if not batch.extends:
+            self._decode_step_s = step_s
         if threads:
-            self.thread_governor.record(batch.num_tokens, threads, time.perf_counter() - forward_started)
-        self._totals["steps"] += 1
+            self.thread_governor.record(num_tokens, threads, step_s)
+        self._totals["steps"] += batch.decode_steps
         entries = [e.req for e in batch.extends] + batch.decodes
         last_chunk = [e.is_last_chunk for e in batch.extends] + [True] * len(batch.decodes)
         updated: list[Request] = []
@@ -552,6 +574,21 @@ class Engine:
             self.scheduler.check()
         for req in updated:
             self._deliver(req)
+
+    def _burst_steps(self, batch: ScheduleBatch) -> int:
+        """Decode steps to run back to back in one native call (`num_continuous_decode_steps`):
+        only while nothing waits to be scheduled, never with speculative decoding, and no longer
+        than ~`BURST_SECONDS` (by the last decode step's time), so streams still update often."""
+        limit = self.config.scheduler.num_continuous_decode_steps
+        sched = self.scheduler
+        if (
+            limit <= 1 or self.drafter is not None or self._decode_step_s is None
+            or sched.waiting or sched.prefilling or sched.suspects or not self._inbox.empty()
+            or not self.runner.can_burst(batch)
+        ):  # fmt: skip
+            return 1
+        limit = min(limit, max(1, int(BURST_SECONDS / max(self._decode_step_s, 1e-6))))
+        return sched.grow_for_burst(batch.decodes, limit) if limit > 1 else 1
 
     def _jump_forward(self, req: Request) -> None:
         if req.grammar is None or req.finished or req not in self.scheduler.running:
@@ -638,7 +675,7 @@ class Engine:
         """Empties the prefix cache; refused (False) while requests are running or waiting."""
         done = threading.Event()
         outcome: list[bool] = []
-        self._inbox.put(("flush", (done, outcome)))
+        self._post("flush", (done, outcome))
         done.wait()
         return outcome[0]
 
@@ -646,7 +683,7 @@ class Engine:
         if self._grammars is not None:
             self._grammars.shutdown(wait=False)
         if not self._stopped.is_set():
-            self._inbox.put(("stop", None))
+            self._post("stop", None)
             self._thread.join(timeout=10)
             self._stopped.set()
             if self.tp is not None:

@@ -77,9 +77,11 @@ def drain(engine: Engine, inbox: queue.Queue[tuple[str, Any]]) -> None:
             kind, item = inbox.get_nowait()
         except queue.Empty:
             break
-        if kind == "add" and not item.finished:
-            engine.processor.finish(item, FinishReason("abort", message=message, status_code=503))
-            engine._deliver(item)
+        if kind == "add":
+            for req in item:
+                if not req.finished:
+                    engine.processor.finish(req, FinishReason("abort", message=message, status_code=503))
+                    engine._deliver(req)
         elif kind == "flush":
             done, outcome = item
             outcome.append(False)

@@ -3,6 +3,7 @@ computes logprobs and samples."""
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -13,6 +14,7 @@ from plait.kernels.constraint_mask import allocate_token_bitmask, apply_token_bi
 from plait.kernels.dispatch import use_triton
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.kv_pool import KVPool
+from plait.runtime.models import native_decode
 from plait.runtime.models.llama import LlamaForCausalLM
 from plait.runtime.request import Request
 from plait.runtime.sampling import SamplingRow, argmax, sample
@@ -35,10 +37,11 @@ class ExtendEntry:
 class ScheduleBatch:
     extends: list[ExtendEntry] = field(default_factory=list)
     decodes: list[Request] = field(default_factory=list)
+    decode_steps: int = 1  # steps the decodes ran: more than one in a burst (`decode_burst`)
 
     @property
     def num_tokens(self) -> int:
-        return sum(e.end - e.start for e in self.extends) + len(self.decodes)
+        return sum(e.end - e.start for e in self.extends) + len(self.decodes) * self.decode_steps
 
     def __bool__(self) -> bool:
         return bool(self.extends or self.decodes)
@@ -188,6 +191,39 @@ class ModelRunner:
         prepared = self.prepare(batch)
         logits = self.model(prepared.input_ids, prepared.positions, prepared.forward_batch)
         return self._results(batch, prepared.plans, logits)  # logits: [num_logit_rows, vocab]
+
+    def can_burst(self, batch: ScheduleBatch) -> bool:
+        """Whether `decode_burst` can run this batch: decodes only, every one plain greedy with no
+        logprobs, and a model whose whole step runs natively (the CPU kernels)."""
+        if batch.extends or not batch.decodes or not isinstance(self.model, LlamaForCausalLM):
+            return False
+        if not all(_plain_greedy(r) and not r.logprob.return_logprob for r in batch.decodes):
+            return False
+        return native_decode.greedy_stack_for(self.model, self.kv_pool, len(batch.decodes)) is not None
+
+    @torch.inference_mode()
+    def decode_burst(
+        self, batch: ScheduleBatch, steps: int, interrupt: ctypes.c_int32 | None = None
+    ) -> list[TokenResult]:
+        """Up to `steps` greedy decode steps of `batch.decodes` in one native call (see `can_burst`);
+        each request's pages must cover `num_tokens + steps - 1` positions. A request's tokens may
+        run past its stop token (when others in the batch go on): the output processor stops at it.
+        `interrupt`: set non-zero by another thread, it ends the burst after a step."""
+        reqs = batch.decodes
+        lens = [r.num_tokens for r in reqs]
+        width = max(lens) + steps - 1
+        tables = torch.zeros(len(reqs), width, dtype=torch.long)
+        for i, r in enumerate(reqs):
+            tables[i, : lens[i] + steps - 1] = self.slots(r, 0, lens[i] + steps - 1)
+        stop_ids = [
+            sorted(set(r.params.stop_token_ids) | (set() if r.params.ignore_eos else self.eos_ids)) for r in reqs
+        ]
+        stack = native_decode.greedy_stack_for(self.model, self.kv_pool, len(reqs))
+        tokens = stack.greedy(
+            self.model, torch.tensor([r.last_id for r in reqs], dtype=torch.long), tables,
+            torch.tensor(lens, dtype=torch.long), steps, stop_ids, interrupt,
+        )
+        return [TokenResult(tokens=row) for row in tokens.tolist()]
 
     @torch.inference_mode()
     def last_logits(self, batch: ScheduleBatch, num_layers: int | None = None) -> torch.Tensor:

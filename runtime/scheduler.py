@@ -196,6 +196,20 @@ class Scheduler:
         self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
         batch.decodes.extend(self.running)
 
+    def grow_for_burst(self, reqs: list[Request], limit: int) -> int:
+        """How many decode steps the running `reqs` take in one burst: at most `limit`, no more than
+        any of them may still produce, and 1 unless each can get pages for all of them."""
+        steps = min(limit, *(self._tokens_left(r) for r in reqs))
+        if steps <= 1:
+            return 1
+        for req in reqs:
+            if not self.kv.grow(req, req.num_tokens + steps - 1):
+                return 1  # what the others got is trimmed after the step
+        return steps
+
+    def _tokens_left(self, req: Request) -> int:
+        return min(req.params.max_new_tokens - len(req.output_ids), self.context_len - req.num_tokens)
+
     def retract(self, req: Request) -> None:
         """Frees a running request's pages (caching what it computed) and requeues it first."""
         if req in self.running:
@@ -221,6 +235,7 @@ class Scheduler:
                 e.req.num_computed = e.end
         for req in batch.decodes:
             req.num_computed = req.num_tokens - 1
+            self.kv.trim(req)  # pages a burst grew past the tokens it kept
         still: list[Request] = []
         for e in batch.extends:
             req = e.req

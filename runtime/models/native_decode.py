@@ -4,10 +4,14 @@ When every projection is a `QuantLinear` or a float32 `nn.Linear`, the batch is 
 tokens and short extends, all of them attention rows) and the native kernels are built, `LlamaModel.forward` hands its
 layers to `kernels/decode_stack.py` in one call instead of ~10 per layer. The layer descriptions
 (pointers to weights and KV pages) are built once per model and KV pool.
+
+`greedy_steps` runs several whole greedy decode steps (embedding to argmax) in one native call,
+for the engine's continuous decode steps.
 """
 
 from __future__ import annotations
 
+import ctypes
 from typing import TYPE_CHECKING
 
 import torch
@@ -16,15 +20,15 @@ from plait.kernels import attention_cpu, cpu_fused, decode_stack
 from plait.kernels.kv_cache import kv_type_code
 from plait.kernels.quant_matmul import DEQUANT_GEMM_MIN_ROWS
 from plait.runtime.forward_batch import ForwardBatch
+from plait.runtime.kv_pool import KVPool
 from plait.runtime.models.quantized import QuantLinear
 
 if TYPE_CHECKING:
-    from plait.runtime.models.llama import LlamaModel
+    from plait.runtime.models.llama import LlamaForCausalLM, LlamaModel
 
 
 class NativeDecodeStack:
-    def __init__(self, model: LlamaModel, batch: ForwardBatch) -> None:
-        pool = batch.kv_pool
+    def __init__(self, model: LlamaModel, pool: KVPool) -> None:
         first = model.layers[0]
         attn, mlp = first.self_attn, first.mlp
         self.kv_pool = pool
@@ -68,6 +72,36 @@ class NativeDecodeStack:
         )
         return x, residual
 
+    def greedy(
+        self, lm: LlamaForCausalLM, ids: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor, steps: int,
+        stop_ids: list[list[int]], interrupt: ctypes.c_int32 | None = None,
+    ) -> torch.Tensor:
+        """Up to `steps` greedy steps from `ids` [B] (see `ModelRunner.decode_burst`); `interrupt`,
+        an int32 another thread may set non-zero, ends the burst after the current step."""
+        model = lm.model
+        rows = ids.shape[0]
+        self.shape.tokens = rows
+        vocab = lm.lm_head.out_features
+        need = decode_stack.greedy_scratch_floats(rows, self.shape, vocab)
+        if self.scratch.numel() < need:
+            self.scratch = torch.empty(need)
+        offsets = [0]
+        for stops in stop_ids:
+            offsets.append(offsets[-1] + len(stops))
+        flat_stops = torch.tensor([t for stops in stop_ids for t in stops] or [0], dtype=torch.long)
+        offsets_t = torch.tensor(offsets, dtype=torch.long)
+        tables, lens = tables.contiguous(), lens.contiguous()
+        embed = model.embed_tokens.weight
+        burst = decode_stack.GreedyBurst(
+            embed.data_ptr(), embed.shape[0], model.norm.weight.data_ptr(), _linear(lm.lm_head), tables.data_ptr(),
+            tables.shape[1], lens.data_ptr(), flat_stops.data_ptr(), offsets_t.data_ptr(), self.sliding_window or 0,
+            None if interrupt is None else ctypes.addressof(interrupt),
+        )
+        return decode_stack.run_greedy(
+            self.layers, len(model.layers), self.shape, burst, ids.contiguous(), steps, model.rotary_emb.inv_freq,
+            self.scratch,
+        )
+
 
 def _linear(layer: torch.nn.Module) -> decode_stack.QLinear:
     if isinstance(layer, QuantLinear):
@@ -106,15 +140,36 @@ def _model_eligible(model: LlamaModel) -> bool:
     )
 
 
-def stack_for(model: LlamaModel, x: torch.Tensor, batch: ForwardBatch) -> NativeDecodeStack | None:
-    """The model's native stack for this batch, or None when the layers must run one by one."""
+def _cached_stack(model: LlamaModel, pool: KVPool) -> NativeDecodeStack | None:
     stack = model.__dict__.get("_native_stack")
-    if stack is False or not _batch_eligible(x, batch):
+    if stack is False:
         return None
-    if stack is None or stack.kv_pool is not batch.kv_pool or stack.key != _weights_key(model):
+    if stack is None or stack.kv_pool is not pool or stack.key != _weights_key(model):
         if not _model_eligible(model):
             model.__dict__["_native_stack"] = False  # e.g. bfloat16 or sharded projections
             return None
-        stack = NativeDecodeStack(model, batch)
+        stack = NativeDecodeStack(model, pool)
         model.__dict__["_native_stack"] = stack
     return stack
+
+
+def stack_for(model: LlamaModel, x: torch.Tensor, batch: ForwardBatch) -> NativeDecodeStack | None:
+    """The model's native stack for this batch, or None when the layers must run one by one."""
+    if model.__dict__.get("_native_stack") is False or not _batch_eligible(x, batch):
+        return None
+    return _cached_stack(model, batch.kv_pool)
+
+
+def greedy_stack_for(lm: LlamaForCausalLM, pool: KVPool, rows: int) -> NativeDecodeStack | None:
+    """The native stack when `rows` greedy decode rows can run whole steps natively: the layers'
+    conditions (`stack_for`), a float32 embedding table and a native-format LM head."""
+    model = lm.model
+    embed = model.embed_tokens.weight
+    if (
+        not 0 < rows < DEQUANT_GEMM_MIN_ROWS or embed.device.type != "cpu" or embed.dtype != torch.float32
+        or not embed.is_contiguous() or not _usable_linear(lm.lm_head)
+        or kv_type_code(pool.dtype) is None or not decode_stack.greedy_available()
+        or model.norm.weight.dtype != torch.float32
+    ):  # fmt: skip
+        return None
+    return _cached_stack(model, pool)

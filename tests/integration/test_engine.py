@@ -202,21 +202,24 @@ def test_bad_input_raises_named_error_and_engine_survives(tiny_engine, kwargs, m
 
 def test_failing_forward_aborts_its_batch_frees_pages_and_keeps_serving(tiny_engine, monkeypatch):
     runner = tiny_engine.runner
-    original = runner.forward
     calls = {"n": 0}
 
-    def flaky(batch):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise RuntimeError("boom")
-        return original(batch)
+    def flaky(original):  # the second forward pass fails, be it one step or a burst of them
+        def run(*args):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise RuntimeError("boom")
+            return original(*args)
 
-    monkeypatch.setattr(runner, "forward", flaky)
+        return run
+
+    monkeypatch.setattr(runner, "forward", flaky(runner.forward))
+    monkeypatch.setattr(runner, "decode_burst", flaky(runner.decode_burst))
     out = tiny_engine.generate("will fail", {**GREEDY, "max_new_tokens": 8})
     assert out["meta_info"]["finish_reason"]["type"] == "abort"
     assert "boom" in out["meta_info"]["finish_reason"]["message"]
     wait_idle(tiny_engine)
-    monkeypatch.setattr(runner, "forward", original)
+    monkeypatch.undo()
     assert tiny_engine.generate("fine again", GREEDY)["meta_info"]["finish_reason"]["type"] == "length"
     assert_all_pages_free(tiny_engine)
 
