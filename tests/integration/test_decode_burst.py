@@ -70,6 +70,7 @@ def test_bursts_give_the_tokens_of_single_steps(engines, bursts):
     assert got == expected
     assert bursts and 1 < max(len(row) for b in bursts for row in b) <= 16, bursts
     assert [len(ids) for ids, _, _ in got] == MAX_NEW
+    assert sum(len(row) for b in bursts for row in b) <= sum(MAX_NEW), "a burst ran past a request's last token"
     assert _pool_is_whole(burst)
 
 
