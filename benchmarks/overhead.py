@@ -3,8 +3,9 @@
 Two measures, both decoding 128 tokens on one stream:
 
 - *Python and dispatch*: the model itself with its native layer stack and matmul kernels replaced
-  by no-ops (`kernels_stubbed`; the tokens are garbage, only the time counts). What remains is
-  Python, scheduling, sampling, detokenization and the few torch ops around the kernels.
+  by no-ops, and bursts of continuous decode steps by an instant fixed token
+  (`kernels_stubbed`; the tokens are garbage, only the time counts). What remains is Python,
+  scheduling, sampling, detokenization and the few torch ops around the kernels.
 - A *skinny twin*: the same layer count, vocabulary and tokenizer, hidden size 64 and random
   weights, so its matmuls and attention cost little while every call, kernel launch and thread
   team stays. Its step over the model's is an upper bound: its LM head still has a row per
@@ -69,23 +70,28 @@ def write_skinny_twin(engine: Any, path: Path) -> Path:
 @contextmanager
 def kernels_stubbed() -> Iterator[None]:
     """The native decoder-layer stack and matmul kernels (layers and LM head) do nothing while
-    inside: a step's remaining time is its Python and dispatch. Swap only between requests."""
+    inside, and a burst of continuous decode steps returns a fixed token at once: a step's
+    remaining time is its Python and dispatch. Swap only between requests."""
     from plait.kernels import decode_stack, quant_matmul
 
-    saved = decode_stack._kernel, quant_matmul._kernels
+    saved = decode_stack._kernel, quant_matmul._kernels, decode_stack.run_greedy
     kernels = quant_matmul._kernels()
 
     def nothing(*args: Any) -> int:
         return -1  # the decode stack's "every slot inside the pool"; the matmul's result is unused
 
+    def no_burst(layers, num_layers, shape, burst, ids: torch.Tensor, steps: int, *rest: Any) -> torch.Tensor:
+        return torch.full((ids.shape[0], steps), 100, dtype=torch.long)  # any token but a stop
+
     if decode_stack._kernel() is not None:
         decode_stack._kernel = lambda: nothing
     if kernels is not None:
         quant_matmul._kernels = lambda: (nothing, *kernels[1:])
+    decode_stack.run_greedy = no_burst
     try:
         yield
     finally:
-        decode_stack._kernel, quant_matmul._kernels = saved
+        decode_stack._kernel, quant_matmul._kernels, decode_stack.run_greedy = saved
 
 
 def decode_step_ms(engine: Any, decode_len: int, repeats: int) -> float:

@@ -120,3 +120,22 @@ def test_kernels_stubbed_swaps_the_native_kernels_and_restores_them():
         assert qm._kernels()[0] is not real and qm._kernels()[0]() == -1
     assert qm._kernels()[0] is real
     torch.testing.assert_close(qm.quant_matmul(x, qw), expected)
+
+
+def test_kernels_stubbed_covers_bursts_of_decode_steps(tiny_llama_dir):
+    from plait import Engine
+    from plait.benchmarks.overhead import kernels_stubbed
+    from plait.kernels import decode_stack
+
+    if not decode_stack.greedy_available():
+        pytest.skip("native CPU kernels did not build")
+    real = decode_stack.run_greedy
+    params = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
+    with Engine(model_path=str(tiny_llama_dir), max_total_tokens=512) as engine:
+        engine.generate(input_ids=[5, 6, 7], sampling_params=params)  # the engine learns a step's time
+        bursts = engine.stats()["total_burst_steps"]
+        with kernels_stubbed():
+            out = engine.generate(input_ids=[5, 6, 7], sampling_params=params)
+        assert engine.stats()["total_burst_steps"] > bursts
+    assert out["output_ids"][-8:] == [100] * 8  # a burst's tokens came from the stub
+    assert decode_stack.run_greedy is real
