@@ -139,8 +139,9 @@ def run_greedy(
 ) -> torch.Tensor:
     """Up to `steps` greedy decode steps for the rows of `ids` (int64 [B], the tokens fed first;
     `shape.tokens` must be B). Returns the picked tokens, int64 [B, steps run]: fewer than `steps`
-    when every row picked one of its stop ids or another thread set `burst.interrupt`. A row whose slots fall outside the pool or whose
-    token is outside the embedding raises IndexError before any step runs."""
+    when every row picked one of its stop ids or another thread set `burst.interrupt`. A row
+    whose slots fall outside the pool or whose token is outside the embedding raises IndexError
+    before any step runs."""
     rows = ids.shape[0]
     assert shape.tokens == rows and ids.dtype == torch.long and ids.is_contiguous()
     assert scratch.numel() >= greedy_scratch_floats(rows, shape, burst.head.out_features)

@@ -172,8 +172,8 @@ extern "C" int64_t plait_decode_layers(const PlaitDecodeLayer* layers, int64_t n
 
 // Up to `steps` greedy decode steps for `s->tokens` rows. ids [rows]: the tokens fed first.
 // out [rows, steps]: the tokens picked (the first maximum of each row's logits). Stops early once
-// every row has picked one of its stop ids, or once `interrupt` is set. scratch: `plait_decode_layers`' scratch, then
-// rows * (3 * hidden + vocab) floats. Returns the steps run, or -1 - r when row r has a slot
+// every row has picked one of its stop ids, or once `interrupt` is set. scratch:
+// `plait_decode_layers`' scratch, then rows * (3 * hidden + vocab) floats. Returns the steps run, or -1 - r when row r has a slot
 // outside the pool or a token outside the embedding (then nothing has run).
 extern "C" int64_t plait_decode_greedy(const PlaitDecodeLayer* layers, int64_t num_layers, const PlaitDecodeShape* s,
                                        const PlaitGreedyBurst* g, const int64_t* ids, int64_t steps,
