@@ -29,6 +29,12 @@ CASES = [
     Case(extends=[], decodes=[1500], num_heads=9, num_kv_heads=3, page_size=1),
     Case(extends=[], decodes=[1200, 10], page_size=16),
     Case(extends=[(900, 2)], decodes=[], sliding_window=600, page_size=4),
+    # head_dim 64 and 128 take the fixed-width kernel: blocks of 16 slots with tails, query heads
+    # in register groups (4 a group at 64, 2 at 128: groups of 1, 3 and 5 leave partial ones)
+    Case(extends=[], decodes=[16, 33, 100], num_heads=4, num_kv_heads=4, page_size=8),
+    Case(extends=[], decodes=[50, 17, 2], num_heads=10, num_kv_heads=2, page_size=4),
+    Case(extends=[(40, 3)], decodes=[47, 300], num_heads=12, num_kv_heads=4, head_dim=128, page_size=16),
+    Case(extends=[], decodes=[700, 31], num_heads=8, num_kv_heads=8, head_dim=128, page_size=16),
 ]
 
 
@@ -42,6 +48,20 @@ def test_native_rows_match_reference(case: Case) -> None:
     torch.testing.assert_close(actual, expected, **tolerance(torch.float32))
     torch.testing.assert_close(k_cache, ref_k)  # the new tokens' K/V were stored alike
     torch.testing.assert_close(v_cache, ref_v)
+
+
+def test_scores_far_apart_in_the_last_slots_keep_the_larger() -> None:
+    # Softmax subtracts each head's largest score; one missed in the slots past the last full vector
+    # would leave two scores 1,000 apart both clamped at exp's limit, weighted alike.
+    case = Case(extends=[], decodes=[23], num_heads=2, num_kv_heads=1, page_size=1)
+    q, k, v, k_cache, v_cache, meta, _ = make_batch(case, seed=7)
+    flat_k = k_cache.view(-1, case.head_dim)
+    flat_k.zero_()
+    table = meta.decode_kv_slots[0]
+    for position, target in ((20, 2000.0), (21, 1000.0)):  # query head 0's scores; head 1's are 0
+        flat_k[table[position]] = q[0, 0] * (target / (q[0, 0] @ q[0, 0]) / case.head_dim**-0.5)
+    actual = attention_cpu.paged_attention_cpu(q, k, v, k_cache, v_cache, meta, case.head_dim**-0.5, None)
+    torch.testing.assert_close(actual[0, 0], v_cache.view(-1, case.head_dim)[table[20]])
 
 
 def test_rows_cover_decodes_and_short_extends_only() -> None:

@@ -87,6 +87,7 @@ CASES = [
     Case(extends=[(30, 5)], decodes=[3, 100, 45], sliding_window=8, page_size=16),
     Case(extends=[], decodes=[1500], num_heads=9, num_kv_heads=3, page_size=1),  # split-K
     Case(extends=[(3, 2)], decodes=[11, 70], num_heads=6, num_kv_heads=2, head_dim=20, page_size=1),  # a tail
+    Case(extends=[(20, 2)], decodes=[47, 129], num_heads=8, num_kv_heads=2, head_dim=128, page_size=4),
 ]
 
 
