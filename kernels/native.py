@@ -57,6 +57,7 @@ LIBRARIES = {
         "cpu_fused.cpp",
         "cpu_decode.cpp",
         "cpu_memory.cpp",
+        "cpu_sampling.cpp",
     )
 }
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from plait.kernels import sampling_cpu
 from plait.kernels.sampling_triton import filter_probs_ref as filter_probs
 from plait.runtime.protocol import SamplingParams
 
@@ -57,7 +58,11 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-    """logits [B, V] float32 (modified in place) -> next token ids [B] long."""
+    """logits [B, V] float32 (modified in place) -> next token ids [B] long.
+
+    On the CPU each sampled row draws one uniform from its generator and picks by inverse CDF
+    (`kernels/sampling_cpu.py`: native, else the same draw in torch); elsewhere
+    `torch.multinomial` draws."""
     apply_penalties(logits, rows)
     greedy = [r.params.is_greedy for r in rows]
     out = argmax(logits)
@@ -71,12 +76,22 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     top_k = torch.tensor([vocab if p.top_k < 0 else min(p.top_k, vocab) for p in params], device=logits.device)
     top_p = torch.tensor([p.top_p for p in params], device=logits.device)
     min_p = torch.tensor([p.min_p for p in params], device=logits.device)
+    on_cpu = logits.device.type == "cpu"
+    if on_cpu:
+        uniforms = torch.cat([torch.rand(1, generator=rows[i].generator) for i in sampled])
+        if logits.dtype == torch.float32 and sampling_cpu.available():
+            picks = sampling_cpu.sample_rows(logits[idx], temperature, top_k, top_p, min_p, uniforms)
+            for j, i in enumerate(sampled):
+                if picks[j] >= 0:  # else no finite distribution: the argmax stays
+                    out[i] = picks[j]
+            return out
     probs = torch.softmax(logits[idx] / temperature[:, None], dim=-1)
     probs = filter_probs(probs, top_k, top_p, min_p)
     # NOTE: extreme but valid settings (a repetition penalty near 0, every token banned) can
     # leave a row with no finite distribution; such a row takes the argmax instead of failing.
     usable = (torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)).tolist()
+    picks = sampling_cpu.draw_ref(torch.nan_to_num(probs), uniforms).tolist() if on_cpu else None
     for j, i in enumerate(sampled):
         if usable[j]:
-            out[i] = torch.multinomial(probs[j], 1, generator=rows[i].generator)[0]
+            out[i] = picks[j] if on_cpu else torch.multinomial(probs[j], 1, generator=rows[i].generator)[0]
     return out
