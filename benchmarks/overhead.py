@@ -74,7 +74,7 @@ def kernels_stubbed() -> Iterator[None]:
     remaining time is its Python and dispatch. Swap only between requests."""
     from plait.kernels import decode_stack, quant_matmul
 
-    saved = decode_stack._kernel, quant_matmul._kernels, decode_stack.run_greedy
+    saved = decode_stack._kernel, quant_matmul._kernels, decode_stack.run_burst
     kernels = quant_matmul._kernels()
 
     def nothing(*args: Any) -> int:
@@ -87,11 +87,11 @@ def kernels_stubbed() -> Iterator[None]:
         decode_stack._kernel = lambda: nothing
     if kernels is not None:
         quant_matmul._kernels = lambda: (nothing, *kernels[1:])
-    decode_stack.run_greedy = no_burst
+    decode_stack.run_burst = no_burst
     try:
         yield
     finally:
-        decode_stack._kernel, quant_matmul._kernels, decode_stack.run_greedy = saved
+        decode_stack._kernel, quant_matmul._kernels, decode_stack.run_burst = saved
 
 
 def decode_step_ms(engine: Any, decode_len: int, repeats: int) -> float:

@@ -5,13 +5,15 @@ norms, quantized projections and KV pages (`DecodeLayer`); each step then passes
 attention rows, positions and slots, and the hidden states, which the kernel updates in place.
 The structures mirror the C++ ones field for field.
 
-`run_greedy` runs whole greedy decode steps back to back in one call (embedding, layers, final
-norm, LM head, argmax): the engine's continuous decode steps (`num_continuous_decode_steps`).
+`run_burst` runs whole decode steps back to back in one call (embedding, layers, final norm, LM
+head, then the argmax or, for sampled rows, the draw of `sampling_cpu`): the engine's continuous
+decode steps (`num_continuous_decode_steps`).
 """
 
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from functools import cache
 
 import torch
@@ -46,10 +48,11 @@ class DecodeRows(ctypes.Structure):
                 ("first", _p), ("kv_len", _p), ("num_rows", _i64)]  # fmt: skip
 
 
-class GreedyBurst(ctypes.Structure):
+class DecodeBurst(ctypes.Structure):
     _fields_ = [("embed", _p), ("embed_rows", _i64), ("final_norm", _p), ("head", QLinear), ("tables", _p),
                 ("table_width", _i64), ("lens", _p), ("stop_ids", _p), ("stop_offsets", _p),
-                ("sliding_window", _i64), ("interrupt", _p)]  # fmt: skip
+                ("sliding_window", _i64), ("interrupt", _p), ("temperature", _p), ("top_k", _p), ("top_p", _p),
+                ("min_p", _p), ("uniforms", _p)]  # fmt: skip
 
 
 @cache
@@ -60,18 +63,18 @@ def _kernel() -> ctypes._CFuncPtr | None:
 
 
 @cache
-def _greedy_kernel() -> ctypes._CFuncPtr | None:
-    argtypes = [ctypes.POINTER(DecodeLayer), _i64, ctypes.POINTER(DecodeShape), ctypes.POINTER(GreedyBurst),
+def _burst_kernel() -> ctypes._CFuncPtr | None:
+    argtypes = [ctypes.POINTER(DecodeLayer), _i64, ctypes.POINTER(DecodeShape), ctypes.POINTER(DecodeBurst),
                 _p, _i64, _p, _p, _p, _i64, ctypes.c_int]  # fmt: skip
-    return native.function("cpu_kernels", "plait_decode_greedy", argtypes, restype=_i64)
+    return native.function("cpu_kernels", "plait_decode_burst", argtypes, restype=_i64)
 
 
 def available() -> bool:
     return not native.native_disabled() and _kernel() is not None
 
 
-def greedy_available() -> bool:
-    return available() and _greedy_kernel() is not None
+def burst_available() -> bool:
+    return available() and _burst_kernel() is not None
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -123,30 +126,52 @@ def run_layers(
         raise slot_error(slots, bad, shape.num_slots)
 
 
-def greedy_scratch_floats(rows: int, shape: DecodeShape, vocab: int) -> int:
+@dataclass
+class BurstSampling:
+    """The sampled rows of a burst: per row temperature (0: greedy), top_k (>= vocab: off), top_p,
+    min_p, and uniforms [rows, steps] in [0, 1), row r's draw at step s being uniforms[r, s]."""
+
+    temperature: torch.Tensor  # float32 [rows]
+    top_k: torch.Tensor  # int64 [rows]
+    top_p: torch.Tensor  # float32 [rows]
+    min_p: torch.Tensor  # float32 [rows]
+    uniforms: torch.Tensor  # float32 [rows, steps]
+
+    def pointers(self, rows: int, steps: int) -> tuple[int, ...]:
+        for name, dtype, shape in (("temperature", torch.float32, (rows,)), ("top_k", torch.long, (rows,)),
+                                   ("top_p", torch.float32, (rows,)), ("min_p", torch.float32, (rows,)),
+                                   ("uniforms", torch.float32, (rows, steps))):  # fmt: skip
+            t = getattr(self, name)
+            if t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous():
+                raise ValueError(f"{name}: expected contiguous {dtype} {shape}, got {t.dtype} {tuple(t.shape)}")
+        return tuple(getattr(self, n).data_ptr() for n in ("temperature", "top_k", "top_p", "min_p", "uniforms"))
+
+
+def burst_scratch_floats(rows: int, shape: DecodeShape, vocab: int) -> int:
     return scratch_floats(rows, shape) + rows * (3 * shape.hidden + vocab)
 
 
-def run_greedy(
+def run_burst(
     layers: ctypes.Array,
     num_layers: int,
     shape: DecodeShape,
-    burst: GreedyBurst,
+    burst: DecodeBurst,
     ids: torch.Tensor,
     steps: int,
     inv_freq: torch.Tensor,
     scratch: torch.Tensor,
 ) -> torch.Tensor:
-    """Up to `steps` greedy decode steps for the rows of `ids` (int64 [B], the tokens fed first;
-    `shape.tokens` must be B). Returns the picked tokens, int64 [B, steps run]: fewer than `steps`
+    """Up to `steps` decode steps for the rows of `ids` (int64 [B], the tokens fed first;
+    `shape.tokens` must be B; sampled rows as `burst`'s sampling fields say, the others greedy).
+    Returns the picked tokens, int64 [B, steps run]: fewer than `steps`
     when every row picked one of its stop ids or another thread set `burst.interrupt`. A row
     whose slots fall outside the pool or whose token is outside the embedding raises IndexError
     before any step runs."""
     rows = ids.shape[0]
     assert shape.tokens == rows and ids.dtype == torch.long and ids.is_contiguous()
-    assert scratch.numel() >= greedy_scratch_floats(rows, shape, burst.head.out_features)
+    assert scratch.numel() >= burst_scratch_floats(rows, shape, burst.head.out_features)
     out = torch.empty(rows, steps, dtype=torch.long)
-    ran = _greedy_kernel()(
+    ran = _burst_kernel()(
         layers, num_layers, ctypes.byref(shape), ctypes.byref(burst), ids.data_ptr(), steps, inv_freq.data_ptr(),
         out.data_ptr(), scratch.data_ptr(), scratch.numel(), torch.get_num_threads(),
     )

@@ -65,7 +65,7 @@ class SchedulerConfig:
     max_prefill_tokens: int = 8192
     chunked_prefill_size: int = 2048
     max_queued_requests: int | None = None
-    # greedy decode steps run back to back in one native call when nothing else is queued (CPU)
+    # decode steps (greedy or sampled) run back to back in one native call when nothing else is queued (CPU)
     num_continuous_decode_steps: int = 16
 
     def __post_init__(self) -> None:

@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from plait.kernels import sampling_cpu
 from plait.kernels.attention import AttentionMetadata
 from plait.kernels.constraint_mask import allocate_token_bitmask, apply_token_bitmask
+from plait.kernels.decode_stack import BurstSampling
 from plait.kernels.dispatch import use_triton
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.kv_pool import KVPool
@@ -193,22 +195,30 @@ class ModelRunner:
         return self._results(batch, prepared.plans, logits)  # logits: [num_logit_rows, vocab]
 
     def can_burst(self, batch: ScheduleBatch) -> bool:
-        """Whether `decode_burst` can run this batch: decodes only, every one plain greedy with no
-        logprobs, and a model whose whole step runs natively (the CPU kernels)."""
+        """Whether `decode_burst` can run this batch: decodes only, each one's next token a function
+        of its raw logits (greedy, or sampled with no grammar or penalty), no logprobs, and a model
+        whose whole step runs natively (the CPU kernels)."""
         if batch.extends or not batch.decodes or not isinstance(self.model, LlamaForCausalLM):
             return False
-        if not all(_plain_greedy(r) and not r.logprob.return_logprob for r in batch.decodes):
+        if not all(_plain_logits(r) and not r.logprob.return_logprob for r in batch.decodes):
             return False
-        return native_decode.greedy_stack_for(self.model, self.kv_pool, len(batch.decodes)) is not None
+        if not all(r.params.is_greedy for r in batch.decodes) and not sampling_cpu.available():
+            return False
+        return native_decode.burst_stack_for(self.model, self.kv_pool, len(batch.decodes)) is not None
 
     @torch.inference_mode()
     def decode_burst(
         self, batch: ScheduleBatch, steps: int, interrupt: ctypes.c_int32 | None = None
     ) -> list[TokenResult]:
-        """Up to `steps` greedy decode steps of `batch.decodes` in one native call (see `can_burst`);
+        """Up to `steps` decode steps of `batch.decodes` in one native call (see `can_burst`);
         each request's pages must cover `num_tokens + steps - 1` positions. A request's tokens may
         run past its stop token (when others in the batch go on): the output processor stops at it.
-        `interrupt`: set non-zero by another thread, it ends the burst after a step."""
+        `interrupt`: set non-zero by another thread, it ends the burst after a step.
+
+        A sampled request takes one uniform from its generator per step, as `sample` does step by
+        step, so a seed gives the same tokens with or without bursts: its `steps` uniforms are
+        drawn up front and, when the burst ends early, its generator is rewound to where the steps
+        run leave it."""
         reqs = batch.decodes
         lens = [r.num_tokens for r in reqs]
         width = max(lens) + steps - 1
@@ -218,12 +228,47 @@ class ModelRunner:
         stop_ids = [
             sorted(set(r.params.stop_token_ids) | (set() if r.params.ignore_eos else self.eos_ids)) for r in reqs
         ]
-        stack = native_decode.greedy_stack_for(self.model, self.kv_pool, len(reqs))
-        tokens = stack.greedy(
-            self.model, torch.tensor([r.last_id for r in reqs], dtype=torch.long), tables,
-            torch.tensor(lens, dtype=torch.long), steps, stop_ids, interrupt,
-        )
+        stack = native_decode.burst_stack_for(self.model, self.kv_pool, len(reqs))
+        sampling, rewind = self._burst_sampling(reqs, steps)
+        ran = 0
+        try:
+            tokens = stack.burst(
+                self.model, torch.tensor([r.last_id for r in reqs], dtype=torch.long), tables,
+                torch.tensor(lens, dtype=torch.long), steps, stop_ids, interrupt, sampling,
+            )
+            ran = tokens.shape[1]
+        finally:
+            if ran < steps:  # one uniform per step run, as many as single steps would have taken
+                for generator, state in rewind:
+                    generator.set_state(state)
+                    torch.rand(ran, generator=generator)
         return [TokenResult(tokens=row) for row in tokens.tolist()]
+
+    def _burst_sampling(
+        self, reqs: list[Request], steps: int
+    ) -> tuple[BurstSampling | None, list[tuple[torch.Generator, torch.Tensor]]]:
+        """A burst's sampling parameters and uniforms (None when every row is greedy), and the
+        request generators to rewind, with their states before the draw."""
+        if all(r.params.is_greedy for r in reqs):
+            return None, []
+        vocab = self.model.lm_head.out_features
+        uniforms = torch.zeros(len(reqs), steps)
+        rewind = []
+        for i, r in enumerate(reqs):
+            if r.params.is_greedy:
+                continue
+            if r.generator is not None:  # a seeded request's own; the shared default is not rewound
+                rewind.append((r.generator, r.generator.get_state()))
+            uniforms[i] = torch.rand(steps, generator=r.generator or self.default_generator)
+        params = [r.params for r in reqs]
+        sampling = BurstSampling(
+            temperature=torch.tensor([0.0 if p.is_greedy else p.temperature for p in params], dtype=torch.float32),
+            top_k=torch.tensor([vocab if p.top_k < 0 else min(p.top_k, vocab) for p in params], dtype=torch.long),
+            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32),
+            min_p=torch.tensor([p.min_p for p in params], dtype=torch.float32),
+            uniforms=uniforms,
+        )
+        return sampling, rewind
 
     @torch.inference_mode()
     def last_logits(self, batch: ScheduleBatch, num_layers: int | None = None) -> torch.Tensor:
@@ -344,14 +389,20 @@ class ModelRunner:
         apply_token_bitmask(logits, bitmask.to(logits.device), constrained)
 
 
+def _plain_logits(req: Request) -> bool:
+    """Whether the request's next token depends on nothing but its raw logits and its sampling
+    parameters: no grammar, no penalty, no token banned."""
+    p = req.params
+    return (
+        req.grammar is None and not p.frequency_penalty and not p.presence_penalty
+        and p.repetition_penalty == 1.0 and len(req.output_ids) >= p.min_new_tokens
+    )  # fmt: skip
+
+
 def _plain_greedy(req: Request) -> bool:
     """Whether the request's next token is the argmax of its raw logits: greedy, no grammar, no
     penalty, no token banned (`_sampling_row`: stop and EOS ids before `min_new_tokens`)."""
-    p = req.params
-    return (
-        p.is_greedy and req.grammar is None and not p.frequency_penalty and not p.presence_penalty
-        and p.repetition_penalty == 1.0 and len(req.output_ids) >= p.min_new_tokens
-    )  # fmt: skip
+    return req.params.is_greedy and _plain_logits(req)
 
 
 def _top(logprobs: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:

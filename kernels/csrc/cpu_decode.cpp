@@ -6,9 +6,9 @@
 // step. Used only when every token of the batch is an attention row (decode tokens and short
 // extends) and every projection is quantized; see `kernels/decode_stack.py`.
 //
-// `plait_decode_greedy` runs several whole greedy decode steps in one call (embedding, layers,
-// final norm, LM head, argmax), feeding each step's tokens to the next: a burst of continuous
-// decode steps, with no Python between them.
+// `plait_decode_burst` runs several whole decode steps in one call (embedding, layers, final norm,
+// LM head, then the argmax or a draw), feeding each step's tokens to the next: a burst of
+// continuous decode steps, with no Python between them.
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -27,6 +27,8 @@ void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t N, const vo
                        int64_t group, const uint16_t* scales, const uint16_t* mins, const float* bias, float* y,
                        int num_threads);
 int64_t plait_first_bad_slot(const int64_t* slots, int64_t num_tokens, int64_t num_slots);
+int64_t plait_sample_row(const float* logits, int64_t vocab, float temperature, int64_t top_k, float top_p,
+                         float min_p, float uniform);
 int64_t plait_store_kv(const float* k, const float* v, int64_t row_stride, const int64_t* slots, int64_t num_tokens,
                        int64_t num_kv_heads, int64_t head_dim, int kv_type, void* k_cache, void* v_cache,
                        float* k_scale, float* v_scale, int64_t num_slots);
@@ -64,7 +66,7 @@ struct PlaitDecodeShape {
     int64_t num_slots;  // the KV pool's slots per layer
 };
 
-struct PlaitGreedyBurst {  // kernels/decode_stack.py: GreedyBurst
+struct PlaitDecodeBurst {  // kernels/decode_stack.py: DecodeBurst
     const float* embed;       // [embed_rows, hidden] float32
     int64_t embed_rows;
     const float* final_norm;  // [hidden]
@@ -76,6 +78,13 @@ struct PlaitGreedyBurst {  // kernels/decode_stack.py: GreedyBurst
     const int64_t* stop_offsets;
     int64_t sliding_window;   // 0: none
     const int32_t* interrupt; // may be null; once another thread sets it non-zero, the burst ends
+    // Sampling, all null when every row is greedy. Row r with temperature[r] > 0 draws its token
+    // at step s with uniforms[r * steps + s] (plait_sample_row); the others take the argmax.
+    const float* temperature;  // [rows]
+    const int64_t* top_k;      // [rows]
+    const float* top_p;        // [rows]
+    const float* min_p;        // [rows]
+    const float* uniforms;     // [rows, steps]
 };
 
 struct PlaitDecodeRows {  // the attention rows (kernels/attention_cpu.py: CpuRows)
@@ -170,15 +179,16 @@ extern "C" int64_t plait_decode_layers(const PlaitDecodeLayer* layers, int64_t n
     return -1;
 }
 
-// Up to `steps` greedy decode steps for `s->tokens` rows. ids [rows]: the tokens fed first.
-// out [rows, steps]: the tokens picked (the first maximum of each row's logits). Stops early once
+// Up to `steps` decode steps for `s->tokens` rows. ids [rows]: the tokens fed first. out [rows,
+// steps]: the tokens picked (each row's first maximum, or its draw when sampled). Stops early once
 // every row has picked one of its stop ids, or once `interrupt` is set. scratch:
-// `plait_decode_layers`' scratch, then rows * (3 * hidden + vocab) floats. Returns the steps run, or -1 - r when row r has a slot
-// outside the pool or a token outside the embedding (then nothing has run).
-extern "C" int64_t plait_decode_greedy(const PlaitDecodeLayer* layers, int64_t num_layers, const PlaitDecodeShape* s,
-                                       const PlaitGreedyBurst* g, const int64_t* ids, int64_t steps,
-                                       const float* inv_freq, int64_t* out, float* scratch, int64_t scratch_floats,
-                                       int num_threads) {
+// `plait_decode_layers`' scratch, then rows * (3 * hidden + vocab) floats. Returns the steps run,
+// or -1 - r when row r has a slot outside the pool or a token outside the embedding (then nothing
+// has run).
+extern "C" int64_t plait_decode_burst(const PlaitDecodeLayer* layers, int64_t num_layers, const PlaitDecodeShape* s,
+                                      const PlaitDecodeBurst* g, const int64_t* ids, int64_t steps,
+                                      const float* inv_freq, int64_t* out, float* scratch, int64_t scratch_floats,
+                                      int num_threads) {
     const int64_t B = s->tokens, D = s->hidden, V = g->head.out_features;
     for (int64_t r = 0; r < B; ++r) {
         const int64_t len = g->lens[r];
@@ -211,7 +221,12 @@ extern "C" int64_t plait_decode_greedy(const PlaitDecodeLayer* layers, int64_t n
         linear(g->head, h, B, logits, num_threads);
         bool all_stopped = true;
         for (int64_t r = 0; r < B; ++r) {
-            const int64_t best = first_argmax(logits + r * V, V);
+            const float* row = logits + r * V;
+            int64_t best = -1;
+            if (g->temperature != nullptr && g->temperature[r] > 0.0f)
+                best = plait_sample_row(row, V, g->temperature[r], g->top_k[r], g->top_p[r], g->min_p[r],
+                                        g->uniforms[r * steps + step]);
+            if (best < 0) best = first_argmax(row, V);  // greedy, or no finite distribution
             out[r * steps + step] = best;
             fed[r] = best < g->embed_rows ? best : 0;
             for (int64_t i = g->stop_offsets[r]; i < g->stop_offsets[r + 1] && !stopped[r]; ++i)

@@ -139,43 +139,41 @@ int64_t draw(const float* p, int64_t n, double total, float u) {
 
 }  // namespace
 
-// logits [rows, vocab] (not modified); per row: temperature (> 0), top_k (>= vocab: off), top_p,
-// min_p and a uniform in [0, 1). out [rows]: the drawn token, or -1 when the row has no finite
-// distribution (NaN logits, every logit -inf). Rows run in parallel.
+// One row: logits [vocab] (not modified), temperature > 0, top_k (>= vocab: off), top_p, min_p
+// and a uniform in [0, 1). Returns the drawn token, or -1 when the row has no finite distribution
+// (NaN logits, every logit -inf). Also the draw of `plait_decode_burst`'s sampled rows.
+extern "C" int64_t plait_sample_row(const float* l, int64_t vocab, float temperature, int64_t top_k, float top_p,
+                                    float min_p, float uniform) {
+    thread_local std::vector<float> probs;
+    probs.resize(vocab);
+    float* p = probs.data();
+    float m = -INFINITY;
+    int nan = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+    for (int64_t i = 0; i < vocab; ++i) {
+        nan |= l[i] != l[i];
+        m = l[i] > m ? l[i] : m;
+    }
+    if (nan || m == -INFINITY || !(temperature > 0.0f)) return -1;
+    double total = exp_scaled(l, vocab, m, 1.0f / temperature, p);
+    if (!std::isfinite(total)) return -1;
+    if (min_p > 0.0f) {  // relative to the largest probability, exp(0) = 1
+#pragma omp simd
+        for (int64_t i = 0; i < vocab; ++i) p[i] = p[i] < min_p ? 0.0f : p[i];
+        total = sum_of(p, vocab);
+    }
+    if (top_k < vocab || top_p < 1.0f) {
+        keep_top(p, vocab, top_k, static_cast<double>(top_p) * total);
+        total = sum_of(p, vocab);
+    }
+    return total > 0.0 ? draw(p, vocab, total, uniform) : -1;
+}
+
+// plait_sample_row for rows [rows, vocab] with per-row parameters; out [rows]. Rows run in parallel.
 extern "C" void plait_sample_rows(const float* logits, int64_t rows, int64_t vocab, const float* temperature,
                                   const int64_t* top_k, const float* top_p, const float* min_p,
                                   const float* uniform, int64_t* out, int num_threads) {
     plait::parallel_for(rows, num_threads, false, [&](int64_t r) {
-        thread_local std::vector<float> probs;
-        probs.resize(vocab);
-        float* p = probs.data();
-        const float* l = logits + r * vocab;
-        float m = -INFINITY;
-        int nan = 0;
-#pragma omp simd reduction(max : m) reduction(| : nan)
-        for (int64_t i = 0; i < vocab; ++i) {
-            nan |= l[i] != l[i];
-            m = l[i] > m ? l[i] : m;
-        }
-        if (nan || m == -INFINITY || !(temperature[r] > 0.0f)) {
-            out[r] = -1;
-            return;
-        }
-        double total = exp_scaled(l, vocab, m, 1.0f / temperature[r], p);
-        if (!std::isfinite(total)) {
-            out[r] = -1;
-            return;
-        }
-        if (min_p[r] > 0.0f) {  // relative to the largest probability, exp(0) = 1
-            const float floor = min_p[r];
-#pragma omp simd
-            for (int64_t i = 0; i < vocab; ++i) p[i] = p[i] < floor ? 0.0f : p[i];
-            total = sum_of(p, vocab);
-        }
-        if (top_k[r] < vocab || top_p[r] < 1.0f) {
-            keep_top(p, vocab, top_k[r], static_cast<double>(top_p[r]) * total);
-            total = sum_of(p, vocab);
-        }
-        out[r] = total > 0.0 ? draw(p, vocab, total, uniform[r]) : -1;
+        out[r] = plait_sample_row(logits + r * vocab, vocab, temperature[r], top_k[r], top_p[r], min_p[r], uniform[r]);
     });
 }

@@ -5,8 +5,8 @@ tokens and short extends, all of them attention rows) and the native kernels are
 layers to `kernels/decode_stack.py` in one call instead of ~10 per layer. The layer descriptions
 (pointers to weights and KV pages) are built once per model and KV pool.
 
-`greedy_steps` runs several whole greedy decode steps (embedding to argmax) in one native call,
-for the engine's continuous decode steps.
+`NativeDecodeStack.burst` runs several whole decode steps (embedding to the argmax or a draw) in one
+native call, for the engine's continuous decode steps.
 """
 
 from __future__ import annotations
@@ -72,17 +72,19 @@ class NativeDecodeStack:
         )
         return x, residual
 
-    def greedy(
+    def burst(
         self, lm: LlamaForCausalLM, ids: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor, steps: int,
         stop_ids: list[list[int]], interrupt: ctypes.c_int32 | None = None,
+        sampling: decode_stack.BurstSampling | None = None,
     ) -> torch.Tensor:
-        """Up to `steps` greedy steps from `ids` [B] (see `ModelRunner.decode_burst`); `interrupt`,
-        an int32 another thread may set non-zero, ends the burst after the current step."""
+        """Up to `steps` steps from `ids` [B] (see `ModelRunner.decode_burst`), greedy unless
+        `sampling` says otherwise; `interrupt`, an int32 another thread may set non-zero, ends the
+        burst after the current step."""
         model = lm.model
         rows = ids.shape[0]
         self.shape.tokens = rows
         vocab = lm.lm_head.out_features
-        need = decode_stack.greedy_scratch_floats(rows, self.shape, vocab)
+        need = decode_stack.burst_scratch_floats(rows, self.shape, vocab)
         if self.scratch.numel() < need:
             self.scratch = torch.empty(need)
         offsets = [0]
@@ -92,12 +94,13 @@ class NativeDecodeStack:
         offsets_t = torch.tensor(offsets, dtype=torch.long)
         tables, lens = tables.contiguous(), lens.contiguous()
         embed = model.embed_tokens.weight
-        burst = decode_stack.GreedyBurst(
+        burst = decode_stack.DecodeBurst(
             embed.data_ptr(), embed.shape[0], model.norm.weight.data_ptr(), _linear(lm.lm_head), tables.data_ptr(),
             tables.shape[1], lens.data_ptr(), flat_stops.data_ptr(), offsets_t.data_ptr(), self.sliding_window or 0,
             None if interrupt is None else ctypes.addressof(interrupt),
+            *(sampling.pointers(rows, steps) if sampling is not None else (None,) * 5),
         )
-        return decode_stack.run_greedy(
+        return decode_stack.run_burst(
             self.layers, len(model.layers), self.shape, burst, ids.contiguous(), steps, model.rotary_emb.inv_freq,
             self.scratch,
         )
@@ -160,15 +163,15 @@ def stack_for(model: LlamaModel, x: torch.Tensor, batch: ForwardBatch) -> Native
     return _cached_stack(model, batch.kv_pool)
 
 
-def greedy_stack_for(lm: LlamaForCausalLM, pool: KVPool, rows: int) -> NativeDecodeStack | None:
-    """The native stack when `rows` greedy decode rows can run whole steps natively: the layers'
+def burst_stack_for(lm: LlamaForCausalLM, pool: KVPool, rows: int) -> NativeDecodeStack | None:
+    """The native stack when `rows` decode rows can run whole steps natively: the layers'
     conditions (`stack_for`), a float32 embedding table and a native-format LM head."""
     model = lm.model
     embed = model.embed_tokens.weight
     if (
         not 0 < rows < DEQUANT_GEMM_MIN_ROWS or embed.device.type != "cpu" or embed.dtype != torch.float32
         or not embed.is_contiguous() or not _usable_linear(lm.lm_head)
-        or kv_type_code(pool.dtype) is None or not decode_stack.greedy_available()
+        or kv_type_code(pool.dtype) is None or not decode_stack.burst_available()
         or model.norm.weight.dtype != torch.float32
     ):  # fmt: skip
         return None

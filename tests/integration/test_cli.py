@@ -127,9 +127,9 @@ def test_kernels_stubbed_covers_bursts_of_decode_steps(tiny_llama_dir):
     from plait.benchmarks.overhead import kernels_stubbed
     from plait.kernels import decode_stack
 
-    if not decode_stack.greedy_available():
+    if not decode_stack.burst_available():
         pytest.skip("native CPU kernels did not build")
-    real = decode_stack.run_greedy
+    real = decode_stack.run_burst
     params = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
     with Engine(model_path=str(tiny_llama_dir), max_total_tokens=512) as engine:
         engine.generate(input_ids=[5, 6, 7], sampling_params=params)  # the engine learns a step's time
@@ -138,4 +138,4 @@ def test_kernels_stubbed_covers_bursts_of_decode_steps(tiny_llama_dir):
             out = engine.generate(input_ids=[5, 6, 7], sampling_params=params)
         assert engine.stats()["total_burst_steps"] > bursts
     assert out["output_ids"][-8:] == [100] * 8  # a burst's tokens came from the stub
-    assert decode_stack.run_greedy is real
+    assert decode_stack.run_burst is real

@@ -1,8 +1,9 @@
-"""Continuous decode steps (`num_continuous_decode_steps`): greedy decodes run several whole steps
-per native call (`kernels/decode_stack.py: run_greedy`) and give exactly the tokens, text and
-finish reasons of one step at a time, across model families, weight formats, KV dtypes, page
-sizes and a sliding window, with page accounting checked after every step. A stop token ends a
-burst early; a message posted to the engine ends it after the current step."""
+"""Continuous decode steps (`num_continuous_decode_steps`): greedy and sampled decodes run several
+whole steps per native call (`kernels/decode_stack.py: run_burst`) and give exactly the tokens,
+text and finish reasons of one step at a time (sampled ones with a seed), across model families,
+weight formats, KV dtypes, page sizes and a sliding window, with page accounting checked after
+every step. A stop token ends a burst early; a message posted to the engine ends it after the
+current step."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from plait.kernels import decode_stack
 from plait.runtime.model_runner import ModelRunner
 from tests.conftest import write_tiny_checkpoint
 
-pytestmark = pytest.mark.skipif(not decode_stack.greedy_available(), reason="native CPU kernels did not build")
+pytestmark = pytest.mark.skipif(not decode_stack.burst_available(), reason="native CPU kernels did not build")
 
 CASES = {
     "llama-f32-tied": ("llama", {"tie_word_embeddings": True}, {}),
@@ -129,11 +130,62 @@ def test_a_posted_message_ends_a_burst_after_one_step(engines, monkeypatch):
     assert held and all(have == need for have, need in held), "pages grown for a cut-short burst stay held"
 
 
-def test_sampled_and_logprob_requests_step_one_at_a_time(engines, bursts):
+SAMPLED = [
+    {"max_new_tokens": 40, "temperature": 0.8, "top_p": 0.9, "seed": 5, "ignore_eos": True},
+    {"max_new_tokens": 13, "temperature": 0, "ignore_eos": True},
+    {"max_new_tokens": 27, "temperature": 1.2, "top_k": 20, "min_p": 0.02, "seed": 6, "ignore_eos": True},
+]
+
+
+def test_seeded_sampled_requests_burst_and_give_the_tokens_of_single_steps(engines, bursts):
+    single, burst = engines
+    expected = _run(single, PROMPTS, SAMPLED)
+    got = _run(burst, PROMPTS, SAMPLED)
+    assert got == expected
+    assert bursts and 1 < max(len(row) for b in bursts for row in b)
+    assert got[0][0] != _run(single, PROMPTS[:1], [{**SAMPLED[0], "seed": 50}])[0][0], "the seed is used"
+    # n samples of one prompt: each has its own generator (seed + i)
+    n2 = {**SAMPLED[0], "n": 2, "max_new_tokens": 20}
+    assert _run(burst, [PROMPTS[1]], [n2]) == _run(single, [PROMPTS[1]], [n2])
+    # a stop token inside a burst: the generator is rewound to the steps the burst ran
+    ids = expected[0][0]
+    index = next(i for i in range(6, 40) if ids.index(ids[i]) == i)
+    stopped = [{**SAMPLED[0], "stop_token_ids": [ids[index]]}, SAMPLED[2]]
+    assert _run(burst, [PROMPTS[0], PROMPTS[2]], stopped) == _run(single, [PROMPTS[0], PROMPTS[2]], stopped)
+    assert _pool_is_whole(burst)
+
+
+def test_an_interrupted_sampled_burst_rewinds_its_generator(engines, monkeypatch):
+    single, burst = engines
+    real = ModelRunner.decode_burst
+    seen: list[int] = []
+
+    def interrupted(self, batch, steps, interrupt=None):
+        if len(seen) % 2 == 0:
+            burst.abort("no-such-request")  # every other burst is cut to one step
+        results = real(self, batch, steps, interrupt)
+        seen.append(len(results[0].tokens))
+        return results
+
+    monkeypatch.setattr(ModelRunner, "decode_burst", interrupted)
+    assert _run(burst, PROMPTS[:1], SAMPLED[:1]) == _run(single, PROMPTS[:1], SAMPLED[:1])
+    assert 1 in seen and max(seen) > 1
+
+
+def test_unseeded_sampled_requests_burst(engines, bursts):
     _, burst = engines
-    burst.generate(input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 12, "temperature": 0.7, "ignore_eos": True})
+    out = _run(burst, PROMPTS[:1], [{"max_new_tokens": 30, "temperature": 1.0, "ignore_eos": True}])
+    assert len(out[0][0]) == 30 and bursts
+
+
+def test_penalized_and_logprob_requests_step_one_at_a_time(engines, bursts):
+    _, burst = engines
+    burst.generate(input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 12, "temperature": 0.7,
+                                                          "frequency_penalty": 0.5, "ignore_eos": True})  # fmt: skip
     burst.generate(input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
                    return_logprob=True)  # fmt: skip
+    burst.generate(input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 12, "temperature": 0.7,
+                                                          "min_new_tokens": 12, "seed": 1})  # fmt: skip
     assert not bursts
 
 
@@ -153,7 +205,7 @@ def _zero_layer_burst(vocab: int = 50, hidden: int = 16, num_slots: int = 64, st
 
 
 def _burst(embed, head, norm, shape, flat, offsets, tables, lens, interrupt=None):
-    burst = decode_stack.GreedyBurst(
+    burst = decode_stack.DecodeBurst(
         embed.data_ptr(), embed.shape[0], norm.data_ptr(), decode_stack.dense_linear(head, None),
         tables.data_ptr(), tables.shape[1], lens.data_ptr(), flat.data_ptr(), offsets.data_ptr(), 0,
         None if interrupt is None else ctypes.addressof(interrupt),
@@ -175,19 +227,19 @@ def test_the_native_burst_feeds_each_pick_to_the_next_step_and_stops():
     embed, head, norm, shape, flat, offsets = _zero_layer_burst()
     tables, lens = torch.arange(20, dtype=torch.long)[None], torch.tensor([3])
     ids, steps = torch.tensor([7]), 10
-    scratch = torch.empty(decode_stack.greedy_scratch_floats(1, shape, 50))
+    scratch = torch.empty(decode_stack.burst_scratch_floats(1, shape, 50))
     burst = _burst(embed, head, norm, shape, flat, offsets, tables, lens)
-    out = decode_stack.run_greedy((decode_stack.DecodeLayer * 0)(), 0, shape, burst, ids, steps, torch.ones(4), scratch)
+    out = decode_stack.run_burst((decode_stack.DecodeLayer * 0)(), 0, shape, burst, ids, steps, torch.ones(4), scratch)
     chain = _reference_chain(embed, head, norm, 7, steps)
     assert out[0].tolist() == chain
     stop_at = chain[2]
     embed, head, norm, shape, flat, offsets = _zero_layer_burst(stops=((stop_at,),))
     burst = _burst(embed, head, norm, shape, flat, offsets, tables, lens)
-    out = decode_stack.run_greedy((decode_stack.DecodeLayer * 0)(), 0, shape, burst, ids, steps, torch.ones(4), scratch)
+    out = decode_stack.run_burst((decode_stack.DecodeLayer * 0)(), 0, shape, burst, ids, steps, torch.ones(4), scratch)
     assert out[0].tolist() == chain[: chain.index(stop_at) + 1]
     flag = ctypes.c_int32(1)
     burst = _burst(embed, head, norm, shape, flat, offsets, tables, lens, interrupt=flag)
-    out = decode_stack.run_greedy((decode_stack.DecodeLayer * 0)(), 0, shape, burst, ids, steps, torch.ones(4), scratch)
+    out = decode_stack.run_burst((decode_stack.DecodeLayer * 0)(), 0, shape, burst, ids, steps, torch.ones(4), scratch)
     assert out.shape == (1, 1) and out[0, 0] == chain[0]
 
 
@@ -204,9 +256,9 @@ def test_a_bad_burst_raises_before_any_step(case, table_end, token):
         tables[0, -1] = table_end if table_end == 64 else tables[0, -1]
     lens = torch.tensor([11])  # steps 10 need positions 10..19
     burst = _burst(embed, head, norm, shape, flat, offsets, tables, lens)
-    scratch = torch.empty(decode_stack.greedy_scratch_floats(1, shape, 50))
+    scratch = torch.empty(decode_stack.burst_scratch_floats(1, shape, 50))
     with pytest.raises(IndexError, match="row 0"):
-        decode_stack.run_greedy((decode_stack.DecodeLayer * 0)(), 0, shape, burst, torch.tensor([token]), 10,
+        decode_stack.run_burst((decode_stack.DecodeLayer * 0)(), 0, shape, burst, torch.tensor([token]), 10,
                                 torch.ones(4), scratch)  # fmt: skip
 
 
@@ -220,7 +272,39 @@ def test_the_native_argmax_picks_the_first_maximum(winners):
         head[w] = 10 * x / x.norm()
     tables, lens = torch.arange(20, dtype=torch.long)[None], torch.tensor([3])
     burst = _burst(embed, head, norm, shape, flat, offsets, tables, lens)
-    scratch = torch.empty(decode_stack.greedy_scratch_floats(1, shape, 50))
-    out = decode_stack.run_greedy((decode_stack.DecodeLayer * 0)(), 0, shape, burst, torch.tensor([7]), 1,
+    scratch = torch.empty(decode_stack.burst_scratch_floats(1, shape, 50))
+    out = decode_stack.run_burst((decode_stack.DecodeLayer * 0)(), 0, shape, burst, torch.tensor([7]), 1,
                                   torch.ones(4), scratch)  # fmt: skip
     assert out[0, 0] == min(winners) == int((head @ (x * norm)).argmax())
+
+
+def test_the_native_burst_draws_sampled_rows_with_their_uniforms():
+    """Row 0 samples (temperature 0.9, top-k 5) with a uniform per step, row 1 stays greedy: each
+    draw is `sampling_cpu.sample_rows` on that step's logits with that step's uniform."""
+    from plait.kernels import sampling_cpu
+
+    embed, head, norm, shape, flat, offsets = _zero_layer_burst(stops=((), ()))
+    tables, lens = torch.arange(40, dtype=torch.long).view(2, 20), torch.tensor([3, 3])
+    steps = 8
+    uniforms = torch.rand(2, steps, generator=torch.Generator().manual_seed(3))
+    sampling = decode_stack.BurstSampling(
+        temperature=torch.tensor([0.9, 0.0]), top_k=torch.tensor([5, 50]), top_p=torch.tensor([1.0, 1.0]),
+        min_p=torch.tensor([0.0, 0.0]), uniforms=uniforms,
+    )
+    burst = _burst(embed, head, norm, shape, flat, offsets, tables, lens)
+    burst.temperature, burst.top_k, burst.top_p, burst.min_p, burst.uniforms = sampling.pointers(2, steps)
+    scratch = torch.empty(decode_stack.burst_scratch_floats(2, shape, 50))
+    out = decode_stack.run_burst((decode_stack.DecodeLayer * 0)(), 0, shape, burst, torch.tensor([7, 7]), steps,
+                                 torch.ones(4), scratch)  # fmt: skip
+    token = 7
+    for s in range(steps):
+        x = embed[token]
+        logits = (head @ (x * torch.rsqrt(x.pow(2).mean() + 1e-5) * norm))[None]
+        token = int(sampling_cpu.sample_rows(logits, torch.tensor([0.9]), torch.tensor([5]), torch.ones(1),
+                                             torch.zeros(1), uniforms[0, s : s + 1]))  # fmt: skip
+        assert out[0, s] == token
+    assert out[1].tolist() == _reference_chain(embed, head, norm, 7, steps)
+    assert len(set(out[0].tolist())) > 1
+    with pytest.raises(ValueError, match="uniforms"):
+        decode_stack.BurstSampling(sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p,
+                                   uniforms[:, :3]).pointers(2, steps)  # fmt: skip

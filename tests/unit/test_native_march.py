@@ -41,7 +41,7 @@ def test_the_avx2_paths_match_the_reference_on_an_avx512_machine() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit/test_quant_matmul.py",
          "tests/unit/test_kernels_attention_cpu.py", "tests/unit/test_kernels_extend_attention_cpu.py",
-         "tests/unit/test_kv_cache_dtypes.py",
+         "tests/unit/test_kv_cache_dtypes.py", "tests/unit/test_sampling_cpu.py",
          "tests/integration/test_native_decode_stack.py"],
         env=env, capture_output=True, text=True, cwd=ROOT, timeout=900,
     )
