@@ -56,11 +56,15 @@ def test_a_flood_does_not_starve_another_client(engine):
         with lock:
             finished.append(rid)
 
-    flood = [threading.Thread(target=run, args=(f"a{i}", "a", 16)) for i in range(6)]
+    # long enough that four of them still wait when the short request comes (a step of the tiny
+    # model takes well under a millisecond)
+    flood = [threading.Thread(target=run, args=(f"a{i}", "a", 300)) for i in range(6)]
     for t in flood:
         t.start()
+    deadline = time.monotonic() + 30
     while engine.stats()["num_waiting"] < 4:
-        time.sleep(0.02)
+        assert time.monotonic() < deadline, engine.stats()
+        time.sleep(0.005)
     short = threading.Thread(target=run, args=("b0", "b", 4))
     short.start()
     for t in [*flood, short]:
@@ -108,8 +112,10 @@ def test_shutdown_answers_every_request(engine):
     threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + 30
     while engine.stats()["num_running"] < 2:
-        time.sleep(0.02)
+        assert time.monotonic() < deadline, engine.stats()
+        time.sleep(0.005)
     engine.shutdown()
     for t in threads:
         t.join(timeout=15)
