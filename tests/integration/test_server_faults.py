@@ -116,14 +116,15 @@ def test_grammar_compile_fault_fails_only_that_request(server, client):
 
 
 def test_deadlines_are_504(server, client):
-    r = client.post("/generate", json={"text": "x", "sampling_params": LONG, "timeout": 0.3})
+    # deadlines well inside the generations: 900 tokens of the tiny model take ~0.3 s here
+    r = client.post("/generate", json={"text": "x", "sampling_params": LONG, "timeout": 0.05})
     assert r.status_code == 504 and r.json()["error"]["type"] == "timeout_error"
     assert r.json()["error"]["param"] == "timeout"
-    body = {"text": "x", "sampling_params": LONG, "timeout": 0.3, "stream": True}
+    body = {"text": "x", "sampling_params": LONG, "timeout": 0.05, "stream": True}
     with client.stream("POST", "/generate", json=body) as r:
         events = sse_events(r.iter_lines())
     assert events[-1] == "[DONE]" and events[-2]["meta_info"]["finish_reason"]["status_code"] == 504
-    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 600, "timeout": 0.3,
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 900, "timeout": 0.05,
             "ignore_eos": True}  # fmt: skip
     r = client.post("/v1/chat/completions", json=chat)
     assert r.status_code == 504
