@@ -77,7 +77,7 @@ def test_bench_latency_reports_roofline_and_perplexity_per_format(tiny_llama_dir
         "--decode-len", "6", "--repeats", "1", "--no-transformers", "--no-llama-cpp", "--output", str(out_path),
     )
     assert out.returncode == 0, out.stderr
-    assert "of matmul" in out.stdout and "read bandwidth" in out.stdout
+    assert "of matmul" in out.stdout and "read bandwidth" in out.stdout and "of greedy" in out.stdout
     report = json.loads(out_path.read_text())
     assert report["bandwidth_bytes_s"] > 1e8
     f32, int4 = report["results"]["float32"], report["results"]["int4"]
@@ -86,6 +86,7 @@ def test_bench_latency_reports_roofline_and_perplexity_per_format(tiny_llama_dir
     assert "weights themselves read at" in out.stdout
     for r in (f32, int4):
         assert r["plait"]["decode_tok_s"] > 0 and r["plait"]["perplexity"] > 1
+        assert r["plait"]["sampled_decode_tok_s"] > 0
         # the roofline is a plain read of those very weights
         assert r["roofline_steps_s"] == pytest.approx(1 / r["plait"]["weights_read_s"])
         assert 0 < r["plait"]["decode_share_of_roofline"]  # each decode run against the reads beside it
