@@ -133,14 +133,15 @@ def measure_plait(
         # NOTE: this VM's memory reads drift by tens of percent within seconds, so each decode run
         # is paired with reads of the weights just before and after it, and its share of the
         # roofline is taken against the faster of the two.
-        decode_runs, read_runs = [], []
+        # The sampled runs alternate with the greedy ones, so that both see the same memory phases.
+        decode_runs, read_runs, sampled_runs = [], [], []
         for _ in range(repeats):
             before = measure_weights_read(engine, 2)
             decode_runs.append(decode_once())
             after = measure_weights_read(engine, 2)
             read_runs.append(min(before, after) if before and after else None)
-        decode_tps = max(decode_runs)
-        sampled_tps = max(decode_once({**decode_params, **SAMPLED}) for _ in range(repeats))
+            sampled_runs.append(decode_once({**decode_params, **SAMPLED}))
+        decode_tps, sampled_tps = max(decode_runs), max(sampled_runs)
         paired = sorted(tps * read_s for tps, read_s in zip(decode_runs, read_runs) if read_s)
         decode_share = paired[len(paired) // 2] if paired else None
         text_ids = engine.tokenizer.encode(PERPLEXITY_TEXT)
