@@ -69,6 +69,11 @@ def _engine_flags(args: argparse.Namespace) -> list[str]:
     return flags
 
 
+def _sampling(args: argparse.Namespace) -> dict[str, float]:
+    """The requests' sampling: greedy by default; `--temperature` / `--top-p` for sampled runs."""
+    return {"temperature": getattr(args, "temperature", 0.0), "top_p": getattr(args, "top_p", 1.0)}
+
+
 def _run_server(label: str, cmd: list[str], ready_path: str, port: int, args: argparse.Namespace) -> list[dict]:
     process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -76,11 +81,12 @@ def _run_server(label: str, cmd: list[str], ready_path: str, port: int, args: ar
     try:
         _wait(url + ready_path, process, 300)
         warm = make_dataset(args, seed=999)[:2]
-        asyncio.run(run_load(url, "openai", warm, 1, None, 60, args.model_name))
+        sampling = _sampling(args)
+        asyncio.run(run_load(url, "openai", warm, 1, None, 60, args.model_name, sampling=sampling))
         for level in [int(c) for c in args.concurrency.split(",")]:
             prompts = make_dataset(args, seed=level)
             results, duration = asyncio.run(
-                run_load(url, "openai", prompts, level, None, args.max_duration, args.model_name)
+                run_load(url, "openai", prompts, level, None, args.max_duration, args.model_name, sampling=sampling)
             )
             summary = summarize(results, duration)
             runs.append({"server": label, "concurrency": level, **summary})
@@ -125,10 +131,11 @@ def run_llama_cpp_bench(args: argparse.Namespace) -> int:
         rows.append([r["server"], r["concurrency"], r["completed"], r["failed"], r["output_tok_s"],
                      r["ttft_ms"]["median"], r["itl_ms"]["median"], ratio])  # fmt: skip
     print(f"\n{args.num_prompts} requests per run, ~{args.input_len} words in, <= {args.output_len} tokens out, "
-          f"{threads} threads, {os.path.basename(loc.path)}")  # fmt: skip
+          f"{threads} threads, {os.path.basename(loc.path)}, sampling {_sampling(args)}")  # fmt: skip
     print_table(["server", "conc", "ok", "fail", "output tok/s", "TTFT med ms", "ITL med ms", "x llama.cpp"], rows)
     write_json(args.output, {"benchmark": "llama_cpp", "threads": threads, "model": loc.path,
-                             "engine_flags": _engine_flags(args), "results": results})  # fmt: skip
+                             "engine_flags": _engine_flags(args), "sampling": _sampling(args),
+                             "results": results})  # fmt: skip
     return 0
 
 
@@ -139,4 +146,6 @@ def add_llama_cpp_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-len", dest="output_len", type=int, default=128, help="tokens")
     parser.add_argument("--max-duration", dest="max_duration", type=float, default=600.0)
     parser.add_argument("--output", default="bench-results/llama_cpp.json")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (both servers)")
+    parser.add_argument("--top-p", dest="top_p", type=float, default=1.0)
     parser.set_defaults(dataset="random", range_ratio=0.5, prefix_len=0, num_groups=1, seed=0, model_name="default")

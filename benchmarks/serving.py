@@ -71,18 +71,23 @@ def make_dataset(args: argparse.Namespace, seed: int | None = None) -> list[Prom
     return prompts
 
 
-def _payload(backend: str, prompt: Prompt, model: str) -> tuple[str, dict[str, Any]]:
+def _payload(
+    backend: str, prompt: Prompt, model: str, sampling: dict[str, float] | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The request for one prompt: greedy unless `sampling` ({"temperature", "top_p"}) says otherwise."""
+    sampling = {"temperature": 0, **(sampling or {})}
     if backend == "native":
-        params = {"max_new_tokens": prompt.output_len, "temperature": 0, "ignore_eos": True}
+        params = {"max_new_tokens": prompt.output_len, "ignore_eos": True, **sampling}
         return "/generate", {"text": prompt.text, "sampling_params": params, "stream": True}
     body = {"model": model, "prompt": prompt.text, "max_tokens": prompt.output_len,
-            "temperature": 0, "stream": True, "ignore_eos": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+            "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}, **sampling}  # fmt: skip
     return "/v1/completions", body
 
 
-async def _send(client: Any, backend: str, prompt: Prompt, model: str) -> Result:
-    path, body = _payload(backend, prompt, model)
+async def _send(
+    client: Any, backend: str, prompt: Prompt, model: str, sampling: dict[str, float] | None = None
+) -> Result:
+    path, body = _payload(backend, prompt, model, sampling)
     result = Result()
     start = last = time.perf_counter()
     tokens = 0
@@ -134,6 +139,7 @@ async def _send(client: Any, backend: str, prompt: Prompt, model: str) -> Result
 async def run_load(
     url: str, backend: str, prompts: list[Prompt], concurrency: int | None,
     request_rate: float | None, max_duration: float, model: str = "default", seed: int = 0,
+    sampling: dict[str, float] | None = None,
 ) -> tuple[list[Result], float]:  # fmt: skip
     """Sends `prompts` (at most `concurrency` in flight; Poisson arrivals at `request_rate`/s),
     launching none after `max_duration` s; returns the results and the wall time."""
@@ -149,7 +155,7 @@ async def run_load(
 
         async def one(p: Prompt) -> Result:
             async with limit:
-                return await _send(client, backend, p, model)
+                return await _send(client, backend, p, model, sampling)
 
         for p in prompts:
             if time.perf_counter() - start > max_duration:

@@ -51,3 +51,29 @@ def test_random_dataset_lengths():
     prompts = make_dataset(args)
     assert all(20 <= len(p.text.split()) <= 40 and 10 <= p.output_len <= 20 for p in prompts)
     assert len({p.output_len for p in prompts}) > 3
+
+
+@pytest.mark.parametrize("backend", ["native", "openai"])
+def test_sampled_runs_send_their_sampling(server, backend, monkeypatch):
+    """`plait bench llama-cpp --temperature/--top-p` sends those to both servers (greedy otherwise)."""
+    import asyncio
+
+    from plait.benchmarks import serving
+    from plait.benchmarks.serving import Prompt, run_load
+
+    sent: list[dict] = []
+    real = serving._payload
+
+    def spy(*args):
+        path, body = real(*args)
+        sent.append(body.get("sampling_params", body))
+        return path, body
+
+    monkeypatch.setattr(serving, "_payload", spy)
+    prompts = [Prompt("a story about", 6)] * 4
+    sampling = {"temperature": 0.8, "top_p": 0.9}
+    results, _ = asyncio.run(run_load(server.url, backend, prompts, 2, None, 30, "tiny", sampling=sampling))
+    assert all(r.ok and r.output_tokens == 6 for r in results), results
+    assert all(s["temperature"] == 0.8 and s["top_p"] == 0.9 for s in sent) and len(sent) == 4
+    asyncio.run(run_load(server.url, backend, prompts[:1], 1, None, 30, "tiny"))
+    assert sent[-1]["temperature"] == 0 and "top_p" not in sent[-1]
