@@ -19,7 +19,7 @@ from plait.runtime.kv_pool import KVPool
 from plait.runtime.models import native_decode
 from plait.runtime.models.llama import LlamaForCausalLM
 from plait.runtime.request import Request
-from plait.runtime.sampling import SamplingRow, argmax, sample
+from plait.runtime.sampling import SamplingRow, argmax, filter_params, sample
 from plait.runtime.speculative.verify import verify_draft
 
 
@@ -260,15 +260,8 @@ class ModelRunner:
             if r.generator is not None:  # a seeded request's own; the shared default is not rewound
                 rewind.append((r.generator, r.generator.get_state()))
             uniforms[i] = torch.rand(steps, generator=r.generator or self.default_generator)
-        params = [r.params for r in reqs]
-        sampling = BurstSampling(
-            temperature=torch.tensor([0.0 if p.is_greedy else p.temperature for p in params], dtype=torch.float32),
-            top_k=torch.tensor([vocab if p.top_k < 0 else min(p.top_k, vocab) for p in params], dtype=torch.long),
-            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32),
-            min_p=torch.tensor([p.min_p for p in params], dtype=torch.float32),
-            uniforms=uniforms,
-        )
-        return sampling, rewind
+        temperature, top_k, top_p, min_p = filter_params([r.params for r in reqs], vocab)
+        return BurstSampling(temperature, top_k, top_p, min_p, uniforms), rewind
 
     @torch.inference_mode()
     def last_logits(self, batch: ScheduleBatch, num_layers: int | None = None) -> torch.Tensor:

@@ -57,6 +57,20 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
+def filter_params(
+    params: Sequence[SamplingParams], vocab: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row temperature (0 for greedy rows), top_k (`vocab` when off), top_p and min_p: float32
+    [B], int64 [B], float32 [B], float32 [B]."""
+    f32 = dict(dtype=torch.float32, device=device)
+    return (
+        torch.tensor([0.0 if p.is_greedy else p.temperature for p in params], **f32),
+        torch.tensor([vocab if p.top_k < 0 else min(p.top_k, vocab) for p in params], dtype=torch.long, device=device),
+        torch.tensor([p.top_p for p in params], **f32),
+        torch.tensor([p.min_p for p in params], **f32),
+    )
+
+
 def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     """logits [B, V] float32 (modified in place) -> next token ids [B] long.
 
@@ -70,12 +84,7 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     if not sampled:
         return out
     idx = torch.tensor(sampled, dtype=torch.long, device=logits.device)
-    vocab = logits.shape[1]
-    params = [rows[i].params for i in sampled]
-    temperature = torch.tensor([p.temperature for p in params], device=logits.device)
-    top_k = torch.tensor([vocab if p.top_k < 0 else min(p.top_k, vocab) for p in params], device=logits.device)
-    top_p = torch.tensor([p.top_p for p in params], device=logits.device)
-    min_p = torch.tensor([p.min_p for p in params], device=logits.device)
+    temperature, top_k, top_p, min_p = filter_params([rows[i].params for i in sampled], logits.shape[1], logits.device)
     on_cpu = logits.device.type == "cpu"
     if on_cpu:
         uniforms = torch.cat([torch.rand(1, generator=rows[i].generator) for i in sampled])
