@@ -40,6 +40,9 @@ logger = logging.getLogger("plait.engine")
 # A decode burst (`num_continuous_decode_steps`) lasts about this long at most: streams get their
 # tokens in groups, and a group should not take much longer than a screen refresh or two.
 BURST_SECONDS = 0.05
+# With speculative decoding on, a step whose drafter found nothing to propose still runs as a short
+# burst: the drafter looks again after this many steps (a copy that starts mid-burst waits for it).
+SPECULATIVE_BURST_STEPS = 4
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -510,7 +513,10 @@ class Engine:
         batch = self.scheduler.schedule()
         started = time.perf_counter()
         plain_decode = not batch.extends  # a step the speculation governor can learn from
-        if self.drafter is not None and batch.decodes and self.governor.speculate(len(batch.decodes)):
+        speculating = (
+            self.drafter is not None and bool(batch.decodes) and self.governor.speculate(len(batch.decodes))
+        )
+        if speculating:
             self._propose_drafts(batch)
         if not batch:
             return
@@ -518,7 +524,7 @@ class Engine:
         threads = self._choose_threads(num_tokens)
         forward_started = time.perf_counter()
         try:
-            burst = self._burst_steps(batch)
+            burst = self._burst_steps(batch, speculating)
             if burst > 1:
                 results = self.runner.decode_burst(batch, burst, self._interrupt)
                 batch.decode_steps = max(len(r.tokens) for r in results)
@@ -543,9 +549,10 @@ class Engine:
         last_chunk = [e.is_last_chunk for e in batch.extends] + [True] * len(batch.decodes)
         updated: list[Request] = []
         if self.drafter is not None and plain_decode and entries:
-            speculated = any(e.draft_ids for e in batch.extends)
+            # by the governor's choice, drafts found or not: speculating means drafting, verifying
+            # what was found and short bursts where nothing was; its rival, whole bursts
             tokens = sum(len(r.tokens) for r in results)
-            self.governor.record(len(entries), speculated, tokens, time.perf_counter() - started)
+            self.governor.record(len(entries), speculating, tokens, time.perf_counter() - started)
         for entry, req, result, done_prompt in zip(
             [*batch.extends, *[None] * len(batch.decodes)], entries, results, last_chunk
         ):
@@ -575,14 +582,19 @@ class Engine:
         for req in updated:
             self._deliver(req)
 
-    def _burst_steps(self, batch: ScheduleBatch) -> int:
+    def _burst_steps(self, batch: ScheduleBatch, speculating: bool = False) -> int:
         """Decode steps to run back to back in one native call (`num_continuous_decode_steps`):
-        only while nothing waits to be scheduled, never with speculative decoding, and no longer
-        than ~`BURST_SECONDS` (by the last decode step's time), so streams still update often."""
+        only while nothing waits to be scheduled, and no longer than ~`BURST_SECONDS` (by the last
+        decode step's time), so streams still update often. With speculative decoding, a batch
+        the drafter found nothing for runs `SPECULATIVE_BURST_STEPS` at most while the governor
+        speculates (so that a draft is looked for again soon), and whole bursts while it does not:
+        so the governor weighs drafts against bursts, not against single steps."""
         limit = self.config.scheduler.num_continuous_decode_steps
+        if speculating:
+            limit = min(limit, SPECULATIVE_BURST_STEPS)
         sched = self.scheduler
         if (
-            limit <= 1 or self.drafter is not None or self._decode_step_s is None
+            limit <= 1 or self._decode_step_s is None
             or sched.waiting or sched.prefilling or sched.suspects or not self._inbox.empty()
             or not self.runner.can_burst(batch)
         ):  # fmt: skip

@@ -7,7 +7,12 @@ times taller and the step far slower, so a draft acceptance that wins at batch 1
 (measured: n-gram drafts on open-ended chat, 0.96x at batch 1 and 0.84x at batch 8).
 
 Per batch-size bucket (1, 2-3, 4-7, 8-15, 16-31, 32+) the tokens per second of decode steps with
-drafts and without are compared by `runtime/governor.Governor`: speculation is measured first.
+drafting and without are compared by `runtime/governor.Governor`: speculation is measured first.
+A step counts as speculating when the governor chose it, whether or not the drafter found
+anything: speculating steps verify what was found and run short bursts where nothing was
+(`engine.SPECULATIVE_BURST_STEPS`); the others run whole bursts of continuous decode steps, the
+rival drafts must beat. (Counted by drafts found instead, a drafter that never finds anything
+would never be measured, and its requests would keep to short bursts.)
 """
 
 from __future__ import annotations

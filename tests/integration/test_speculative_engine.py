@@ -9,6 +9,8 @@ import threading
 import pytest
 
 from plait import Engine
+from plait.kernels import decode_stack
+from plait.runtime.engine import SPECULATIVE_BURST_STEPS
 
 PROMPTS = [
     "one two three four one two three four one two three",
@@ -25,6 +27,8 @@ def spec_engine(tiny_llama_dir):
         model_path=str(tiny_llama_dir), max_total_tokens=4096, page_size=4,
         speculative_algorithm="ngram", num_draft_tokens=4, check_invariants=True,
     )
+    # these tests check what drafts do, not whether they pay (on this tiny model, bursts win)
+    engine.governor.speculate = lambda batch_size: True
     yield engine
     engine.shutdown()
 
@@ -113,3 +117,27 @@ def test_model_drafters_keep_greedy_output(tiny_llama_dir, tiny_engine, algo):
         assert stats["kv_pages_in_use"] == 0
     finally:
         engine.shutdown()
+
+
+@pytest.mark.skipif(not decode_stack.burst_available(), reason="native CPU kernels did not build")
+def test_steps_without_drafts_run_as_bursts(tiny_engine, spec_engine, monkeypatch):
+    bursts: list[int] = []
+    real = spec_engine.runner.decode_burst
+
+    def spy(batch, steps, interrupt=None):
+        bursts.append(steps)
+        return real(batch, steps, interrupt)
+
+    monkeypatch.setattr(spec_engine.runner, "decode_burst", spy)
+    params = {**GREEDY, "max_new_tokens": 40}
+    expected = tiny_engine.generate("x", params)["output_ids"]
+    # speculating, a step the drafter found nothing for runs as a short burst: it looks again soon
+    before = spec_engine.stats()["total_burst_steps"]
+    assert spec_engine.generate("x", params)["output_ids"] == expected
+    assert bursts and all(2 <= steps <= SPECULATIVE_BURST_STEPS for steps in bursts)
+    assert spec_engine.stats()["total_burst_steps"] > before
+    # where the governor finds that drafts do not pay, decodes run as whole bursts
+    monkeypatch.setattr(spec_engine.governor, "speculate", lambda batch_size: False)
+    bursts.clear()
+    assert spec_engine.generate("x", params)["output_ids"] == expected
+    assert max(bursts) > SPECULATIVE_BURST_STEPS
