@@ -1,5 +1,7 @@
 """`plait bench speculative`: decode speed with each drafter vs none, batch 1 and 8, on an
-extractive workload (quote or rewrite text from the prompt) and on open-ended chat."""
+extractive workload (quote or rewrite text from the prompt) and on open-ended chat. All engines
+are loaded at once and take turns batch by batch (`--rounds` passes over the prompts, pooled), so
+that a drift of the machine's speed between minutes does not read as a speed-up or a slow-down."""
 
 from __future__ import annotations
 
@@ -48,25 +50,26 @@ def workload(tokenizer: Any, kind: str, n: int) -> list[str]:
     return [tokenizer.apply_chat_template([{"role": "user", "content": c}]) for c in items]
 
 
-def run_once(engine: Any, prompts: list[str], max_new_tokens: int, batch: int) -> dict:
-    params = {"max_new_tokens": max_new_tokens, "temperature": 0}
-    engine.generate(prompts[0], {"max_new_tokens": 4})
+def run_group(engine: Any, group: list[str], max_new_tokens: int) -> dict:
+    """One batch of prompts decoded together: tokens, seconds and speculation counts."""
+    engine.generate(group, {"max_new_tokens": 0})  # prefill outside the timed decode
     before = engine.stats()
-    produced, seconds = 0, 0.0
-    for i in range(0, len(prompts), batch):
-        group = prompts[i : i + batch]
-        engine.generate(group, {"max_new_tokens": 0})  # prefill outside the timed decode
-        start = time.perf_counter()
-        outs = engine.generate(group, params)
-        seconds += time.perf_counter() - start
-        produced += sum(o["meta_info"]["completion_tokens"] for o in outs)
+    start = time.perf_counter()
+    outs = engine.generate(group, {"max_new_tokens": max_new_tokens, "temperature": 0})
+    seconds = time.perf_counter() - start
     after = engine.stats()
-    steps, proposed, accepted = (
-        after.get(k, 0) - before.get(k, 0)
-        for k in ("spec_verify_steps", "spec_proposed_tokens", "spec_accepted_tokens")
-    )
+    counts = {k: after.get(k, 0) - before.get(k, 0) for k in SPEC_COUNTS}
+    return {"tokens": sum(o["meta_info"]["completion_tokens"] for o in outs), "seconds": seconds, **counts}
+
+
+SPEC_COUNTS = ("spec_verify_steps", "spec_proposed_tokens", "spec_accepted_tokens")
+
+
+def summarize(runs: list[dict]) -> dict:
+    tokens, seconds = sum(r["tokens"] for r in runs), sum(r["seconds"] for r in runs)
+    steps, proposed, accepted = (sum(r[k] for r in runs) for k in SPEC_COUNTS)
     return {
-        "decode_tok_s": produced / seconds,
+        "decode_tok_s": tokens / seconds,
         "mean_accept_length": (accepted + steps) / steps if steps else None,
         "acceptance_rate": accepted / proposed if proposed else None,
     }
@@ -79,21 +82,34 @@ def run_speculative_bench(args: argparse.Namespace) -> int:
     kwargs = engine_kwargs(args)
     algos: list[str | None] = [None, *[a for a in args.algorithms.split(",") if a]]
     batches = [int(b) for b in args.batch_sizes.split(",")]
+    rounds = max(1, getattr(args, "rounds", 2))
+    engines: dict[str, Any] = {}
     rows, results = [], []
-    for algo in algos:
-        extra: dict[str, Any] = {"speculative_algorithm": algo}
-        if algo == "draft_model":
-            if not args.draft_model_path:
+    try:
+        for algo in algos:
+            if algo == "draft_model" and not args.draft_model_path:
                 print("skipping draft_model: pass --draft-model-path")
                 continue
-        engine = Engine(**{**kwargs, **extra})
-        try:
-            for kind in ("extractive", "chat"):
-                for b in batches:
-                    prompts = workload(engine.tokenizer, kind, max(b, args.num_prompts))
-                    r = run_once(engine, prompts, args.max_new_tokens, b)
-                    results.append({"algorithm": algo or "none", "workload": kind, "batch": b, **r})
-        finally:
+            engines[algo or "none"] = Engine(**{**kwargs, "speculative_algorithm": algo})
+        names = list(engines)
+        tokenizer = engines[names[0]].tokenizer
+        for kind in ("extractive", "chat"):
+            for b in batches:
+                prompts = workload(tokenizer, kind, max(b, args.num_prompts))
+                groups = [prompts[i : i + b] for i in range(0, len(prompts), b)]
+                runs: dict[str, list[dict]] = {name: [] for name in names}
+                for name in names:
+                    engines[name].generate(prompts[0], {"max_new_tokens": 4})  # warm up
+                # NOTE: this VM's speed drifts by tens of percent between minutes, so the engines
+                # take turns batch by batch, in alternating order, and their runs are pooled.
+                for r in range(rounds):
+                    for g, group in enumerate(groups):
+                        for name in names if (r + g) % 2 == 0 else names[::-1]:
+                            runs[name].append(run_group(engines[name], group, args.max_new_tokens))
+                for name in names:
+                    results.append({"algorithm": name, "workload": kind, "batch": b, **summarize(runs[name])})
+    finally:
+        for engine in engines.values():
             engine.shutdown()
     base = {(r["workload"], r["batch"]): r["decode_tok_s"] for r in results if r["algorithm"] == "none"}
     for r in results:
@@ -101,7 +117,10 @@ def run_speculative_bench(args: argparse.Namespace) -> int:
         r["speedup"] = speedup
         rows.append([r["algorithm"], r["workload"], r["batch"], r["decode_tok_s"], speedup,
                      r["mean_accept_length"], r["acceptance_rate"]])
-    print(f"\ngreedy, {args.max_new_tokens} new tokens, num_draft_tokens {kwargs.get('num_draft_tokens')}")
+    print(
+        f"\ngreedy, {args.max_new_tokens} new tokens, num_draft_tokens {kwargs.get('num_draft_tokens')}, "
+        f"{rounds} alternating rounds"
+    )
     print_table(["drafter", "workload", "batch", "decode tok/s", "speedup", "accept len", "accept rate"], rows)
-    write_json(args.output, {"benchmark": "speculative", "results": results})
+    write_json(args.output, {"benchmark": "speculative", "rounds": rounds, "results": results})
     return 0

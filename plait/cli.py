@@ -178,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument("--batch-sizes", dest="batch_sizes", default="1,8")
     spec.add_argument("--num-prompts", dest="num_prompts", type=int, default=8)
     spec.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=96)
+    spec.add_argument("--rounds", type=int, default=2, help="alternating passes per engine, pooled")
     spec.add_argument("--output", default="bench-results/speculative.json")
     from plait.benchmarks.programs import add_programs_args
 

@@ -549,10 +549,13 @@ class Engine:
         last_chunk = [e.is_last_chunk for e in batch.extends] + [True] * len(batch.decodes)
         updated: list[Request] = []
         if self.drafter is not None and plain_decode and entries:
-            # by the governor's choice, drafts found or not: speculating means drafting, verifying
-            # what was found and short bursts where nothing was; its rival, whole bursts
+            # verifying drafts against bursts: a step the drafter found nothing for counts as a
+            # plain one (a short burst), whoever chose it
+            verified = any(e.draft_ids for e in batch.extends)
             tokens = sum(len(r.tokens) for r in results)
-            self.governor.record(len(entries), speculating, tokens, time.perf_counter() - started)
+            self.governor.record(
+                len(entries), verified, tokens, time.perf_counter() - started, steps=batch.decode_steps
+            )
         for entry, req, result, done_prompt in zip(
             [*batch.extends, *[None] * len(batch.decodes)], entries, results, last_chunk
         ):

@@ -58,6 +58,25 @@ def test_bench_throughput_smoke(tiny_llama_dir, tmp_path):
     assert all(r["steps_s"] > 0 for r in data["results"]["random"])
 
 
+def test_bench_speculative_alternates_engines(tiny_llama_dir, tmp_path):
+    out_file = tmp_path / "s.json"
+    out = run(
+        "bench", "speculative", "--model", str(tiny_llama_dir), "--algorithms", "ngram", "--batch-sizes", "1,2",
+        "--num-prompts", "2", "--max-new-tokens", "12", "--rounds", "2", "--max-total-tokens", "8192",
+        "--output", str(out_file),
+    )
+    assert out.returncode == 0, out.stderr
+    assert "2 alternating rounds" in out.stdout
+    import json
+
+    data = json.loads(out_file.read_text())
+    assert data["rounds"] == 2
+    rows = {(r["algorithm"], r["workload"], r["batch"]): r for r in data["results"]}
+    assert set(rows) == {(a, w, b) for a in ("none", "ngram") for w in ("extractive", "chat") for b in (1, 2)}
+    assert all(r["decode_tok_s"] > 0 for r in rows.values())
+    assert rows[("none", "chat", 1)]["speedup"] == 1.0
+
+
 def test_bench_llama_cpp_names_its_setup_when_missing(tmp_path):
     """Without llama-cpp-python the comparison stops with the command that installs it."""
     (tmp_path / "llama_cpp.py").write_text("raise ImportError('not installed here')\n")

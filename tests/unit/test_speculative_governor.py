@@ -37,3 +37,27 @@ def test_follows_a_change_of_workload():
     later = drive(gov, 1, 3 * EXPLORE_EVERY, spec_rate=20, plain_rate=25)
     assert later < EXPLORE_EVERY // 2
     assert gov.snapshot()[1][0] < gov.snapshot()[1][1]
+
+
+def test_re_measuring_is_paced_by_decode_steps_not_bursts():
+    gov = SpeculationGovernor()
+    gov.speculate(1)
+    gov.record(1, True, 20, 1.0)  # drafts verified: 20 tokens/s
+    gov.speculate(1)
+    gov.record(1, False, 16 * 30, 16.0, steps=16)  # a 16-step burst: 30 tokens/s
+    tried = []
+    for _ in range(EXPLORE_EVERY // 16 + 2):  # bursts win; drafts are tried again within the period
+        spec = gov.speculate(1)
+        tried.append(spec)
+        gov.record(1, spec, 20 if spec else 16 * 30, 1.0 if spec else 16.0, steps=1 if spec else 16)
+    assert any(tried)
+
+
+def test_a_drafter_that_finds_nothing_is_asked_only_while_re_measuring():
+    gov = SpeculationGovernor()
+    asked = []
+    for _ in range(4 * EXPLORE_EVERY):
+        asked.append(gov.speculate(1))
+        gov.record(1, False, 30, 1.0)  # nothing was drafted: a plain step
+    assert all(asked[:EXPLORE_EVERY])  # looks for drafts at first
+    assert 0 < sum(asked[EXPLORE_EVERY:]) <= 3 * 2  # then only while re-measuring
