@@ -29,6 +29,14 @@ def _fn():
     )
 
 
+@cache
+def _probs_fn():
+    p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+    return native.function(
+        "cpu_kernels", "plait_filtered_probs_row", [p, i64, f32, i64, f32, f32, p], restype=i64
+    )
+
+
 def available() -> bool:
     """The native sampler is built and not disabled (`PLAIT_DISABLE_NATIVE`)."""
     return not native.native_disabled() and _fn() is not None
@@ -65,6 +73,24 @@ def sample_rows(
         out.data_ptr(), torch.get_num_threads(),
     )
     return out
+
+
+def filtered_probs(
+    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float
+) -> torch.Tensor | None:
+    """The distribution `sample_rows` draws from, normalized: logits [V] float32 on the CPU (not
+    modified) -> probs [V], zero outside the kept tokens; None when the row has no finite
+    distribution. The same kept set as `filter_probs_ref`, without sorting the vocabulary."""
+    if logits.dim() != 1 or logits.dtype != torch.float32 or logits.device.type != "cpu":
+        raise ValueError(f"logits: float32 [vocab] on the CPU, got {logits.dtype} {tuple(logits.shape)}")
+    if not temperature > 0:
+        raise ValueError(f"temperature: must be > 0, got {temperature}")
+    logits = logits.contiguous()
+    vocab = logits.shape[0]
+    out = torch.empty(vocab, dtype=torch.float32)
+    k = vocab if top_k < 0 else min(top_k, vocab)
+    ok = _probs_fn()(logits.data_ptr(), vocab, temperature, k, top_p, min_p, out.data_ptr())
+    return out if ok == 0 else None
 
 
 def draw_ref(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

@@ -137,16 +137,10 @@ int64_t draw(const float* p, int64_t n, double total, float u) {
     return -1;
 }
 
-}  // namespace
-
-// One row: logits [vocab] (not modified), temperature > 0, top_k (>= vocab: off), top_p, min_p
-// and a uniform in [0, 1). Returns the drawn token, or -1 when the row has no finite distribution
-// (NaN logits, every logit -inf). Also the draw of `plait_decode_burst`'s sampled rows.
-extern "C" int64_t plait_sample_row(const float* l, int64_t vocab, float temperature, int64_t top_k, float top_p,
-                                    float min_p, float uniform) {
-    thread_local std::vector<float> probs;
-    probs.resize(vocab);
-    float* p = probs.data();
+// The row's kept probabilities, unnormalized, into p [vocab]: temperature, min-p, then top-k and
+// top-p. Returns their sum, or -1 when the row has no finite distribution (NaN logits, every logit
+// -inf, a temperature not above 0).
+double filtered(const float* l, int64_t vocab, float temperature, int64_t top_k, float top_p, float min_p, float* p) {
     float m = -INFINITY;
     int nan = 0;
 #pragma omp simd reduction(max : m) reduction(| : nan)
@@ -154,9 +148,9 @@ extern "C" int64_t plait_sample_row(const float* l, int64_t vocab, float tempera
         nan |= l[i] != l[i];
         m = l[i] > m ? l[i] : m;
     }
-    if (nan || m == -INFINITY || !(temperature > 0.0f)) return -1;
+    if (nan || m == -INFINITY || !(temperature > 0.0f)) return -1.0;
     double total = exp_scaled(l, vocab, m, 1.0f / temperature, p);
-    if (!std::isfinite(total)) return -1;
+    if (!std::isfinite(total)) return -1.0;
     if (min_p > 0.0f) {  // relative to the largest probability, exp(0) = 1
 #pragma omp simd
         for (int64_t i = 0; i < vocab; ++i) p[i] = p[i] < min_p ? 0.0f : p[i];
@@ -166,7 +160,35 @@ extern "C" int64_t plait_sample_row(const float* l, int64_t vocab, float tempera
         keep_top(p, vocab, top_k, static_cast<double>(top_p) * total);
         total = sum_of(p, vocab);
     }
-    return total > 0.0 ? draw(p, vocab, total, uniform) : -1;
+    return total > 0.0 ? total : -1.0;
+}
+
+}  // namespace
+
+// One row: logits [vocab] (not modified), temperature > 0, top_k (>= vocab: off), top_p, min_p
+// and a uniform in [0, 1). Returns the drawn token, or -1 when the row has no finite distribution
+// (NaN logits, every logit -inf). Also the draw of `plait_decode_burst`'s sampled rows.
+extern "C" int64_t plait_sample_row(const float* l, int64_t vocab, float temperature, int64_t top_k, float top_p,
+                                    float min_p, float uniform) {
+    thread_local std::vector<float> probs;
+    probs.resize(vocab);
+    const double total = filtered(l, vocab, temperature, top_k, top_p, min_p, probs.data());
+    return total > 0.0 ? draw(probs.data(), vocab, total, uniform) : -1;
+}
+
+// The distribution plait_sample_row draws from, normalized, into out [vocab] (speculative
+// verification weighs drafts against it). Returns 0, or -1 (out untouched) when the row has no
+// finite distribution.
+extern "C" int64_t plait_filtered_probs_row(const float* l, int64_t vocab, float temperature, int64_t top_k,
+                                            float top_p, float min_p, float* out) {
+    thread_local std::vector<float> probs;
+    probs.resize(vocab);
+    const double total = filtered(l, vocab, temperature, top_k, top_p, min_p, probs.data());
+    if (!(total > 0.0)) return -1;
+    const float inv = static_cast<float>(1.0 / total);
+#pragma omp simd
+    for (int64_t i = 0; i < vocab; ++i) out[i] = probs[i] * inv;
+    return 0;
 }
 
 // plait_sample_row for rows [rows, vocab] with per-row parameters; out [rows]. Rows run in parallel.

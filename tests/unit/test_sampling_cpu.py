@@ -73,6 +73,30 @@ def test_draws_match_the_reference_token_for_token(setting, vocab, crowded) -> N
         assert (picks == logits.argmax()).all()
 
 
+@pytest.mark.parametrize("setting", SETTINGS, ids=str)
+@pytest.mark.parametrize("vocab,crowded", [(5000, False), (49152, False), (6000, True)])
+def test_filtered_probs_equal_the_reference(setting, vocab, crowded) -> None:
+    t, k, p, m = setting
+    k = vocab if k is None else k
+    logits = _logits(vocab, seed=vocab + int(crowded), crowded=crowded)[0]
+    ref = _reference(logits[None], t, k, p, m)
+    got = sampling_cpu.filtered_probs(logits.clone(), t, k, p, m)
+    assert torch.equal(got > 0, ref > 0)  # the very same kept set
+    torch.testing.assert_close(got.double(), ref, atol=1e-6, rtol=1e-4)
+    assert abs(float(got.double().sum()) - 1.0) < 1e-5
+
+
+def test_filtered_probs_of_rows_without_a_finite_distribution_are_none() -> None:
+    nan, none = torch.zeros(64), torch.full((64,), float("-inf"))
+    nan[5] = float("nan")
+    assert sampling_cpu.filtered_probs(nan, 1.0, -1, 1.0, 0.0) is None
+    assert sampling_cpu.filtered_probs(none, 1.0, -1, 1.0, 0.0) is None
+    with pytest.raises(ValueError, match="temperature"):
+        sampling_cpu.filtered_probs(torch.zeros(8), 0.0, -1, 1.0, 0.0)
+    with pytest.raises(ValueError, match="logits"):
+        sampling_cpu.filtered_probs(torch.zeros(2, 8), 1.0, -1, 1.0, 0.0)
+
+
 def test_draws_follow_the_distribution() -> None:
     logits = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.0]]))
     picks = _native(logits, 1.0, 5, 1.0, 0.0, torch.rand(20000, generator=torch.Generator().manual_seed(2)))

@@ -60,6 +60,22 @@ def test_rejection_sampling_keeps_the_target_distribution(params, with_draft_pro
     assert stat < 32, (stat, dof, counts / draws, p)
 
 
+def test_target_probs_are_the_same_with_and_without_the_native_kernels(monkeypatch):
+    from plait.kernels import native
+
+    logits = torch.randn(3000, generator=torch.Generator().manual_seed(4)) * 2
+    settings = [{"temperature": 0.7, "top_p": 0.9}, {"temperature": 1.2, "top_k": 40, "min_p": 0.01}]
+    dead = torch.full((V,), float("-inf"))  # no finite distribution: the argmax alone, as `sample` takes it
+    native_probs = [target_probs(logits.clone(), row(**s)) for s in settings]
+    assert target_probs(dead.clone(), row(temperature=1.0)).tolist() == [1.0] + [0.0] * (V - 1)
+    monkeypatch.setattr(native, "DISABLED", True)
+    for s, got in zip(settings, native_probs):
+        ref = target_probs(logits.clone(), row(**s))
+        assert torch.equal(got > 0, ref > 0)
+        torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-4)
+    assert target_probs(dead.clone(), row(temperature=1.0)).tolist() == [1.0] + [0.0] * (V - 1)
+
+
 def test_ngram_index_proposes_the_latest_continuation():
     ids = [5, 6, 7, 8, 1, 5, 6, 7, 9, 2, 5, 6]
     index = NgramIndex(max_n=3)
