@@ -40,17 +40,26 @@ def shared_prefix_prompts(tokenizer: Any, n: int, prefix_len: int, seed: int = 0
     return [prefix + tokenizer.encode(f"Q: What is {rng.randint(2, 99)} plus {i}?\nA:") for i in range(n)]
 
 
-def run_plait(engine: Any, prompts: list[list[int]], output_len: int, concurrency: int) -> dict:
-    params = {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True}
+def sampling(args: argparse.Namespace) -> dict:
+    """The requests' sampling: greedy by default; `--temperature` / `--top-p` for sampled runs."""
+    return {"temperature": getattr(args, "temperature", 0.0), "top_p": getattr(args, "top_p", 1.0)}
+
+
+def run_plait(
+    engine: Any, prompts: list[list[int]], output_len: int, concurrency: int, sample: dict | None = None
+) -> dict:
+    params = {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True, **(sample or {})}
     ttfts: list[float] = []
     cached = 0
 
-    def one(ids: list[int]) -> int:
+    def one(i: int) -> int:
         nonlocal cached
+        ids = prompts[i]
         start = time.perf_counter()
         first = None
         last: dict = {}
-        for chunk in engine.generate(input_ids=ids, sampling_params=params, stream=True):
+        seeded = {**params, "seed": i} if params["temperature"] > 0 else params
+        for chunk in engine.generate(input_ids=ids, sampling_params=seeded, stream=True):
             if first is None:
                 first = time.perf_counter() - start
             last = chunk
@@ -61,7 +70,7 @@ def run_plait(engine: Any, prompts: list[list[int]], output_len: int, concurrenc
     steps = engine.stats()["total_steps"]
     start = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        produced = sum(pool.map(one, prompts))
+        produced = sum(pool.map(one, range(len(prompts))))
     elapsed = time.perf_counter() - start
     steps = engine.stats()["total_steps"] - steps
     ttfts.sort()
@@ -77,7 +86,14 @@ def run_plait(engine: Any, prompts: list[list[int]], output_len: int, concurrenc
     }
 
 
-def run_transformers(model: Any, prompts: list[list[int]], output_len: int, batch_size: int) -> dict:
+def run_transformers(
+    model: Any, prompts: list[list[int]], output_len: int, batch_size: int, sample: dict | None = None
+) -> dict:
+    sample = sample or {"temperature": 0.0}
+    if sample["temperature"] > 0:
+        how = {"do_sample": True, "temperature": sample["temperature"], "top_p": sample.get("top_p", 1.0)}
+    else:
+        how = {"do_sample": False}
     start = time.perf_counter()
     produced = 0
     with torch.inference_mode():
@@ -88,7 +104,7 @@ def run_transformers(model: Any, prompts: list[list[int]], output_len: int, batc
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
             out = model.generate(
                 ids, attention_mask=mask, max_new_tokens=output_len, min_new_tokens=output_len,
-                do_sample=False, pad_token_id=0, eos_token_id=None,
+                pad_token_id=0, eos_token_id=None, **how,
             )
             produced += (out.shape[1] - width) * len(chunk)
     elapsed = time.perf_counter() - start
@@ -112,6 +128,12 @@ def load_transformers(model_path: str | None, dtype: torch.dtype) -> Any:
     return model.to(dtype).eval()
 
 
+def _sampling_text(sample: dict) -> str:
+    if sample["temperature"] <= 0:
+        return "greedy"
+    return f"temperature {sample['temperature']}, top-p {sample['top_p']}, seeded"
+
+
 def run_throughput_bench(args: argparse.Namespace) -> int:
     from plait.cli import engine_kwargs
     from plait.runtime.engine import Engine
@@ -133,7 +155,7 @@ def run_throughput_bench(args: argparse.Namespace) -> int:
         engine.generate(input_ids=prompts[0][:16], sampling_params={"max_new_tokens": 2})
         for c in concurrencies:
             engine.flush_cache()  # random prompts share nothing; keep runs independent
-            results["random"].append(run_plait(engine, prompts, args.output_len, c))
+            results["random"].append(run_plait(engine, prompts, args.output_len, c, sampling(args)))
         shared = shared_prefix_prompts(engine.tokenizer, args.num_requests, args.prefix_len)
         engine.flush_cache()
         results["shared_prefix"].append(
@@ -151,7 +173,7 @@ def run_throughput_bench(args: argparse.Namespace) -> int:
     if batch_sizes:
         model = load_transformers(args.model_path, dtype)
         for b in batch_sizes:
-            results["transformers"].append(run_transformers(model, prompts, args.output_len, b))
+            results["transformers"].append(run_transformers(model, prompts, args.output_len, b, sampling(args)))
 
     single = results["random"][0]["output_tok_s"]
     best_hf = max((r["output_tok_s"] for r in results["transformers"]), default=None)
@@ -164,7 +186,8 @@ def run_throughput_bench(args: argparse.Namespace) -> int:
         rows.append([f"transformers static b={r['batch_size']}", r["output_tok_s"], r["output_tok_s"] / single,
                      r["output_tok_s"] / best_hf, None, None, None, None])
     print(f"\n{args.num_requests} requests, prompts {args.min_prompt_len}-{args.max_prompt_len} tokens, "
-          f"{args.output_len} output tokens, dtype {str(dtype).removeprefix('torch.')}, "
+          f"{args.output_len} output tokens ({_sampling_text(sampling(args))}), "
+          f"dtype {str(dtype).removeprefix('torch.')}, "
           f"quantization {kwargs.get('quantization')}; roofline {roofline:.0f} steps/s "
           f"(weights read at {roofline * weight_bytes / 1e9:.1f} GB/s; 1 GiB probe {bandwidth / 1e9:.1f} GB/s)")
     print_table(["system", "output tok/s", "x plait c=1", "x best transformers", "steps/s", "of roofline",

@@ -167,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     thr.add_argument("--prefix-len", dest="prefix_len", type=int, default=1000)
     thr.add_argument("--shared-output-len", dest="shared_output_len", type=int, default=16)
     thr.add_argument("--shared-concurrency", dest="shared_concurrency", type=int, default=8)
+    thr.add_argument("--temperature", type=float, default=0.0, help="0: greedy (plait and transformers)")
+    thr.add_argument("--top-p", dest="top_p", type=float, default=1.0)
     thr.add_argument("--output", default="bench-results/throughput.json")
     js = bench_sub.add_parser("json", help="JSON-schema extraction: jump-forward on/off, mask cost")
     js.add_argument("--num-requests", dest="num_requests", type=int, default=32)

@@ -58,6 +58,22 @@ def test_bench_throughput_smoke(tiny_llama_dir, tmp_path):
     assert all(r["steps_s"] > 0 for r in data["results"]["random"])
 
 
+def test_bench_throughput_sampled(tiny_llama_dir, tmp_path):
+    out_file = tmp_path / "t.json"
+    out = run(
+        "bench", "throughput", "--model", str(tiny_llama_dir), "--num-requests", "3", "--output-len", "5",
+        "--concurrency", "2", "--prefix-len", "20", "--no-transformers", "--max-total-tokens", "4096",
+        "--temperature", "0.7", "--top-p", "0.9", "--output", str(out_file),
+    )
+    assert out.returncode == 0, out.stderr
+    assert "temperature 0.7, top-p 0.9, seeded" in out.stdout
+    import json
+
+    data = json.loads(out_file.read_text())
+    assert data["args"]["temperature"] == 0.7 and data["args"]["top_p"] == 0.9
+    assert data["results"]["random"][0]["output_tok_s"] > 0
+
+
 def test_bench_speculative_alternates_engines(tiny_llama_dir, tmp_path):
     out_file = tmp_path / "s.json"
     out = run(
