@@ -31,9 +31,13 @@ class Governor:
     def bucket(self, size: int) -> int:
         return min(max(size, 1).bit_length(), self.max_bucket)
 
+    def rates(self, size: int) -> _Bucket:
+        """The bucket of steps of `size`: the work/s measured each way so far."""
+        return self._buckets.setdefault(self.bucket(size), _Bucket())
+
     def choose_first(self, size: int) -> bool:
         """Whether this step should run the first way."""
-        b = self._buckets.setdefault(self.bucket(size), _Bucket())
+        b = self.rates(size)
         b.steps += 1
         if b.first is None:
             return True

@@ -18,7 +18,7 @@ look slower than bursts, and it was never tried again while the text was being c
 
 from __future__ import annotations
 
-from plait.runtime.governor import EXPLORE_EVERY, EXPLORE_STEPS, Governor, _Bucket
+from plait.runtime.governor import EXPLORE_EVERY, EXPLORE_STEPS, Governor
 
 __all__ = ["EXPLORE_EVERY", "EXPLORE_STEPS", "SpeculationGovernor"]
 
@@ -42,8 +42,7 @@ class SpeculationGovernor(Governor):
 
     def speculate(self, batch_size: int) -> bool:
         """Whether this step's decodes should draft."""
-        k = self.bucket(batch_size)
-        b = self._buckets.setdefault(k, _Bucket())
+        k, b = self.bucket(batch_size), self.rates(batch_size)
         if b.first is None:  # no draft verified yet: look for one, for a while, then while re-measuring
             return self._steps.get(k, 0) < EXPLORE_EVERY or self._explore(k)
         if b.second is None:
