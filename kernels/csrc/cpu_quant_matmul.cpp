@@ -591,7 +591,7 @@ inline __m256i int4_pair_dot_vnni(const uint8_t* w, const int8_t* xp, const int8
 // Four float16 values into an SSE register.
 inline __m128 load4h(const half* p) { return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
 
-// q8_int4_rows_x1 on AVX-512 VNNI: four groups per step, x in quad layout. From L1 on one thread
+// q8_int4_rows<1> on AVX-512 VNNI: four groups per step, x in quad layout. From L1 on one thread
 // a pair of groups costs ~2.3 cycles here against the AVX2 loop's ~4.4 (Zen 5), and from L2 at
 // SmolLM2's K = 576, 3.0-3.5 against 5.1.
 void q8_int4_rows_x1_vnni(const int8_t* xq, const int8_t* xr, const float* xd, const float* xs, int64_t K,
@@ -726,13 +726,14 @@ inline void layout_int4_x(const int8_t* xq, const int8_t* xr, const float* xd, c
 }
 
 // int4 weights (groups of 32) against M <= X_TILE_M rows of x on AVX-512 VNNI: one pass over the
-// weights for all M rows, each weight quad (64 bytes, four groups) unpacked once. Per sixteen
-// groups, each row's scale products (weight scale x block scale of x) take one multiply; per quad
-// and row: four dpbusd (two levels of x against the low and high nibbles; the shift that joins the
-// levels seeds the second's accumulator), a convert, a permute that spreads the four groups'
-// products to their lanes, and an FMA. dpbusd, multiplies and FMAs share two pipes on Zen 5 (a
-// multiply per quad and row instead of the permute ran 20% slower). The minimum's term takes one
-// FMA per sixteen groups in the same accumulator; a last partial quad is a masked load.
+// weights for all M rows, each weight quad (64 bytes, four groups) unpacked once. Per eight groups,
+// each row's scale products (weight scale x block scale of x) take one multiply and its minimums'
+// term one FMA (in an accumulator of its own); per quad and row: four dpbusd (two levels of x
+// against the low and high nibbles), the shift and add that join the levels, a convert, a permute
+// that spreads the four groups' products to their lanes, and an FMA. dpbusd, multiplies and FMAs
+// share two pipes on Zen 5: a multiply per quad and row instead of the permute ran 20% slower. A
+// last pair of groups runs 256 bits wide, three groups are a masked load. For one row this is
+// exactly q8_int4_rows_x1_vnni's arithmetic, in the same order (the tests hold the two to the bit).
 template <int M>
 void int4_rows_vnni(const Int4X& x, int64_t K, int64_t n_begin, int64_t n_end, int64_t N, const uint8_t* qweight,
                     const half* scales, const half* mins, const float* bias, float* y) {
@@ -820,7 +821,7 @@ void int4_rows_vnni(const Int4X& x, int64_t K, int64_t n_begin, int64_t n_end, i
 void int4_row_x1_vnni(const float* x, int64_t K, int64_t N, const uint8_t* qweight, const half* scales,
                       const half* mins, const float* bias, float* y, int num_threads) {
     const int64_t blocks = K / XBLOCK;
-    alignas(64) thread_local std::vector<int8_t> xbuf;
+    thread_local std::vector<int8_t> xbuf;
     thread_local std::vector<float> scale_buf;
     xbuf.resize(2 * ((K + 63) / 64 * 64) + 64);
     scale_buf.resize(2 * blocks);
