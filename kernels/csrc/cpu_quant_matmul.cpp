@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "parallel.h"
@@ -838,13 +839,30 @@ void int4_row_x1_vnni(const float* x, int64_t K, int64_t N, const uint8_t* qweig
     });
 }
 
-// Every int4 product on VNNI (decode rows, verification, prefill): x quantized in two levels and
-// laid out for int4_rows_vnni, then 16-row chunks of the weights against X_TILE_M rows of x at
-// a time (a chunk stays in L1 across the passes).
-void int4_matmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, const uint8_t* qweight, const half* scales,
-                      const half* mins, const float* bias, float* y, int num_threads) {
-    const int64_t groups = K / 32, quads = (groups + 3) / 4, sixteens = (groups + 15) / 16;
-    const int64_t row_bytes = quads * INT4_X_BYTES, row_floats = sixteens * 32;  // per row of x
+// f(std::integral_constant<int, mt>) for the tile's row count mt (1..X_TILE_M): the kernels take it
+// as a template argument.
+template <class F>
+void with_tile_rows(int64_t mt, F&& f) {
+    switch (mt) {
+        case 1: f(std::integral_constant<int, 1>{}); break;
+        case 2: f(std::integral_constant<int, 2>{}); break;
+        case 3: f(std::integral_constant<int, 3>{}); break;
+        case 4: f(std::integral_constant<int, 4>{}); break;
+        case 5: f(std::integral_constant<int, 5>{}); break;
+        case 6: f(std::integral_constant<int, 6>{}); break;
+        case 7: f(std::integral_constant<int, 7>{}); break;
+        default: f(std::integral_constant<int, 8>{}); break;
+    }
+}
+
+// The driver of int4_rows_vnni and int8_rows_vnni (decode rows, verification, prefill): each row of
+// x quantized in two levels and laid out in its tile (`layout(xq, xr, xd, xs, Mt, i, tile, tile_ds)`,
+// `row_bytes` / `row_floats` a row's share of the tiles), then 16-row chunks of the weights against
+// X_TILE_M rows of x at a time (a chunk stays in L1 across the passes): `rows(mt, tile, tile_ds,
+// n_begin, n_end, y_rows)`.
+template <class Layout, class Rows>
+void tiled_matmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, int64_t row_bytes, int64_t row_floats,
+                       float* y, int num_threads, Layout&& layout, Rows&& rows) {
     std::unique_ptr<char[]> xbuf(new char[M * row_bytes + 64]);
     char* const q = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(xbuf.get()) + 63) & ~uintptr_t(63));
     std::unique_ptr<float[]> dbuf(new float[M * row_floats + 16]);
@@ -852,34 +870,37 @@ void int4_matmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, const uin
     plait::parallel_for(M, M >= 8 ? num_threads : 1, false, [&](int64_t m) {
         thread_local std::vector<int8_t> tq, tr;
         thread_local std::vector<float> td, ts;
-        tq.resize(K), tr.resize(K), td.resize(groups), ts.resize(groups);
+        tq.resize(K), tr.resize(K), td.resize(K / XBLOCK), ts.resize(K / XBLOCK);
         quantize_x_q8(x + m * K, K, tq.data(), tr.data(), td.data(), ts.data());
-        const int64_t m0 = m / X_TILE_M * X_TILE_M, Mt = std::min(X_TILE_M, M - m0), i = m - m0;
-        char* tile = q + m0 * row_bytes;
-        float* tile_ds = ds + m0 * row_floats;
-        // this row's padding is read: zero the row's slots first
-        if (groups % 4) std::memset(tile + ((quads - 1) * Mt + i) * INT4_X_BYTES, 0, INT4_X_BYTES);
-        if (groups % 16) std::memset(tile_ds + ((sixteens - 1) * Mt + i) * 32, 0, 32 * sizeof(float));
-        layout_int4_x(tq.data(), tr.data(), td.data(), ts.data(), K, Mt, i, tile, tile_ds);
+        const int64_t m0 = m / X_TILE_M * X_TILE_M;
+        layout(tq.data(), tr.data(), td.data(), ts.data(), std::min(X_TILE_M, M - m0), m - m0, q + m0 * row_bytes,
+               ds + m0 * row_floats);
     });
     const int64_t chunk = 16, chunks = (N + chunk - 1) / chunk;
     plait::parallel_for(chunks, num_threads, false, [&](int64_t c) {
         const int64_t b = c * chunk, e = std::min(N, b + chunk);
-        for (int64_t m0 = 0; m0 < M; m0 += X_TILE_M) {
-            const Int4X t{q + m0 * row_bytes, ds + m0 * row_floats};
-            float* out = y + m0 * N;
-            switch (std::min<int64_t>(X_TILE_M, M - m0)) {
-                case 1: int4_rows_vnni<1>(t, K, b, e, N, qweight, scales, mins, bias, out); break;
-                case 2: int4_rows_vnni<2>(t, K, b, e, N, qweight, scales, mins, bias, out); break;
-                case 3: int4_rows_vnni<3>(t, K, b, e, N, qweight, scales, mins, bias, out); break;
-                case 4: int4_rows_vnni<4>(t, K, b, e, N, qweight, scales, mins, bias, out); break;
-                case 5: int4_rows_vnni<5>(t, K, b, e, N, qweight, scales, mins, bias, out); break;
-                case 6: int4_rows_vnni<6>(t, K, b, e, N, qweight, scales, mins, bias, out); break;
-                case 7: int4_rows_vnni<7>(t, K, b, e, N, qweight, scales, mins, bias, out); break;
-                default: int4_rows_vnni<8>(t, K, b, e, N, qweight, scales, mins, bias, out); break;
-            }
-        }
+        for (int64_t m0 = 0; m0 < M; m0 += X_TILE_M)
+            with_tile_rows(std::min(X_TILE_M, M - m0), [&](auto mt) {
+                rows(mt, q + m0 * row_bytes, ds + m0 * row_floats, b, e, y + m0 * N);
+            });
     });
+}
+
+void int4_matmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, const uint8_t* qweight, const half* scales,
+                      const half* mins, const float* bias, float* y, int num_threads) {
+    const int64_t groups = K / 32, quads = (groups + 3) / 4, sixteens = (groups + 15) / 16;
+    tiled_matmul_vnni(
+        x, M, K, N, quads * INT4_X_BYTES, sixteens * 32, y, num_threads,
+        [&](const int8_t* xq, const int8_t* xr, const float* xd, const float* xs, int64_t Mt, int64_t i, char* tile,
+            float* tile_ds) {
+            // this row's padding is read: zero the row's slots first
+            if (groups % 4) std::memset(tile + ((quads - 1) * Mt + i) * INT4_X_BYTES, 0, INT4_X_BYTES);
+            if (groups % 16) std::memset(tile_ds + ((sixteens - 1) * Mt + i) * 32, 0, 32 * sizeof(float));
+            layout_int4_x(xq, xr, xd, xs, K, Mt, i, tile, tile_ds);
+        },
+        [&](auto mt, const char* tile, const float* tile_ds, int64_t b, int64_t e, float* out) {
+            int4_rows_vnni<decltype(mt)::value>(Int4X{tile, tile_ds}, K, b, e, N, qweight, scales, mins, bias, out);
+        });
 }
 
 // A tile of Mt <= X_TILE_M rows of x for int8 weights. Per 64 weights p (two blocks) and row m,
@@ -975,41 +996,17 @@ void int8_rows_vnni(const Int8X& x, int64_t K, int64_t n_begin, int64_t n_end, i
 void int8_matmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, const int8_t* qweight, int64_t group,
                       const half* scales, const float* bias, float* y, int num_threads) {
     const int64_t blocks = K / XBLOCK, pairs = (blocks + 1) / 2, sixteens = (blocks + 15) / 16;
-    const int64_t row_bytes = pairs * INT8_X_BYTES, row_floats = sixteens * 16;  // per row of x
-    std::unique_ptr<char[]> xbuf(new char[M * row_bytes + 64]);
-    char* const q = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(xbuf.get()) + 63) & ~uintptr_t(63));
-    std::unique_ptr<float[]> dbuf(new float[M * row_floats + 16]);
-    float* const ds = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(dbuf.get()) + 63) & ~uintptr_t(63));
-    plait::parallel_for(M, M >= 8 ? num_threads : 1, false, [&](int64_t m) {
-        thread_local std::vector<int8_t> tq, tr;
-        thread_local std::vector<float> td, ts;
-        tq.resize(K), tr.resize(K), td.resize(blocks), ts.resize(blocks);
-        quantize_x_q8(x + m * K, K, tq.data(), tr.data(), td.data(), ts.data());
-        const int64_t m0 = m / X_TILE_M * X_TILE_M, Mt = std::min(X_TILE_M, M - m0), i = m - m0;
-        char* tile = q + m0 * row_bytes;
-        float* tile_ds = ds + m0 * row_floats;
-        if (blocks % 2) std::memset(tile + ((pairs - 1) * Mt + i) * INT8_X_BYTES, 0, INT8_X_BYTES);  // read padding
-        if (blocks % 16) std::memset(tile_ds + ((sixteens - 1) * Mt + i) * 16, 0, 16 * sizeof(float));
-        layout_int8_x(tq.data(), tr.data(), td.data(), K, Mt, i, tile, tile_ds);
-    });
-    const int64_t chunk = 16, chunks = (N + chunk - 1) / chunk;
-    plait::parallel_for(chunks, num_threads, false, [&](int64_t c) {
-        const int64_t b = c * chunk, e = std::min(N, b + chunk);
-        for (int64_t m0 = 0; m0 < M; m0 += X_TILE_M) {
-            const Int8X t{q + m0 * row_bytes, ds + m0 * row_floats};
-            float* out = y + m0 * N;
-            switch (std::min<int64_t>(X_TILE_M, M - m0)) {
-                case 1: int8_rows_vnni<1>(t, K, b, e, N, qweight, group, scales, bias, out); break;
-                case 2: int8_rows_vnni<2>(t, K, b, e, N, qweight, group, scales, bias, out); break;
-                case 3: int8_rows_vnni<3>(t, K, b, e, N, qweight, group, scales, bias, out); break;
-                case 4: int8_rows_vnni<4>(t, K, b, e, N, qweight, group, scales, bias, out); break;
-                case 5: int8_rows_vnni<5>(t, K, b, e, N, qweight, group, scales, bias, out); break;
-                case 6: int8_rows_vnni<6>(t, K, b, e, N, qweight, group, scales, bias, out); break;
-                case 7: int8_rows_vnni<7>(t, K, b, e, N, qweight, group, scales, bias, out); break;
-                default: int8_rows_vnni<8>(t, K, b, e, N, qweight, group, scales, bias, out); break;
-            }
-        }
-    });
+    tiled_matmul_vnni(
+        x, M, K, N, pairs * INT8_X_BYTES, sixteens * 16, y, num_threads,
+        [&](const int8_t* xq, const int8_t* xr, const float* xd, const float*, int64_t Mt, int64_t i, char* tile,
+            float* tile_ds) {
+            if (blocks % 2) std::memset(tile + ((pairs - 1) * Mt + i) * INT8_X_BYTES, 0, INT8_X_BYTES);  // read padding
+            if (blocks % 16) std::memset(tile_ds + ((sixteens - 1) * Mt + i) * 16, 0, 16 * sizeof(float));
+            layout_int8_x(xq, xr, xd, K, Mt, i, tile, tile_ds);
+        },
+        [&](auto mt, const char* tile, const float* tile_ds, int64_t b, int64_t e, float* out) {
+            int8_rows_vnni<decltype(mt)::value>(Int8X{tile, tile_ds}, K, b, e, N, qweight, group, scales, bias, out);
+        });
 }
 
 #endif
