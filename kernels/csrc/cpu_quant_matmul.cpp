@@ -343,7 +343,6 @@ inline void pair_x_q8(int8_t* xq, int64_t K) {
     }
 }
 
-
 #ifdef PLAIT_VNNI512
 // The 512-bit int4 rows take four groups per load: 64 bytes of weights hold weights 0..15 of groups
 // g..g+3 in their low nibbles and 16..31 in their high ones, so x, already paired, is laid out
@@ -558,7 +557,6 @@ void q8_int4_rows(const int8_t* xq, const int8_t* xr, const float* xd, const flo
     for (int m = 0; m < M; ++m) rows[m].flush(n_end, bias, y + m * N);
 }
 
-
 #ifdef PLAIT_VNNI512
 // Four int4 groups (64 bytes of weights, see quad_x_q8) against one row of x in two levels: the
 // int32 dots of group g + i in lanes 4i..4i+3. `vpdpbusd` sums in int32, so the two levels
@@ -760,14 +758,10 @@ void int4_rows_vnni(const Int4X& x, int64_t K, int64_t n_begin, int64_t n_end, i
         // four groups (64 bytes of weights v) whose scale products d lanes `at` spreads
         auto quad = [&](__m512i v, __m512i at) {
             const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-            const char* p = q;
+            const int8_t* p = reinterpret_cast<const int8_t*>(q);
             for (int m = 0; m < M; ++m, p += INT4_X_BYTES) {
-                const __m512i q1 = _mm512_dpbusd_epi32(
-                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512(p)), hi, _mm512_load_si512(p + 64));
-                const __m512i q2 = _mm512_dpbusd_epi32(
-                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512(p + 128)), hi, _mm512_load_si512(p + 192));
-                const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(q1, 7), q2);
-                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(at, d[m]), acc[m]);
+                const __m512 dot = _mm512_cvtepi32_ps(int4_quad_dot(lo, hi, p, p + 128));  // q1 at p, q2 at p + 128
+                acc[m] = _mm512_fmadd_ps(dot, _mm512_permutexvar_ps(at, d[m]), acc[m]);
             }
             q += M * INT4_X_BYTES;
         };
