@@ -119,24 +119,32 @@ def test_long_texts_release_the_gil_while_encoding(tok: Tokenizer) -> None:
 
     text = " ".join(TEXTS) * (40 * GIL_FREE_CHARS // len(" ".join(TEXTS)) + 1)
     assert tok.encode(text) == tok.backend.encode(text, add_special_tokens=False).ids
-    done = threading.Event()
-    ticks = 0
 
-    def count() -> None:
-        nonlocal ticks
-        while not done.is_set():
-            ticks += 1
-            time.sleep(0)
+    def ticks_per_second(encode) -> float:
+        """How often another Python thread gets to run while `encode(text)` does."""
+        done = threading.Event()
+        ticks = 0
 
-    counter = threading.Thread(target=count)
-    counter.start()
-    start = time.perf_counter()
-    tok.encode(text)
-    elapsed = time.perf_counter() - start
-    done.set()
-    counter.join()
-    # the other thread kept running: far more iterations than the 5 ms switch interval allows
-    assert ticks > 50 * max(1.0, elapsed / 0.005), (ticks, elapsed)
+        def count() -> None:
+            nonlocal ticks
+            while not done.is_set():
+                ticks += 1
+                time.sleep(0)
+
+        counter = threading.Thread(target=count)
+        counter.start()
+        start = time.perf_counter()
+        encode(text)
+        elapsed = time.perf_counter() - start
+        done.set()
+        counter.join()
+        return ticks / elapsed
+
+    # the backend's single call holds the GIL for its whole length: the counter barely moves;
+    # ours lets it run. A contrast, not an absolute rate, so a loaded 2-core CI machine passes.
+    held = ticks_per_second(lambda t: tok.backend.encode(t, add_special_tokens=False))
+    free = ticks_per_second(tok.encode)
+    assert free > 5 * held + 200, (free, held)
 
 
 def test_token_bytes_spell_the_text(tok: Tokenizer) -> None:
