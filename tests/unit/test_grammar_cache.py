@@ -74,7 +74,7 @@ def test_get_future_never_blocks():
     cache = GrammarCache(SlowBackend(delay=0.5))
     start = time.perf_counter()
     future = cache.get_future(GrammarKey("regex", "a"))
-    assert time.perf_counter() - start < 0.05 and not future.done()
+    assert time.perf_counter() - start < 0.25 and not future.done()  # the build takes 0.5 s
     assert future.result(timeout=5).regex == "a"
     cache.shutdown()
 
