@@ -219,6 +219,9 @@ def measure_llama_cpp(model_path: str | None, prompt_len: int, decode_len: int, 
     loc = locate_checkpoint(model_path)
     if loc.kind != "gguf":
         return None
+    from plait.benchmarks.llama_cpp import keep_llama_cpp_off_amx
+
+    keep_llama_cpp_off_amx()
     threads = torch.get_num_threads()
     llm = llama_cpp.Llama(
         loc.path, n_ctx=prompt_len + decode_len + 64, n_threads=threads, n_threads_batch=threads,

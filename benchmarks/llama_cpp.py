@@ -22,6 +22,42 @@ from plait.benchmarks.common import print_table, write_json
 from plait.benchmarks.serving import make_dataset, run_load, summarize
 
 
+def cpu_has_amx() -> bool:
+    """Whether this CPU advertises AMX int8 tiles (Linux's /proc/cpuinfo flags)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " amx_int8" in line for line in f)
+    except OSError:
+        return False
+
+
+def keep_llama_cpp_off_amx() -> bool:
+    """On a CPU with AMX, load llama.cpp's weights into its plain CPU buffers, not its AMX ones.
+
+    llama.cpp repacks Q4_0/Q4_1/Q8_0/K-quant weights for AMX when the CPU has it, and its AMX matmul
+    crashes on some such machines (ggml-org/llama.cpp#20824; a Xeon VM here: SIGSEGV in
+    `ggml_backend_amx_mul_mat` on the first Q4_1 decode, which took the whole benchmark process with
+    it). Turning off llama.cpp's extra buffer types (`use_extra_bufts`) for every model this process
+    loads avoids the path; its AVX-512 kernels run instead. Returns whether it did.
+    """
+    if not cpu_has_amx():
+        return False
+    import llama_cpp.llama_cpp as api
+
+    if getattr(api.llama_model_default_params, "plait_no_extra_bufts", False):
+        return True
+    defaults = api.llama_model_default_params
+
+    def without_extra_buffers():  # noqa: ANN202 (llama.cpp's ctypes struct)
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    without_extra_buffers.plait_no_extra_bufts = True  # type: ignore[attr-defined]
+    api.llama_model_default_params = without_extra_buffers
+    return True
+
+
 def _free_port() -> int:
     import socket
 
@@ -118,7 +154,7 @@ def run_llama_cpp_bench(args: argparse.Namespace) -> int:
     results += _run_server("plait", plait_cmd, "/health", port, args)
     port = _free_port()
     context = args.input_len * 2 + args.output_len + 64  # words are ~1.3 tokens
-    llama_cmd = [sys.executable, "-m", "llama_cpp.server", "--model", loc.path, "--host", "127.0.0.1",
+    llama_cmd = [sys.executable, "-m", "plait.benchmarks.llama_cpp_server", "--model", loc.path, "--host", "127.0.0.1",
                  "--port", str(port), "--n_threads", str(threads), "--n_threads_batch", str(threads),
                  "--n_ctx", str(context), "--model_alias", args.model_name]  # fmt: skip
     results += _run_server("llama.cpp", llama_cmd, "/v1/models", port, args)
