@@ -25,11 +25,18 @@ up to 47 rows, tiles of weight rows are dequantized in L1. On AVX2, from `DEQUAN
 but raised SmolLM2's int4 perplexity on our text by 3%; in two levels it was no faster): the
 matrix is dequantized into a scratch buffer for torch's float32 GEMM, except for very large
 matrices (an LM head), which stay on the tile kernel.
+
+Where torch's bfloat16 GEMM runs on AMX tiles (Intel Xeon from Sapphire Rapids on; oneDNN), from
+`BF16_GEMM_MIN_ROWS` rows of x (prefill chunks, scoring a prompt) the matrix is dequantized to
+bfloat16 slice by slice and multiplied there instead (`bf16_matmul`): float32 accumulation, x, the
+weights and the product rounded to bfloat16. `PLAIT_BF16_GEMM=0` turns that off, `=1` forces it on
+any CPU (slow without AMX: for tests).
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass
 from functools import cache
 
@@ -42,6 +49,9 @@ FORMAT_CODE = {"int8": 0, "int4": 1, "float32": 2}  # float32: plain weights, se
 DEQUANT_GEMM_MIN_ROWS = 48
 DEQUANT_GEMM_MAX_ELEMENTS = 8 << 20  # larger matrices (an LM head) stay on the tile kernel
 Q8_BLOCK = 32  # decode rows round activations to int8 in blocks of this many (see `q8_activations`)
+BF16_GEMM_ENV = "PLAIT_BF16_GEMM"
+BF16_GEMM_MIN_ROWS = DEQUANT_GEMM_MIN_ROWS  # fewer rows run natively (the decode stack's batches)
+BF16_GEMM_SLICE = 4 << 20  # weight elements dequantized to bfloat16 at a time (8 MB of scratch)
 
 
 @dataclass
@@ -69,6 +79,11 @@ class QuantizedWeight:
         """Bytes one matmul reads: the packed weights and their scales (and mins)."""
         extra = 0 if self.mins is None else self.mins.nbytes
         return self.qweight.nbytes + self.scales.nbytes + extra
+
+    def row_range(self, start: int, stop: int) -> QuantizedWeight:
+        """Rows [start, stop), as views of these tensors (no copy)."""
+        mins = None if self.mins is None else self.mins[start:stop]
+        return QuantizedWeight(self.format, self.qweight[start:stop], self.scales[start:stop], mins, self.group)
 
     def rows(self, index: torch.Tensor) -> QuantizedWeight:
         """The rows `index` (a permutation or a selection), in that order."""
@@ -181,7 +196,8 @@ def _kernels() -> tuple | None:
     dq = native.function("cpu_kernels", "plait_dequantize_f32", [ptr, c_int, i64, i64, i64, ptr, ptr, ptr, c_int])
     q8 = native.function("cpu_kernels", "plait_qmatmul_q8_rows", [i64, c_int, i64], c_int)
     q8_max = native.function("cpu_kernels", "plait_qmatmul_max_q8_rows", [], i64)
-    return mm, dq, q8, q8_max()
+    dq16 = native.function("cpu_kernels", "plait_dequantize_bf16", [ptr, c_int, i64, i64, i64, ptr, ptr, ptr, c_int])
+    return mm, dq, q8, q8_max(), dq16
 
 
 def q8_max_rows() -> int:
@@ -210,18 +226,50 @@ def native_quant_available() -> bool:
     return not native.native_disabled() and _kernels() is not None
 
 
-def dequantize(qw: QuantizedWeight) -> torch.Tensor:
-    """`dequantize_ref`, by the native kernel when it is available."""
-    if qw.qweight.device.type != "cpu" or not native_quant_available():
-        return dequantize_ref(qw)
+def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """`dequantize_ref` (float32, or rounded to `dtype`), by the native kernel when it is available."""
+    if qw.qweight.device.type != "cpu" or not native_quant_available() or dtype not in (torch.float32, torch.bfloat16):
+        return dequantize_ref(qw).to(dtype)
     n, k = qw.shape
-    out = torch.empty(n, k, dtype=torch.float32)
+    out = torch.empty(n, k, dtype=dtype)
     mins = 0 if qw.mins is None else qw.mins.data_ptr()
-    _kernels()[1](
+    _kernels()[1 if dtype == torch.float32 else 4](
         qw.qweight.data_ptr(), FORMAT_CODE[qw.format], n, k, qw.group, qw.scales.data_ptr(), mins,
         out.data_ptr(), torch.get_num_threads(),
     )
     return out
+
+
+@cache
+def bf16_gemm_enabled() -> bool:
+    """Whether prefill-shaped quantized matmuls run in bfloat16 (`bf16_matmul`): where torch's CPU
+    GEMM has AMX tiles, unless `PLAIT_BF16_GEMM` says otherwise ("0" never, "1" always)."""
+    setting = os.environ.get(BF16_GEMM_ENV, "").strip().lower()
+    if setting in ("0", "false", "no"):
+        return False
+    if setting in ("1", "true", "yes"):
+        return True
+    try:
+        return bool(torch.backends.mkldnn.is_available() and torch.cpu._is_amx_tile_supported())
+    except (AttributeError, RuntimeError):  # a torch without the probe
+        return False
+
+
+def bf16_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] float32 @ dequant(qw).T (+ bias) -> float32 [M, N] on torch's bfloat16 GEMM: x and
+    the weights rounded to bfloat16, sums in float32, each product rounded to bfloat16. The matrix is
+    dequantized `BF16_GEMM_SLICE` elements at a time, so an LM head needs no full-size copy."""
+    n, k = qw.shape
+    xb = x.to(torch.bfloat16)
+    step = max(1, BF16_GEMM_SLICE // k)
+    if step >= n:
+        y = torch.mm(xb, dequantize(qw, torch.bfloat16).t()).float()
+    else:
+        y = torch.empty(x.shape[0], n, dtype=torch.float32)
+        for start in range(0, n, step):
+            stop = min(n, start + step)
+            y[:, start:stop] = torch.mm(xb, dequantize(qw.row_range(start, stop), torch.bfloat16).t())
+    return y if bias is None else y.add_(bias)
 
 
 def quant_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -234,6 +282,8 @@ def quant_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k).contiguous()
     m = x2.shape[0]
+    if m >= BF16_GEMM_MIN_ROWS and bf16_gemm_enabled():
+        return bf16_matmul(x2, qw, bias).reshape(*lead, n)
     if m >= DEQUANT_GEMM_MIN_ROWS and n * k <= DEQUANT_GEMM_MAX_ELEMENTS and not native_q8_rows(m, qw):
         y = torch.nn.functional.linear(x2, dequantize(qw), bias)
         return y.reshape(*lead, n)

@@ -1239,6 +1239,28 @@ extern "C" void plait_dequantize_f32(const void* qweight, int format, int64_t N,
     });
 }
 
+// The same, rounded to bfloat16 (to nearest, ties to even) for a bfloat16 GEMM: each row is
+// dequantized to float32 in a per-thread buffer first, so both outputs agree to the rounding.
+extern "C" void plait_dequantize_bf16(const void* qweight, int format, int64_t N, int64_t K, int64_t group,
+                                      const half* scales, const half* mins, uint16_t* out, int num_threads) {
+    const int64_t groups = K / group;
+    plait::parallel_for(N, num_threads, false, [&](int64_t n) {
+        thread_local std::vector<float> row;
+        if (static_cast<int64_t>(row.size()) < K) row.resize(K);
+        if (format == 0)
+            dequant_int8_row(static_cast<const int8_t*>(qweight) + n * K, scales + n * groups, K, group, row.data());
+        else
+            dequant_int4_row(static_cast<const uint8_t*>(qweight) + n * (K / 2), scales + n * groups,
+                             mins + n * groups, K, group, row.data());
+        uint16_t* o = out + n * K;
+        for (int64_t k = 0; k < K; ++k) {  // finite values only: weights
+            uint32_t u;
+            std::memcpy(&u, &row[k], sizeof u);
+            o[k] = static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+        }
+    });
+}
+
 // The most rows of x that round to int8 (MAX_Q8_M), 0 without AVX2.
 extern "C" int64_t plait_qmatmul_max_q8_rows() {
 #ifdef __AVX2__

@@ -81,7 +81,8 @@ FORMAT_SHAPES = [(fmt, n, k) for fmt in ("int8", "int8-g32", "int8-g96", "int4")
 @needs_native
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 6, 8, 16, 17, qm.DEQUANT_GEMM_MIN_ROWS, 100])
 @pytest.mark.parametrize("fmt,n,k", FORMAT_SHAPES)
-def test_native_kernel_matches_reference(fmt: str, m: int, n: int, k: int) -> None:
+def test_native_kernel_matches_reference(fmt: str, m: int, n: int, k: int, monkeypatch) -> None:
+    monkeypatch.setattr(qm, "bf16_gemm_enabled", lambda: False)  # AMX machines: see the bfloat16 tests
     gen = torch.Generator().manual_seed(m * 1000 + n + k)
     w = torch.randn(n, k, generator=gen)
     qw = {"int8": lambda: quantize_int8(w), "int8-g32": lambda: quantize_int8(w, 32), "int8-g96": lambda: quantize_int8(w, 96),
@@ -117,6 +118,77 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(fmt: str, n: int, k
     alone = torch.cat([quant_matmul(x[i : i + 1], qw) for i in range(9)])
     for m in (2, 3, 5, 8, 9):
         assert torch.equal(quant_matmul(x[:m], qw), alone[:m]), f"{m} rows"
+
+
+def _bf16_reference(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """What `bf16_matmul` computes, summed in float32 by torch: x and the weights in bfloat16."""
+    y = (x.bfloat16().float() @ dequantize_ref(qw).bfloat16().float().t()).bfloat16().float()
+    return y if bias is None else y + bias
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int8-g32", "int4"])
+def test_bf16_gemm_rows_round_x_and_weights_to_bfloat16(fmt: str, monkeypatch) -> None:
+    """From BF16_GEMM_MIN_ROWS rows, where it is on (AMX; forced on here, so any CPU runs it),
+    prefill-shaped products run on torch's bfloat16 GEMM: within a bfloat16 rounding of the product
+    of the rounded operands, and far closer to the exact product than the int4 weights are."""
+    monkeypatch.setattr(qm, "bf16_gemm_enabled", lambda: True)
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(200, 576, generator=gen)
+    qw = {"int8": lambda: quantize_int8(w), "int8-g32": lambda: quantize_int8(w, 32), "int4": lambda: quantize_int4(w)}[fmt]()
+    x, bias = torch.randn(qm.BF16_GEMM_MIN_ROWS + 5, 576, generator=gen), torch.randn(200, generator=gen)
+    expected = _bf16_reference(x, qw, bias)
+    scale = (x.abs() @ dequantize_ref(qw).abs().t()).amax()
+    y = quant_matmul(x.reshape(1, -1, 576), qw, bias).reshape(-1, 200)
+    torch.testing.assert_close(y, expected, rtol=2**-7, atol=float(scale) * 2**-12)
+    exact = quant_matmul_ref(x, qw, bias)
+    weight_error = (exact - (x @ w.t() + bias)).abs().mean()
+    assert (y - exact).abs().mean() < (0.2 if fmt == "int4" else 1.0) * weight_error
+    if qm.native_quant_available():  # fewer rows stay on the native kernel
+        few = x[: qm.BF16_GEMM_MIN_ROWS - 1]
+        torch.testing.assert_close(quant_matmul(few, qw), quant_matmul_ref(few, qw, q8=qm.native_q8_rows(len(few), qw)),
+                                   atol=2e-4, rtol=2e-4)  # fmt: skip
+
+
+def test_bf16_gemm_dequantizes_a_large_matrix_slice_by_slice(monkeypatch) -> None:
+    """An LM head is dequantized a slice of rows at a time (no full-size bfloat16 copy); the slices
+    give the whole product."""
+    monkeypatch.setattr(qm, "bf16_gemm_enabled", lambda: True)
+    monkeypatch.setattr(qm, "BF16_GEMM_SLICE", 64 * 7)  # 7 rows of 64 at a time: 6 slices and a tail of 3
+    gen = torch.Generator().manual_seed(4)
+    qw = quantize_int4(torch.randn(45, 64, generator=gen))
+    x, bias = torch.randn(60, 64, generator=gen), torch.randn(45, generator=gen)
+    sizes = []
+    dequant = qm.dequantize
+    monkeypatch.setattr(qm, "dequantize", lambda part, dtype: sizes.append(part.shape[0]) or dequant(part, dtype))
+    y = quant_matmul(x, qw, bias)
+    assert sizes == [7] * 6 + [3]
+    scale = (x.abs() @ dequantize_ref(qw).abs().t()).amax()
+    torch.testing.assert_close(y, _bf16_reference(x, qw, bias), rtol=2**-7, atol=float(scale) * 2**-12)
+
+
+@needs_native
+@pytest.mark.parametrize("fmt", ["int8", "int8-g32", "int4"])
+def test_native_bf16_dequantization_rounds_to_nearest_even(fmt: str) -> None:
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(33, 160, generator=gen) * torch.logspace(-3, 3, 160)
+    qw = {"int8": lambda: quantize_int8(w), "int8-g32": lambda: quantize_int8(w, 32), "int4": lambda: quantize_int4(w)}[fmt]()
+    out = dequantize(qw, torch.bfloat16)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, dequantize_ref(qw).bfloat16())
+
+
+def test_bf16_gemm_setting(monkeypatch) -> None:
+    """PLAIT_BF16_GEMM: "0" never, "1" always, unset where torch's GEMM has AMX tiles."""
+    try:
+        for value, expected in (("0", False), ("no", False), ("1", True), ("true", True)):
+            monkeypatch.setenv(qm.BF16_GEMM_ENV, value)
+            qm.bf16_gemm_enabled.cache_clear()
+            assert qm.bf16_gemm_enabled() is expected
+        monkeypatch.delenv(qm.BF16_GEMM_ENV)
+        qm.bf16_gemm_enabled.cache_clear()
+        assert qm.bf16_gemm_enabled() == bool(torch.cpu._is_amx_tile_supported())
+    finally:
+        monkeypatch.undo()
+        qm.bf16_gemm_enabled.cache_clear()
 
 
 @pytest.mark.parametrize("levels,fraction", [(1, 2), (2, 256)])
