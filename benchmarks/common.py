@@ -41,18 +41,32 @@ def _fmt(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+def cpu_model() -> str:
+    """The processor's name (Linux's /proc/cpuinfo), else what `platform` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def write_json(path: str, payload: dict[str, Any]) -> None:
     import torch
 
-    from plait.kernels.quant_matmul import native_isa
+    from plait.kernels.quant_matmul import bf16_gemm_enabled, native_isa
 
     payload = {
         "machine": {
             "platform": platform.platform(),
+            "cpu": cpu_model(),
             "cpus": os.cpu_count(),
             "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(),
             "native_isa": native_isa(),
+            "bf16_prefill_gemm": bf16_gemm_enabled(),
         },
         **payload,
     }

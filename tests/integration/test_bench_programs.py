@@ -87,6 +87,9 @@ def test_bench_programs_smoke(tiny_llama_dir, tmp_path, capsys, restore_torch_th
     assert "x cache off" in capsys.readouterr().out
     data = json.loads(out.read_text())
     assert data["benchmark"] == "programs"
+    machine = data["machine"]  # what every benchmark's JSON says of where it ran
+    assert machine["cpu"] and machine["native_isa"] in ("avx512-vnni", "avx2", "portable", "none")
+    assert isinstance(machine["bf16_prefill_gemm"], bool)
     systems = [(r["workload"], r["system"]) for r in data["results"]]
     assert systems == [(w, s) for s in ("plait cache on", "plait cache off") for w in WORKLOADS]
     for r in data["results"]:

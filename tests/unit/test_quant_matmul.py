@@ -149,6 +149,7 @@ def test_bf16_gemm_rows_round_x_and_weights_to_bfloat16(fmt: str, monkeypatch) -
                                    atol=2e-4, rtol=2e-4)  # fmt: skip
 
 
+@needs_native  # without the native kernels, plait runs the float32 references
 def test_bf16_gemm_dequantizes_a_large_matrix_slice_by_slice(monkeypatch) -> None:
     """An LM head is dequantized a slice of rows at a time (no full-size bfloat16 copy); the slices
     give the whole product."""
