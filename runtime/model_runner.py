@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from plait.kernels import sampling_cpu
+from plait.kernels import quant_matmul, sampling_cpu
 from plait.kernels.attention import AttentionMetadata
 from plait.kernels.constraint_mask import allocate_token_bitmask, apply_token_bitmask
 from plait.kernels.decode_stack import BurstSampling
@@ -18,6 +18,7 @@ from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.models import native_decode
 from plait.runtime.models.llama import LlamaForCausalLM
+from plait.runtime.models.quantized import QuantLinear
 from plait.runtime.request import Request
 from plait.runtime.sampling import SamplingRow, argmax, filter_params, sample
 from plait.runtime.speculative.verify import verify_draft
@@ -84,6 +85,12 @@ class ModelRunner:
         self.page_size = kv_pool.page_size
         self.eos_ids = eos_ids
         self.default_generator = default_generator
+        # quantized weights on a CPU whose GEMM has AMX: prefill chunks attend in bfloat16 as well
+        # as multiply in it (kernels/quant_matmul.py: bf16_matmul); float32 models stay float32
+        self.bf16_extends = (
+            device.type == "cpu" and quant_matmul.bf16_gemm_enabled()
+            and any(isinstance(m, QuantLinear) for m in model.modules())
+        )  # fmt: skip
 
     def page_table(self, req: Request) -> torch.Tensor:
         """`req.pages` as an int64 tensor, kept beside the request and brought up to date in place.
@@ -164,6 +171,7 @@ class ModelRunner:
             extend_kv_slots=[s.to(self.device) for s in kv_slots],
             decode_kv_slots=decode_slots,
             decode_kv_lens=decode_lens,
+            bf16_extends=self.bf16_extends,
         )
         if use_triton(meta.slot_mapping):
             from plait.kernels.attention_triton import tables_from_pages

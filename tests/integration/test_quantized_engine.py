@@ -87,3 +87,24 @@ def test_weight_tensors_are_what_a_step_reads_and_read_back(engines, mode):
         assert 0 < seconds < 10
         with pytest.raises(ValueError, match=r"tensors\[1\]"):
             read_seconds([tensors[0], torch.ones(4, 4).t()])
+
+
+def test_prefill_attends_in_bfloat16_where_quantized_matmuls_multiply_in_it(tiny_llama_dir, monkeypatch):
+    """Quantized models on a CPU whose GEMM has AMX (forced on here) prefill in bfloat16, attention
+    included; float32 models do not. Prompt logprobs stay within bfloat16 rounding of the float32
+    attention's."""
+    from plait.kernels import quant_matmul
+
+    monkeypatch.setattr(quant_matmul, "bf16_gemm_enabled", lambda: True)
+    with (
+        Engine(model_path=str(tiny_llama_dir), quantization="int4", max_total_tokens=1024) as quantized,
+        Engine(model_path=str(tiny_llama_dir), max_total_tokens=1024) as full,
+    ):
+        assert quantized.runner.bf16_extends and not full.runner.bf16_extends
+        ids = PROMPTS[2] * 2  # 100 tokens: one chunk past BF16_EXTEND_MIN_Q
+        bf16 = prompt_logprobs(quantized, ids)
+        quantized.flush_cache()
+        quantized.runner.bf16_extends = False
+        native = prompt_logprobs(quantized, ids)
+        assert max(abs(a - b) for a, b in zip(bf16, native)) < 0.05
+        assert bf16 != native  # the bfloat16 attention did run

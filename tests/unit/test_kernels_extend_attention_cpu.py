@@ -66,3 +66,45 @@ def test_disabled_native_kernels_leave_prefill_attention_to_torch(monkeypatch):
     q, k, v = torch.randn(8, 2, 16), torch.randn(8, 2, 16), torch.randn(8, 2, 16)
     assert native_extend_attention(q, k, v, 0, 0.25, None) is None
     torch.testing.assert_close(extend_attention_ref(q, k, v, 0, 0.25), sdpa_reference(q, k, v, 0, 0.25, None))
+
+
+@pytest.mark.parametrize(
+    "q_len,prefix_len,heads,kv_heads,head_dim",
+    [(300, 0, 9, 3, 64), (64, 64, 9, 3, 64), (100, 37, 4, 4, 32), (60, 20, 6, 1, 16)],
+)
+def test_bf16_prefill_attention_is_within_bfloat16_rounding(q_len, prefix_len, heads, kv_heads, head_dim):
+    """torch's flash attention in bfloat16; a cached prefix attended apart and merged by the
+    log-sum-exps gives the causal attention over the whole."""
+    from plait.kernels.attention import bf16_extend_attention
+
+    gen = torch.Generator().manual_seed(q_len + prefix_len)
+    q = torch.randn(q_len, heads, head_dim, generator=gen)
+    k = torch.randn(prefix_len + q_len, kv_heads, head_dim, generator=gen)
+    v = torch.randn(prefix_len + q_len, kv_heads, head_dim, generator=gen)
+    scale = head_dim**-0.5
+    expected = sdpa_reference(q, k, v, prefix_len, scale, None)
+    out = bf16_extend_attention(q, k, v, prefix_len, scale)
+    if out is None:
+        pytest.skip("this torch has no CPU flash attention operator")
+    assert out.shape == expected.shape and out.dtype == torch.float32
+    assert (out - expected).norm() / expected.norm() < 1e-2  # bfloat16 operands: ~3e-3 seen
+    assert (out - expected).abs().max() < 0.05
+
+
+def test_bf16_prefill_attention_takes_long_chunks_with_short_prefixes(monkeypatch):
+    """With `bf16` (quantized models on AMX CPUs, see ModelRunner.bf16_extends): BF16_EXTEND_MIN_Q
+    new tokens or more and a prefix no longer than them; no sliding window."""
+    from plait.kernels import attention
+
+    calls = []
+    real = attention.bf16_extend_attention
+    monkeypatch.setattr(attention, "bf16_extend_attention", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    n = attention.BF16_EXTEND_MIN_Q
+    for q_len, prefix_len, bf16, window in [
+        (n, 0, True, None), (n, n, True, None), (n - 1, 0, True, None), (n, n + 1, True, None),
+        (n, 0, False, None), (n, 0, True, 8),
+    ]:  # fmt: skip
+        q, k, v = torch.randn(q_len, 4, 16), torch.randn(prefix_len + q_len, 2, 16), torch.randn(prefix_len + q_len, 2, 16)
+        out = extend_attention_ref(q, k, v, prefix_len, 0.25, window, bf16)
+        torch.testing.assert_close(out, sdpa_reference(q, k, v, prefix_len, 0.25, window), atol=0.05, rtol=0.05)
+    assert calls == [n, n]
