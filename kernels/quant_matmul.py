@@ -249,9 +249,9 @@ def bf16_gemm_enabled() -> bool:
         return False
     if setting in ("1", "true", "yes"):
         return True
-    try:
-        return bool(torch.backends.mkldnn.is_available() and torch.cpu._is_amx_tile_supported())
-    except (AttributeError, RuntimeError):  # a torch without the probe
+    try:  # the CPU has tiles, and the kernel lets this process use them (Linux 5.16 on)
+        return bool(torch.backends.mkldnn.is_available() and torch.cpu._is_amx_tile_supported() and torch.cpu._init_amx())
+    except (AttributeError, RuntimeError):  # a torch without the probes
         return False
 
 

@@ -186,7 +186,7 @@ def test_bf16_gemm_setting(monkeypatch) -> None:
             assert qm.bf16_gemm_enabled() is expected
         monkeypatch.delenv(qm.BF16_GEMM_ENV)
         qm.bf16_gemm_enabled.cache_clear()
-        assert qm.bf16_gemm_enabled() == bool(torch.cpu._is_amx_tile_supported())
+        assert qm.bf16_gemm_enabled() == bool(torch.cpu._is_amx_tile_supported() and torch.cpu._init_amx())
     finally:
         monkeypatch.undo()
         qm.bf16_gemm_enabled.cache_clear()
