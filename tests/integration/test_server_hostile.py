@@ -68,11 +68,18 @@ def test_header_bombs_are_refused(server, client):
     assert client.get("/get_model_info", headers=many).status_code == 431
     r = client.get("/get_model_info", headers={"x-big": "v" * (40 << 10)})
     assert r.status_code in (400, 431)  # h11 refuses headers past 16 KiB before the app sees them
-    # a header block that never ends is cut off, not buffered forever
+    # a header block that never ends is cut off, not buffered forever: the server answers 4xx or
+    # hangs up, within the socket's timeout (it may do so while the megabyte is still going out)
     with socket.create_connection((server.host, server.port), timeout=10) as sock:
-        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-A: " + b"a" * (1 << 20))
-        reply = sock.recv(64)
-    assert reply.startswith(b"HTTP/1.1 4")
+        try:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-A: " + b"a" * (1 << 20))
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # it stopped reading and closed the connection
+        try:
+            reply = sock.recv(64)
+        except ConnectionResetError:
+            reply = b""
+    assert reply == b"" or reply.startswith(b"HTTP/1.1 4"), reply
     assert client.get("/health").status_code == 200
 
 
