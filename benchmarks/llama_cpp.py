@@ -54,6 +54,7 @@ def keep_llama_cpp_off_amx() -> bool:
         return params
 
     without_extra_buffers.plait_no_extra_bufts = True  # type: ignore[attr-defined]
+    without_extra_buffers.__wrapped__ = defaults  # type: ignore[attr-defined]
     api.llama_model_default_params = without_extra_buffers
     return True
 
