@@ -1225,33 +1225,33 @@ extern "C" void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t 
     });
 }
 
+// Row n of an int8 (format 0) or int4 (1) matrix, dequantized to float32.
+inline void dequant_row(const void* qweight, int format, int64_t n, int64_t K, int64_t group, const half* scales,
+                        const half* mins, float* out) {
+    const int64_t groups = K / group;
+    if (format == 0)
+        dequant_int8_row(static_cast<const int8_t*>(qweight) + n * K, scales + n * groups, K, group, out);
+    else
+        dequant_int4_row(static_cast<const uint8_t*>(qweight) + n * (K / 2), scales + n * groups, mins + n * groups, K,
+                         group, out);
+}
+
 // Dequantizes rows [0, N) into out[N, K] (the reference, and the large-M path: one pass over the
 // weights, then a float32 GEMM whose cost dwarfs it).
 extern "C" void plait_dequantize_f32(const void* qweight, int format, int64_t N, int64_t K, int64_t group,
                                      const half* scales, const half* mins, float* out, int num_threads) {
-    const int64_t groups = K / group;
-    plait::parallel_for(N, num_threads, false, [&](int64_t n) {
-        if (format == 0)
-            dequant_int8_row(static_cast<const int8_t*>(qweight) + n * K, scales + n * groups, K, group, out + n * K);
-        else
-            dequant_int4_row(static_cast<const uint8_t*>(qweight) + n * (K / 2), scales + n * groups,
-                             mins + n * groups, K, group, out + n * K);
-    });
+    plait::parallel_for(N, num_threads, false,
+                        [&](int64_t n) { dequant_row(qweight, format, n, K, group, scales, mins, out + n * K); });
 }
 
 // The same, rounded to bfloat16 (to nearest, ties to even) for a bfloat16 GEMM: each row is
 // dequantized to float32 in a per-thread buffer first, so both outputs agree to the rounding.
 extern "C" void plait_dequantize_bf16(const void* qweight, int format, int64_t N, int64_t K, int64_t group,
                                       const half* scales, const half* mins, uint16_t* out, int num_threads) {
-    const int64_t groups = K / group;
     plait::parallel_for(N, num_threads, false, [&](int64_t n) {
         thread_local std::vector<float> row;
         if (static_cast<int64_t>(row.size()) < K) row.resize(K);
-        if (format == 0)
-            dequant_int8_row(static_cast<const int8_t*>(qweight) + n * K, scales + n * groups, K, group, row.data());
-        else
-            dequant_int4_row(static_cast<const uint8_t*>(qweight) + n * (K / 2), scales + n * groups,
-                             mins + n * groups, K, group, row.data());
+        dequant_row(qweight, format, n, K, group, scales, mins, row.data());
         uint16_t* o = out + n * K;
         for (int64_t k = 0; k < K; ++k) {  // finite values only: weights
             uint32_t u;
