@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="skip llama-cpp-python even when installed")
     lat.add_argument("--prompt-len", dest="prompt_len", type=int, default=512)
     lat.add_argument("--decode-len", dest="decode_len", type=int, default=128)
-    lat.add_argument("--repeats", type=int, default=3)
+    lat.add_argument("--repeats", type=int, default=5)
     lat.add_argument("--output", default="bench-results/latency.json")
     thr = bench_sub.add_parser("throughput", help="continuous batching and the radix cache under load")
     thr.add_argument("--num-requests", dest="num_requests", type=int, default=64)
