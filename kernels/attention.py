@@ -69,11 +69,10 @@ def extend_attention_ref(
     bf16: bool = False,
 ) -> torch.Tensor:
     """One sequence: q [q_len, H, D] at positions prefix_len.., k/v [kv_len, Hkv, D] from 0. With
-    `bf16`, on the CPU, from BF16_EXTEND_MIN_Q new tokens on and a cached prefix no longer than
-    them: `bf16_extend_attention` (a longer prefix, converted every layer, made it slower)."""
+    `bf16`, on the CPU, where `takes_bf16_extend` says so: `bf16_extend_attention`."""
     q_len, kv_len = q.shape[0], k.shape[0]
     if q.device.type == "cpu":
-        if bf16 and sliding_window is None and q_len >= BF16_EXTEND_MIN_Q and prefix_len <= q_len:
+        if bf16 and sliding_window is None and takes_bf16_extend(q_len, prefix_len):
             out = bf16_extend_attention(q, k, v, prefix_len, scale)
             if out is not None:
                 return out
@@ -129,6 +128,17 @@ def native_extend_attention(
 
 
 BF16_EXTEND_MIN_Q = 48  # fewer new tokens stay on the float32 kernels
+BF16_EXTEND_LONG_PREFIX_MIN_Q = 96  # new tokens after a cached prefix longer than them
+
+
+def takes_bf16_extend(q_len: int, prefix_len: int) -> bool:
+    """Whether `q_len` new tokens after `prefix_len` cached ones attend in bfloat16 (where the model
+    runs its prefill in bfloat16): from BF16_EXTEND_MIN_Q new tokens when the prefix is no longer
+    than them, from BF16_EXTEND_LONG_PREFIX_MIN_Q when it is. Each layer converts the whole prefix,
+    which a few new tokens do not repay: on a 2-core Xeon with AMX, 48 new tokens after 3,000 or
+    7,000 cached ran 0.7-1.5x the native float32 kernel's speed from one run to the next, 64 after
+    3,000 1.35x and 96 after 3,000 1.68x (SmolLM2's heads, a layer, alternating)."""
+    return q_len >= BF16_EXTEND_MIN_Q and (prefix_len <= q_len or q_len >= BF16_EXTEND_LONG_PREFIX_MIN_Q)
 
 
 def bf16_extend_attention(
@@ -139,8 +149,8 @@ def bf16_extend_attention(
     A cached prefix and the new tokens are attended apart (the prefix whole, the new tokens causally)
     and merged by their log-sum-exps. None where this torch lacks the operator. SmolLM2's heads on
     a 2-core Xeon with AMX, a layer: 512 new tokens 1.4-1.7 ms against the native float32 kernel's
-    2.0-2.2; 2,048 12.2 against 28.7; 2,048 after 2,048 cached 38.3 against 86.0; 64 after 1,000
-    cached 1.89 against 1.25."""
+    2.0-2.2; 2,048 12.2 against 28.7; 2,048 after 2,048 cached 38.3 against 86.0; 96 after 3,000
+    cached 2.35 against 3.96."""
     flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if flash is None:
         return None
