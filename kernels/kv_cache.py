@@ -23,6 +23,19 @@ KV_CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8":
 _KV_TYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 
 
+def resolve_kv_dtype(setting: str, model_dtype: torch.dtype, device: torch.device, quantized: bool) -> torch.dtype:
+    """The cache dtype for `kv_cache_dtype=setting`. "auto" is the model's dtype, except for
+    quantized weights (int8 / int4) on the CPU, whose float32 activations are stored in bfloat16:
+    half the bytes (2x the tokens, and a decode step's attention reads half as much), as llama.cpp
+    keeps a quantized GGUF's cache in float16; the embedded model's perplexity on our text was the
+    same (43.81) and 32 concurrent requests decoded 10% faster (docs/cpu.md, "KV cache dtype")."""
+    if setting != "auto":
+        return KV_CACHE_DTYPES[setting]
+    if quantized and device.type == "cpu" and model_dtype == torch.float32:
+        return torch.bfloat16
+    return model_dtype
+
+
 def kv_type_code(dtype: torch.dtype) -> int | None:
     """The native kernels' code for a cache dtype (None: no native support)."""
     return _KV_TYPE_CODES.get(dtype)

@@ -37,7 +37,7 @@ class CacheConfig:
     max_total_tokens: int | None = None
     mem_fraction_static: float | None = None
     disable_radix_cache: bool = False
-    kv_cache_dtype: str = "auto"  # "auto" (the model's dtype), float32, bfloat16, int8 (scaled)
+    kv_cache_dtype: str = "auto"  # "auto" (the model's dtype; bfloat16 for int8/int4 weights on the CPU), float32, bfloat16, int8 (scaled)
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in _KV_CACHE_DTYPES:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from plait.kernels.kv_cache import KV_CACHE_DTYPES
+from plait.kernels.kv_cache import resolve_kv_dtype
 from plait.radix_cache import PageAllocator, RadixCache
 from plait.runtime import lifecycle
 from plait.runtime.config import EngineConfig
@@ -87,7 +87,7 @@ class Engine:
         self.weight_bytes = weight_bytes(self.model)  # read by one decode step: the roofline
         cc = self.config.cache
         self.page_size = cc.page_size
-        self.kv_dtype = self.dtype if cc.kv_cache_dtype == "auto" else KV_CACHE_DTYPES[cc.kv_cache_dtype]
+        self.kv_dtype = resolve_kv_dtype(cc.kv_cache_dtype, self.dtype, self.device, mc.quantization is not None)
         num_pages = self._num_pages()
         self.kv_pool = KVPool(
             num_pages, cc.page_size, self.args.num_layers, self.args.num_kv_heads,

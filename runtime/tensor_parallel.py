@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from plait.kernels.kv_cache import KV_CACHE_DTYPES
+from plait.kernels.kv_cache import resolve_kv_dtype
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.models.tensor_parallel import check_shardable, shard_llama
@@ -193,7 +193,7 @@ def run_worker(rank: int, rendezvous: Rendezvous | None, config: Any) -> None:
                 return
             if message[0] == "pool":
                 _, num_pages, page_size = message
-                kv_dtype = dtype if config.cache.kv_cache_dtype == "auto" else KV_CACHE_DTYPES[config.cache.kv_cache_dtype]
+                kv_dtype = resolve_kv_dtype(config.cache.kv_cache_dtype, dtype, device, config.model.quantization is not None)
                 pool = KVPool(num_pages, page_size, args.num_layers, args.num_kv_heads,
                               args.head_dim, kv_dtype, device)  # fmt: skip
                 continue

@@ -66,3 +66,15 @@ def test_int8_cache_prefix_hits_decode_like_a_cold_run(engines):
 def test_unknown_kv_cache_dtype_is_named(tiny_llama_dir):
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         Engine(model_path=str(tiny_llama_dir), kv_cache_dtype="fp8")
+
+
+def test_auto_cache_is_bfloat16_for_quantized_weights_on_the_cpu(tiny_llama_dir):
+    """"auto" is the model's dtype (float32 on the CPU), but int8 / int4 weights get a bfloat16
+    cache, as llama.cpp keeps a quantized GGUF's in float16; an explicit dtype always wins."""
+    cases = [({}, "float32"), ({"quantization": "int4"}, "bfloat16"), ({"quantization": "int8"}, "bfloat16"),
+             ({"quantization": "int4", "kv_cache_dtype": "float32"}, "float32")]  # fmt: skip
+    for kwargs, expected in cases:
+        with Engine(model_path=str(tiny_llama_dir), max_total_tokens=256, **kwargs) as engine:
+            assert engine.stats()["kv_cache_dtype"] == expected, kwargs
+            out = engine.generate(input_ids=list(range(40, 70)), sampling_params={"max_new_tokens": 4})
+            assert len(out["output_ids"]) == 4
