@@ -127,18 +127,18 @@ def native_extend_attention(
     return out if rc == 0 else None
 
 
-BF16_EXTEND_MIN_Q = 48  # fewer new tokens stay on the float32 kernels
-BF16_EXTEND_LONG_PREFIX_MIN_Q = 96  # new tokens after a cached prefix longer than them
+BF16_EXTEND_MIN_Q = 16  # fewer new tokens attend as rows (attention_cpu.MAX_ROW_EXTEND) or in float32
+BF16_EXTEND_MIN_WORK = 20_000  # new tokens x keys they attend: below, the native float32 kernel is faster
 
 
 def takes_bf16_extend(q_len: int, prefix_len: int) -> bool:
     """Whether `q_len` new tokens after `prefix_len` cached ones attend in bfloat16 (where the model
-    runs its prefill in bfloat16): from BF16_EXTEND_MIN_Q new tokens when the prefix is no longer
-    than them, from BF16_EXTEND_LONG_PREFIX_MIN_Q when it is. Each layer converts the whole prefix,
-    which a few new tokens do not repay: on a 2-core Xeon with AMX, 48 new tokens after 3,000 or
-    7,000 cached ran 0.7-1.5x the native float32 kernel's speed from one run to the next, 64 after
-    3,000 1.35x and 96 after 3,000 1.68x (SmolLM2's heads, a layer, alternating)."""
-    return q_len >= BF16_EXTEND_MIN_Q and (prefix_len <= q_len or q_len >= BF16_EXTEND_LONG_PREFIX_MIN_Q)
+    runs its prefill in bfloat16): from BF16_EXTEND_MIN_Q new tokens, once new tokens x keys reach
+    BF16_EXTEND_MIN_WORK, below which converting the operands costs more than the tiles save. SmolLM2's
+    heads on a 2-core Xeon with AMX, a layer, float32 kernel time / bfloat16's: 48 new tokens alone
+    0.59, 96 after 100 cached 0.78, 160 alone 0.94, 32 after 600 1.14, 16 after 4,000 1.51, 512
+    after 500 1.76."""
+    return q_len >= BF16_EXTEND_MIN_Q and q_len * (prefix_len + q_len) >= BF16_EXTEND_MIN_WORK
 
 
 def bf16_extend_attention(
@@ -150,20 +150,27 @@ def bf16_extend_attention(
     and merged by their log-sum-exps. None where this torch lacks the operator. SmolLM2's heads on
     a 2-core Xeon with AMX, a layer: 512 new tokens 1.4-1.7 ms against the native float32 kernel's
     2.0-2.2; 2,048 12.2 against 28.7; 2,048 after 2,048 cached 38.3 against 86.0; 96 after 3,000
-    cached 2.35 against 3.96."""
+    cached 1.65 against 4.11."""
     flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if flash is None:
         return None
-    group = q.shape[1] // k.shape[1]
+    (q_len, num_heads, head_dim), num_kv_heads = q.shape, k.shape[1]
+    group = num_heads // num_kv_heads
     # NOTE: contiguous operands, each made in one copy: strided ones cost the kernel 25% more
-    qt = torch.empty(q.shape[1], q.shape[0], q.shape[2], dtype=torch.bfloat16).copy_(q.transpose(0, 1))[None]
+    qt = torch.empty(num_heads, q_len, head_dim, dtype=torch.bfloat16).copy_(q.transpose(0, 1))[None]
 
-    def heads(t: torch.Tensor) -> torch.Tensor:  # [len, Hkv, D] -> [1, H, len, D], query head h on KV head h // group
-        return t.transpose(0, 1).to(torch.bfloat16).repeat_interleave(group, dim=0)[None]
+    def heads(t: torch.Tensor, repeat: int) -> torch.Tensor:  # [len, Hkv, D] -> [1, Hkv * repeat, len, D]
+        t = t.transpose(0, 1).to(torch.bfloat16)
+        return (t.repeat_interleave(repeat, dim=0) if repeat > 1 else t)[None]
 
-    out, lse = flash(qt, heads(k[prefix_len:]), heads(v[prefix_len:]), 0.0, True, scale=scale)
+    out, lse = flash(qt, heads(k[prefix_len:], group), heads(v[prefix_len:], group), 0.0, True, scale=scale)
     if prefix_len:
-        old, old_lse = flash(qt, heads(k[:prefix_len]), heads(v[:prefix_len]), 0.0, False, scale=scale)
+        # the prefix, which every new token sees whole: a KV head's query heads stacked as rows of
+        # one head, so that its keys and values are converted once and not copied per query head
+        # (1.4-1.9x faster after 1,000-7,000 cached tokens)
+        stacked = qt.view(1, num_kv_heads, group * q_len, head_dim)
+        old, old_lse = flash(stacked, heads(k[:prefix_len], 1), heads(v[:prefix_len], 1), 0.0, False, scale=scale)
+        old, old_lse = old.reshape(1, num_heads, q_len, head_dim), old_lse.reshape(1, num_heads, q_len)
         top = torch.maximum(lse, old_lse)
         w_new, w_old = (lse - top).exp_().unsqueeze(-1), (old_lse - top).exp_().unsqueeze(-1)
         out = (out.float() * w_new + old.float() * w_old) / (w_new + w_old)

@@ -101,7 +101,7 @@ def test_prefill_attends_in_bfloat16_where_quantized_matmuls_multiply_in_it(tiny
         Engine(model_path=str(tiny_llama_dir), max_total_tokens=1024) as full,
     ):
         assert quantized.runner.bf16_extends and not full.runner.bf16_extends
-        ids = PROMPTS[2] * 2  # 100 tokens: one chunk past BF16_EXTEND_MIN_Q
+        ids = PROMPTS[2] * 4  # 200 tokens: one chunk with BF16_EXTEND_MIN_WORK (new tokens x keys) and more
         bf16 = prompt_logprobs(quantized, ids)
         quantized.flush_cache()
         quantized.runner.bf16_extends = False

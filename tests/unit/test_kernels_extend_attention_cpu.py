@@ -91,21 +91,20 @@ def test_bf16_prefill_attention_is_within_bfloat16_rounding(q_len, prefix_len, h
     assert (out - expected).abs().max() < 0.05
 
 
-def test_bf16_prefill_attention_takes_long_chunks(monkeypatch):
+def test_bf16_prefill_attention_takes_chunks_with_enough_work(monkeypatch):
     """With `bf16` (quantized models on AMX CPUs, see ModelRunner.bf16_extends): BF16_EXTEND_MIN_Q
-    new tokens or more after a prefix no longer than them, BF16_EXTEND_LONG_PREFIX_MIN_Q after a
-    longer one; no sliding window."""
+    new tokens or more, once new tokens x keys reach BF16_EXTEND_MIN_WORK; no sliding window."""
     from plait.kernels import attention
 
     calls = []
     real = attention.bf16_extend_attention
     monkeypatch.setattr(attention, "bf16_extend_attention", lambda *a: calls.append(a[0].shape[0]) or real(*a))
-    n, long_n = attention.BF16_EXTEND_MIN_Q, attention.BF16_EXTEND_LONG_PREFIX_MIN_Q
+    assert (attention.BF16_EXTEND_MIN_Q, attention.BF16_EXTEND_MIN_WORK) == (16, 20_000)
     for q_len, prefix_len, bf16, window in [
-        (n, 0, True, None), (n, n, True, None), (n - 1, 0, True, None), (n, n + 1, True, None),
-        (n, 0, False, None), (n, 0, True, 8), (long_n, 3 * long_n, True, None), (long_n - 1, 3 * long_n, True, None),
+        (512, 0, True, None), (48, 0, True, None), (16, 1300, True, None), (15, 2000, True, None),
+        (96, 100, True, None), (160, 0, True, None), (512, 0, False, None), (512, 0, True, 8),
     ]:  # fmt: skip
         q, k, v = torch.randn(q_len, 4, 16), torch.randn(prefix_len + q_len, 2, 16), torch.randn(prefix_len + q_len, 2, 16)
         out = extend_attention_ref(q, k, v, prefix_len, 0.25, window, bf16)
         torch.testing.assert_close(out, sdpa_reference(q, k, v, prefix_len, 0.25, window), atol=0.05, rtol=0.05)
-    assert calls == [n, n, long_n]
+    assert calls == [512, 16, 160]
