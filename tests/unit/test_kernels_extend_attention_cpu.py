@@ -70,7 +70,7 @@ def test_disabled_native_kernels_leave_prefill_attention_to_torch(monkeypatch):
 
 @pytest.mark.parametrize(
     "q_len,prefix_len,heads,kv_heads,head_dim",
-    [(300, 0, 9, 3, 64), (64, 64, 9, 3, 64), (100, 37, 4, 4, 32), (60, 20, 6, 1, 16)],
+    [(300, 0, 9, 3, 64), (64, 64, 9, 3, 64), (100, 37, 4, 4, 32), (60, 20, 6, 1, 16), (24, 900, 9, 3, 64)],
 )
 def test_bf16_prefill_attention_is_within_bfloat16_rounding(q_len, prefix_len, heads, kv_heads, head_dim):
     """torch's flash attention in bfloat16; a cached prefix attended apart and merged by the
