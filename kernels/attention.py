@@ -168,8 +168,9 @@ def bf16_extend_attention(
         # the prefix, which every new token sees whole: a KV head's query heads stacked as rows of
         # one head, so that its keys and values are converted once and not copied per query head
         # (1.4-1.9x faster after 1,000-7,000 cached tokens)
-        stacked = qt.view(1, num_kv_heads, group * q_len, head_dim)
+        stacked = qt.view(1, num_kv_heads, group * q_len, head_dim)  # [1, Hkv, G * q_len, D]
         old, old_lse = flash(stacked, heads(k[:prefix_len], 1), heads(v[:prefix_len], 1), 0.0, False, scale=scale)
+        # back to [1, H, q_len, D] and [1, H, q_len]: query head h = kv head * G + g, as `heads` repeats them
         old, old_lse = old.reshape(1, num_heads, q_len, head_dim), old_lse.reshape(1, num_heads, q_len)
         top = torch.maximum(lse, old_lse)
         w_new, w_old = (lse - top).exp_().unsqueeze(-1), (old_lse - top).exp_().unsqueeze(-1)
