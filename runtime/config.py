@@ -98,6 +98,9 @@ class EngineConfig:
     grammar_compile_memory_mb: int = 4096  # a child process builds indexes under this; 0: in process
     disable_jump_forward: bool = False
     json_whitespace_pattern: str | None = ""  # between JSON tokens: "" compact, None the default
+    json_max_digit_run: int = 24  # digits in a row under a JSON schema, where the schema allows fewer; 0: off
+    json_max_whitespace_run: int = 16  # whitespace characters in a row under a JSON schema; 0: off
+    budget_closing: bool = True  # constrained requests near max_new_tokens close to a valid end
     speculative_algorithm: str | None = None  # None, "ngram", "self" or "draft_model"
     num_draft_tokens: int = 4
     draft_model_path: str | None = None
@@ -123,6 +126,10 @@ class EngineConfig:
             raise ValueError(
                 f"grammar_compile_timeout: must be positive, got {self.grammar_compile_timeout}"
             )
+        for name in ("json_max_digit_run", "json_max_whitespace_run"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}: must be a non-negative integer (0 is off), got {value!r}")
         if self.draft_layers is not None and self.draft_layers < 1:
             raise ValueError(f"draft_layers: must be positive, got {self.draft_layers}")
         if not isinstance(self.tp_size, int) or self.tp_size < 1:
@@ -140,7 +147,8 @@ class EngineConfig:
             "random_seed", "check_invariants", "grammar_backend", "grammar_compile_timeout",
             "grammar_compile_memory_mb",
             "disable_jump_forward",
-            "json_whitespace_pattern", "speculative_algorithm", "num_draft_tokens",
+            "json_whitespace_pattern", "json_max_digit_run", "json_max_whitespace_run",
+            "budget_closing", "speculative_algorithm", "num_draft_tokens",
             "draft_model_path", "draft_layers", "tp_size",
         }
         top: dict[str, Any] = {}

@@ -268,6 +268,8 @@ class Engine:
                 sandboxed = cfg.grammar_compile_memory_mb > 0
                 backend = create_grammar_backend(
                     cfg.grammar_backend, self.tokenizer, vocab_size=self.args.vocab_size,
+                    max_digit_run=cfg.json_max_digit_run,
+                    max_whitespace_run=cfg.json_max_whitespace_run,
                     **({"compile_timeout": cfg.grammar_compile_timeout,
                         "compile_memory_mb": cfg.grammar_compile_memory_mb} if sandboxed else {}),
                 )  # fmt: skip
@@ -281,10 +283,10 @@ class Engine:
         pending = []
         for req in reqs:
             p = req.params
-            if p.regex is None and p.json_schema is None:
+            if p.regex is None and p.json_schema is None and p.ebnf is None:
                 continue
             key = make_grammar_key(
-                regex=p.regex, json_schema=p.json_schema,
+                regex=p.regex, json_schema=p.json_schema, grammar=p.ebnf,
                 whitespace_pattern=self.config.json_whitespace_pattern,
             )
             pending.append((req, self._grammar_cache().get_future(key)))
@@ -716,7 +718,8 @@ class Engine:
 def _compile_timeout(req: Request, limit: float) -> ValueError:
     from plait.runtime.constrained import GrammarError
 
-    name = "regex" if req.params.regex is not None else "json_schema"
+    p = req.params
+    name = "regex" if p.regex is not None else "ebnf" if p.ebnf is not None else "json_schema"
     return GrammarError(
         f"{name}: compiling the constraint took longer than {limit:g} s; simplify it"
     )

@@ -12,6 +12,7 @@ from typing import Any
 _MAX_NEW_TOKENS_LIMIT = 1 << 20
 _GREEDY_TEMPERATURE = 1e-5
 MAX_SAMPLES = 128  # the largest `n`
+_NULLABLE = ("seed", "regex", "json_schema", "ebnf", "budget_closing")
 
 
 @dataclass
@@ -37,6 +38,8 @@ class SamplingParams:
     seed: int | None = None
     regex: str | None = None
     json_schema: str | None = None
+    ebnf: str | None = None  # a context-free grammar: GBNF / EBNF (`root ::= ...`) or Lark
+    budget_closing: bool | None = None  # None: the engine's setting
 
     @classmethod
     def from_dict(cls, params: dict[str, Any] | None) -> SamplingParams:
@@ -55,7 +58,7 @@ class SamplingParams:
                 f"sampling_params: unknown key(s) {', '.join(map(repr, unknown))}; "
                 f"known keys are {', '.join(sorted(known))}"
             )
-        values = {k: v for k, v in params.items() if v is not None or k in ("seed", "regex", "json_schema")}
+        values = {k: v for k, v in params.items() if v is not None or k in _NULLABLE}
         sp = cls(**values)
         sp.validate()
         return sp
@@ -95,10 +98,15 @@ class SamplingParams:
         _check_int("n", self.n, 1, MAX_SAMPLES)
         if self.seed is not None:
             _check_int("seed", self.seed, -(1 << 63), (1 << 64) - 1)
-        for name in ("regex", "json_schema"):
+        for name in ("regex", "json_schema", "ebnf"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name}: expected a string, got {type(value).__name__}")
+        given = [n for n in ("regex", "json_schema", "ebnf") if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise ValueError(f"{given[1]}: give at most one of regex, json_schema, ebnf; got {', '.join(given)}")
+        if self.budget_closing is not None and not isinstance(self.budget_closing, bool):
+            raise ValueError(f"budget_closing: expected a boolean, got {self.budget_closing!r}")
 
     @property
     def is_greedy(self) -> bool:

@@ -36,12 +36,13 @@ class TokenRejectedError(ValueError):
     """`Grammar.advance` was given a token the grammar does not allow in its current state."""
 
 
-GrammarKind = Literal["regex", "json_schema"]
+GrammarKind = Literal["regex", "json_schema", "grammar"]
 
 
 @dataclass(frozen=True)
 class GrammarKey:
-    """What to compile: a regex, or a normalised JSON schema (compact JSON) with its whitespace.
+    """What to compile: a regex, a normalised JSON schema (compact JSON) with its whitespace, or a
+    context-free grammar (Lark, or GBNF / EBNF with `root ::= ...`).
 
     `whitespace_pattern` only matters for JSON schemas: "" is compact JSON, None the builder's
     default (`[ ]?`), anything else a regex allowed between JSON tokens.
@@ -184,10 +185,17 @@ def create_grammar_backend(
     return _BACKENDS[name]()(tokenizer, vocab_size, **options)  # type: ignore[call-arg]
 
 
+def _load_llguidance() -> type[GrammarBackend]:
+    from .llguidance_backend import LLGuidanceBackend
+
+    return LLGuidanceBackend
+
+
 def _load_outlines() -> type[GrammarBackend]:
     from .outlines_backend import OutlinesBackend
 
     return OutlinesBackend
 
 
+register_grammar_backend("llguidance", _load_llguidance)  # "auto": the first that imports
 register_grammar_backend("outlines", _load_outlines)

@@ -24,10 +24,10 @@ def normalize_json_schema(schema: Any) -> str:
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         schema = schema.model_json_schema()
     elif isinstance(schema, (str, bytes)):
-        if len(schema) > DEFAULT_LIMITS.max_pattern_chars:
+        if len(schema) > DEFAULT_LIMITS.max_text_chars:
             raise InvalidSchemaError(
                 f"json_schema: {len(schema)} characters; the limit is "
-                f"{DEFAULT_LIMITS.max_pattern_chars}"
+                f"{DEFAULT_LIMITS.max_text_chars}"
             )
         try:
             schema = json.loads(schema)
@@ -45,10 +45,10 @@ def normalize_json_schema(schema: Any) -> str:
     check_schema_shape(schema)
     _check_against_metaschema(schema)
     out = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
-    if len(out) > DEFAULT_LIMITS.max_pattern_chars:
+    if len(out) > DEFAULT_LIMITS.max_text_chars:
         raise InvalidSchemaError(
             f"json_schema: {len(out)} characters as compact JSON; the limit is "
-            f"{DEFAULT_LIMITS.max_pattern_chars}"
+            f"{DEFAULT_LIMITS.max_text_chars}"
         )
     return out
 

@@ -32,7 +32,8 @@ except ImportError:  # pragma: no cover - Python 3.10
 
 @dataclass(frozen=True)
 class GrammarLimits:
-    max_pattern_chars: int = 32 << 10  # a regex, or a schema as compact JSON
+    max_pattern_chars: int = 32 << 10  # a regex, or a schema as compact JSON, for a DFA backend
+    max_text_chars: int = 256 << 10  # any constraint's text, for every backend
     max_nesting: int = 32  # groups inside groups; a schema's objects and arrays count double
     max_repeat: int = 2000  # the largest bound of a `{m,n}`
     max_cost: int = 12000  # unrolled atoms: a literal 1, a class 4, a wide class (> 64 chars) 32

@@ -34,6 +34,7 @@ from .base import (
     GrammarKey,
     InvalidRegexError,
 )
+from .bounds import RunawayBounds
 from .limits import regex_cost
 from .patterns import escape
 from .sandbox import SUPPORTED, IndexSandbox
@@ -58,9 +59,12 @@ class OutlinesBackend(GrammarBackend):
         max_cached_row_bytes: int = 16 << 20,
         compile_timeout: float | None = None,
         compile_memory_mb: int = 0,
+        max_digit_run: int = 0,
+        max_whitespace_run: int = 0,
     ) -> None:
         """`compile_timeout` / `compile_memory_mb`: build indexes in a child process that is
-        stopped past these (`sandbox.py`); without a timeout they are built in process."""
+        stopped past these (`sandbox.py`); without a timeout they are built in process.
+        `max_digit_run` / `max_whitespace_run`: runaway bounds on JSON output (`bounds.py`)."""
         if vocab_size is not None and vocab_size < tokenizer.vocab_size:
             raise ValueError(
                 f"grammar backend: model vocab_size {vocab_size} < tokenizer vocab_size {tokenizer.vocab_size}"
@@ -102,6 +106,7 @@ class OutlinesBackend(GrammarBackend):
             if token_id is not None and token_id < 32 * self.num_index_words:
                 _clear_bit(keep, token_id)
         self.keep_bits = keep
+        self.bounds = RunawayBounds(self.token_bytes, max_digit_run, max_whitespace_run)
         self.sandbox: IndexSandbox | None = None
         if compile_timeout is not None and SUPPORTED:
             self.sandbox = IndexSandbox(self.vocabulary, compile_timeout, compile_memory_mb)
@@ -324,6 +329,8 @@ class OutlinesGrammar(Grammar):
             words[row, :n] = backend.eos_row
         else:
             words[row, :n] = self._compiled.mask_row(self._guide.get_state(), self._guide)
+            if self._compiled.key.kind == "json_schema":
+                backend.bounds.apply(words[row, :n], self._tokens)
         if words.shape[1] > n:
             words[row, n:] = 0
 

@@ -1,4 +1,5 @@
-"""Request constraint parameters (`regex`, `json_schema`, `choices`, `dtype`) -> a `GrammarKey`."""
+"""Request constraint parameters (`regex`, `json_schema`, `grammar`, `choices`, `dtype`) -> a
+`GrammarKey`."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from .base import GrammarError, GrammarKey
 from .json_schema import json_schema_to_regex, normalize_json_schema
-from .limits import check_regex
+from .limits import DEFAULT_LIMITS, check_regex
 from .patterns import choices_regex, dtype_regex
 
 COMPACT_WHITESPACE = ""
@@ -17,22 +18,24 @@ def make_grammar_key(
     *,
     regex: str | None = None,
     json_schema: Any = None,
+    grammar: str | None = None,
     choices: Sequence[str] | None = None,
     dtype: type | str | None = None,
     whitespace_pattern: str | None = COMPACT_WHITESPACE,
 ) -> GrammarKey | None:
     """The key to compile for a request, or None when it has no constraint.
 
-    Cheap (no automaton is built) and strict: at most one constraint, and every schema problem
-    the builder can see (invalid JSON or schema, unsupported features) raises a `GrammarError`
-    here, at submit time, and so does a pattern past the compile limits (`limits.py`). A regex
-    that does not compile fails later, in `GrammarBackend.compile`.
+    Cheap (nothing is compiled) and strict: at most one constraint, and a schema that is not
+    valid JSON Schema, or a constraint past the size limits, raises a `GrammarError` here, at
+    submit time. What a backend cannot express fails in `GrammarBackend.compile`, still before
+    the request is queued.
     """
     given = {
         name: value
         for name, value in (
             ("regex", regex),
             ("json_schema", json_schema),
+            ("grammar", grammar),
             ("choices", choices),
             ("dtype", dtype),
         )
@@ -40,15 +43,15 @@ def make_grammar_key(
     }
     if len(given) > 1:
         raise GrammarError(
-            f"constraint: give at most one of regex, json_schema, choices, dtype; got {', '.join(given)}"
+            f"constraint: give at most one of regex, json_schema, grammar, choices, dtype; got "
+            f"{', '.join(given)}"
         )
     if not given:
         return None
     if regex is not None:
-        if not isinstance(regex, str):
-            raise GrammarError(f"regex: expected a string, got {type(regex).__name__}")
-        check_regex(regex)
-        return GrammarKey("regex", regex)
+        return GrammarKey("regex", _checked_text("regex", regex))
+    if grammar is not None:
+        return GrammarKey("grammar", _checked_text("grammar", grammar))
     if choices is not None:
         try:
             return GrammarKey("regex", choices_regex(choices))
@@ -63,13 +66,31 @@ def make_grammar_key(
         raise GrammarError(
             f"whitespace_pattern: expected a string or None, got {type(whitespace_pattern).__name__}"
         )
-    key = GrammarKey("json_schema", normalize_json_schema(json_schema), whitespace_pattern)
-    regex = json_schema_to_regex(key.pattern, whitespace_pattern)  # raises the named errors now
-    check_regex(regex, "json_schema", generated=True)
-    return key
+    return GrammarKey("json_schema", normalize_json_schema(json_schema), whitespace_pattern)
+
+
+def _checked_text(name: str, text: Any) -> str:
+    if not isinstance(text, str):
+        raise GrammarError(f"{name}: expected a string, got {type(text).__name__}")
+    if not text:
+        raise GrammarError(f"{name}: the {name} is empty")
+    if len(text) > DEFAULT_LIMITS.max_text_chars:
+        raise GrammarError(
+            f"{name}: {len(text)} characters; the limit is {DEFAULT_LIMITS.max_text_chars}"
+        )
+    return text
 
 
 def grammar_key_to_regex(key: GrammarKey) -> str:
+    """The regex of a key, for a regex-automaton backend; limits of such automata checked."""
+    if key.kind == "grammar":
+        raise GrammarError(
+            "grammar: context-free grammars need the llguidance grammar backend "
+            "(grammar_backend='llguidance' or 'auto')"
+        )
     if key.kind == "regex":
+        check_regex(key.pattern)
         return key.pattern
-    return json_schema_to_regex(key.pattern, key.whitespace_pattern)
+    regex = json_schema_to_regex(key.pattern, key.whitespace_pattern)
+    check_regex(regex, "json_schema", generated=True)
+    return regex

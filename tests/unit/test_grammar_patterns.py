@@ -14,6 +14,7 @@ from plait.runtime.constrained import (
     GrammarError,
     InvalidSchemaError,
     UnsupportedSchemaError,
+    grammar_key_to_regex,
     json_schema_to_regex,
     make_grammar_key,
     normalize_json_schema,
@@ -247,9 +248,9 @@ def test_whitespace_pattern():
         ),
     ],
 )
-def test_schema_errors_are_named(schema, error, message):
+def test_schema_errors_are_named_by_the_regex_builder(schema, error, message):
     with pytest.raises(error, match=message):
-        make_grammar_key(json_schema=schema)
+        grammar_key_to_regex(make_grammar_key(json_schema=schema))
 
 
 def test_make_grammar_key():

@@ -131,7 +131,8 @@ def test_fill_bitmask_for_a_wider_model_vocabulary(tok):
 
 
 def test_registry(tok):
-    assert create_grammar_backend("auto", tok).name == "outlines"
+    assert create_grammar_backend("auto", tok).name == "llguidance"
+    assert create_grammar_backend("outlines", tok).name == "outlines"
     with pytest.raises(ValueError, match="unknown 'nope'"):
         create_grammar_backend("nope", tok)
 
