@@ -158,14 +158,25 @@ class Engine:
             raise ValueError("text, input_ids: pass exactly one of them")
         logprob.validate()
         timeout = lifecycle.check_timeout(timeout)
+        # NOTE: every shape is checked before it is indexed or iterated: a JSON object or a number
+        # where a list belongs is the caller's mistake (ValueError naming it), not a KeyError.
+        source = "text" if text is not None else "input_ids"
         if text is not None:
             batched = isinstance(text, list)
             texts = text if batched else [text]
-            if not all(isinstance(t, str) for t in texts):
-                raise ValueError("text: expected a string or a list of strings")
+            if not texts:
+                raise ValueError("text: the list of prompts is empty")
+            wrong = [type(t).__name__ for t in texts if not isinstance(t, str)]
+            if wrong:
+                raise ValueError(f"text: expected a string or a list of strings, got {wrong[0]}")
             # NOTE: the batch call releases the GIL and spreads the texts over the cores.
             prompts = self.tokenizer.encode_batch(texts) if len(texts) > 1 else [self.tokenizer.encode(texts[0])]
         else:
+            if not isinstance(input_ids, list):
+                raise ValueError(
+                    "input_ids: expected a list of token ids or a list of such lists, got "
+                    f"{type(input_ids).__name__}"
+                )
             batched = bool(input_ids) and isinstance(input_ids[0], list)
             prompts = input_ids if batched else [input_ids]
             for p in prompts:
@@ -178,6 +189,14 @@ class Engine:
                     raise ValueError(
                         f"input_ids: token id {bad[0]} is outside the vocabulary [0, {self.args.vocab_size})"
                     )
+        # NOTE: SamplingParams turns `stop` and `stop_token_ids` into lists before it checks them.
+        for p in sampling_params if isinstance(sampling_params, list) else [sampling_params]:
+            for name, item in (("stop", str), ("stop_token_ids", int)):
+                value = p.get(name) if isinstance(p, dict) else None
+                if value is not None and not isinstance(value, (item, list, tuple)):
+                    raise ValueError(
+                        f"{name}: expected a {item.__name__} or a list of them, got {value!r:.80}"
+                    )
         if isinstance(sampling_params, list):
             if len(sampling_params) != len(prompts):
                 raise ValueError(
@@ -186,16 +205,23 @@ class Engine:
             params = [SamplingParams.from_dict(p) for p in sampling_params]
         else:
             params = [SamplingParams.from_dict(sampling_params)] * len(prompts)
+        vocab = self.args.vocab_size
+        for sp in params:
+            bad = [t for t in sp.stop_token_ids if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(
+                    f"stop_token_ids: token id {bad[0]} is outside the vocabulary [0, {vocab})"
+                )
         rids = rid if isinstance(rid, list) else [rid] * len(prompts)
         if len(rids) != len(prompts):
             raise ValueError(f"rid: got {len(rids)} ids for {len(prompts)} prompts")
         reqs: list[Request] = []
         for prompt, sp, r in zip(prompts, params, rids):
             if not prompt:
-                raise ValueError("text: the prompt is empty (no tokens)")
+                raise ValueError(f"{source}: the prompt is empty (no tokens)")
             if len(prompt) >= self.context_len:
                 raise ValueError(
-                    f"text: the prompt has {len(prompt)} tokens, but the model's context length is "
+                    f"{source}: the prompt has {len(prompt)} tokens, but the model's context length is "
                     f"{self.context_len} (prompt + output must fit)"
                 )
             for i in range(sp.n):

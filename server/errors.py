@@ -26,6 +26,8 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_f
           405: "invalid_request_error", 413: "invalid_request_error",
           431: "invalid_request_error", 503: "overloaded_error", 504: "timeout_error"}  # fmt: skip
 MAX_JSON_DEPTH = 128  # nesting of arrays and objects in a request body
+# A lone surrogate reaches a JSON string only as a \ud800-\udfff escape or as raw bytes ED A0-BF.
+_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 
 
 class APIError(Exception):
@@ -53,7 +55,7 @@ class APIError(Exception):
 
 def bad_request(message: str, param: str | None = None) -> APIError:
     """A 400; `param` defaults to the field the message starts with (`"top_p: must be ..."`)."""
-    return APIError(400, message, param=param or param_of(message))
+    return APIError(400, message, param=param_of(message) if param is None else param)
 
 
 def param_of(message: str) -> str | None:
@@ -81,17 +83,22 @@ def queue_full(limit: int, retry_after: int = 1) -> APIError:
 def format_validation_error(exc: ValidationError | RequestValidationError) -> APIError:
     """The first pydantic error as `loc: message` (e.g. `messages.0.role: Input should be ...`)."""
     first = exc.errors()[0]
+    parts = [str(p) for p in first.get("loc", ())]
+    if isinstance(exc, RequestValidationError) and parts[:1] == ["body"]:
+        parts = parts[1:]
     # NOTE: union members add their type to `loc` ("str", "list[str]", "NamedToolChoice",
-    # "literal['a','b']"); drop those so the path is the field's own.
-    loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _is_type_tag(str(p))]
-    param = ".".join(loc) or None
+    # "literal['a','b']"); drop those so the path is the field's own. An unknown field's own
+    # name comes last and is kept whatever it looks like.
+    named = len(parts) - 1 if first.get("type") == "extra_forbidden" else len(parts)
+    loc = [p for i, p in enumerate(parts) if i == named or not _is_type_tag(p)]
+    param = ".".join(loc) if loc else None
     message = first.get("msg", "invalid value")
     if first.get("type") == "extra_forbidden":
         message = "unknown field; remove it (this server does not support it)"
     if "input" in first and first.get("type") not in ("missing", "extra_forbidden"):
         shown = json.dumps(first["input"], default=str)
         message += f", got {shown[:200]}"
-    return APIError(400, f"{param}: {message}" if param else message, param=param)
+    return APIError(400, message if param is None else f"{param}: {message}", param=param)
 
 
 def _is_type_tag(part: str) -> bool:
@@ -142,6 +149,11 @@ async def read_json(request: Request) -> Any:
         raise APIError(
             400, f"body: JSON nested deeper than {MAX_JSON_DEPTH} levels", param="body"
         )
+    # NOTE: JSON may escape half of a surrogate pair alone; such a string cannot be tokenized
+    # (nor written back into an error message), so it is refused here, by its path.
+    bad = _invalid_unicode(body) if _MAYBE_SURROGATE.search(raw) else None
+    if bad is not None:
+        raise APIError(400, f"{bad}: not valid Unicode (a lone surrogate escape)", param=bad)
     return body
 
 
@@ -164,6 +176,36 @@ def _too_deep(value: Any, limit: int) -> bool:
             children = node.values() if isinstance(node, dict) else node
             stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
     return False
+
+
+def _invalid_unicode(value: Any) -> str | None:
+    """The path (`messages.0.content`) of the first string or key holding a lone surrogate."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(value, ())]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, str):
+            if not _encodable(node):
+                return _shown_path(path)
+        elif isinstance(node, dict):
+            for key, child in node.items():
+                if not _encodable(key):
+                    return _shown_path((*path, key))
+                stack.append((child, (*path, key)))
+        elif isinstance(node, list):
+            stack.extend((c, (*path, i)) for i, c in enumerate(node) if isinstance(c, (str, dict, list)))
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _shown_path(path: tuple[Any, ...]) -> str:
+    return ".".join(str(p).encode("utf-8", "backslashreplace").decode() for p in path) or "body"
 
 
 async def read_object(request: Request) -> dict[str, Any]:

@@ -71,7 +71,8 @@ def check_generate_body(body: dict[str, Any]) -> None:
     if unknown:
         raise bad_request(
             f"{unknown[0]}: unknown field(s) {', '.join(unknown)}; /generate takes "
-            f"{', '.join(sorted(_FIELDS))}"
+            f"{', '.join(sorted(_FIELDS))}",
+            param=unknown[0],
         )
     for name in sorted((set(body) & _INERT) - _TOLERATED):
         if body[name] not in (None, False, [], {}, ""):
@@ -153,7 +154,10 @@ async def abort_request(request: Request) -> Response:
     state = state_of(request)
     body = await read_object(request)
     rid = body.get("rid")
-    if body.get("abort_all"):
+    abort_all = body.get("abort_all")
+    if abort_all is not None and not isinstance(abort_all, bool):
+        raise bad_request(f"abort_all: expected a boolean, got {abort_all!r:.80}")
+    if abort_all:
         for engine_rids in list(state.admission.live.values()):
             for r in engine_rids:
                 state.engine.abort(r)

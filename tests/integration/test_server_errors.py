@@ -31,7 +31,26 @@ NATIVE = [
     ({"text": []}, "text"),
     ({"input_ids": [1, "x"]}, "input_ids"),
     ({"input_ids": [10**7]}, "input_ids"),
-    ({"input_ids": [5] * 1100}, "text"),  # longer than the context (1024)
+    ({"input_ids": [5] * 1100}, "input_ids"),  # longer than the context (1024)
+    ({"input_ids": [[]]}, "input_ids"),
+    # the wrong JSON type where a list belongs: these were 500s (KeyError, TypeError)
+    ({"input_ids": {"": None}, "text": None}, "input_ids"),
+    ({"input_ids": {"": None}, "stream": True}, "input_ids"),
+    ({"input_ids": 5}, "input_ids"),
+    ({"input_ids": True}, "input_ids"),
+    ({"text": {"a": 1}}, "text"),
+    ({"text": [None]}, "text"),
+    ({"text": ["a", 5]}, "text"),
+    ({"text": "a", "sampling_params": [1]}, "sampling_params"),
+    ({"text": "a", "sampling_params": {"stop": 5}}, "stop"),
+    ({"text": "a", "sampling_params": {"stop": {"a": 1}}}, "stop"),
+    ({"text": "a", "stream": True, "sampling_params": {"stop": True}}, "stop"),
+    ({"text": "a", "sampling_params": {"stop_token_ids": 1.5}}, "stop_token_ids"),
+    ({"text": "a", "sampling_params": {"stop_token_ids": [10**30]}}, "stop_token_ids"),
+    ({"text": "a", "sampling_params": {**SP, "stop_token_ids": [60000], "min_new_tokens": 1}},
+     "stop_token_ids"),  # fmt: skip
+    ({"text": "a", "1 odd-key": 1}, "1 odd-key"),
+    ({"text": "a", "": 1}, ""),
     ({"text": "a", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
     ({"text": "a", "sampling_params": {"max_new_tokens": 10**9}}, "max_new_tokens"),
     ({"text": "a", "sampling_params": {"max_new_tokens": 1.5}}, "max_new_tokens"),
@@ -73,6 +92,29 @@ def test_invalid_regex_is_a_400(client):
     assert r.status_code == 400 and r.json()["error"]["param"] == "regex"
 
 
+def test_lone_surrogates_are_a_400_naming_the_string(client):
+    # valid JSON, but no Unicode text: it could neither be tokenized nor echoed in an error
+    for raw, param in ((rb'{"text": "\ud800"}', "text"), (rb'{"text": ["a", "b\udfff"]}', "text.1"),
+                       (rb'{"text": "a", "sampling_params": {"stop": ["\udc00"]}}', "sampling_params.stop.0"),
+                       (rb'{"text": "a", "\ud800": 1}', "\\ud800"),
+                       (b'{"text": "\xed\xa0\x80"}', "text")):  # fmt: skip
+        r = client.post("/generate", content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 400, (raw, r.text)
+        assert r.json()["error"]["param"] == param, r.json()
+    chat = b'{"messages": [{"role": "user", "content": "\\udbff"}]}'
+    r = client.post("/v1/chat/completions", content=chat, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.content", r.text
+    emoji = rb'{"text": "\ud83d\ude00", "sampling_params": {"max_new_tokens": 1}}'  # a pair is fine
+    r = client.post("/generate", content=emoji, headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+
+
+def test_abort_all_must_be_a_boolean(client):
+    r = client.post("/abort_request", json={"abort_all": {"": None}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "abort_all", r.text
+    assert client.post("/abort_request", json={"rid": "nothing-runs", "abort_all": False}).status_code == 200
+
+
 def test_malformed_bodies(client):
     for raw in (b"{not json", b"", b"[1, 2]", b'"text"'):
         r = client.post("/generate", content=raw, headers={"content-type": "application/json"})
@@ -96,6 +138,7 @@ OPENAI = [
     ({**CHAT, "messages": [{"role": "user", "content": "word " * 1100}]}, "messages"),
     ({**CHAT, "top_logprobs": 50, "logprobs": True}, "top_logprobs"),
     ({**CHAT, "frobnicate": True}, "frobnicate"),
+    ({**CHAT, "Model": "m"}, "Model"),  # an unknown field's name is kept even if it looks like a type
     ({**CHAT, "logit_bias": {"1": 5}}, "logit_bias"),
     ({**CHAT, "stop": [1]}, "stop"),
     ({**CHAT, "response_format": {"type": "xml"}}, "response_format.type"),
