@@ -9,6 +9,7 @@ from fastapi.responses import Response
 
 from plait.server import native, openai_api, programs
 from plait.server.auth import APIKeyMiddleware
+from plait.server.dashboard import DashboardConfig, install_dashboard
 from plait.server.errors import install_error_handlers
 from plait.server.limits import LimitsMiddleware
 from plait.server.metrics import CONTENT_TYPE
@@ -23,9 +24,11 @@ def create_app(
     engine: Any,
     config: ServerConfig | None = None,
     program_registry: dict[str, Program] | None = None,
+    dashboard: DashboardConfig | None = None,
 ) -> FastAPI:
     """The server for `engine` (which the caller owns and shuts down). Programs come from
-    `config.programs` (files or modules) unless `program_registry` is given."""
+    `config.programs` (files or modules) unless `program_registry` is given; `dashboard` sets
+    up `/dashboard` (see `server/dashboard.py`)."""
     config = config or ServerConfig()
     if program_registry is None:
         program_registry = programs.load_programs(config.programs) if config.programs else {}
@@ -43,6 +46,7 @@ def create_app(
 
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    install_dashboard(app, dashboard)  # its static page is served before the key check
     app.add_middleware(LimitsMiddleware, max_body_bytes=config.max_body_bytes)  # runs first
     return app
 

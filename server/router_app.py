@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from plait.server import route_keys
 from plait.server.auth import APIKeyMiddleware
+from plait.server.dashboard_router import install_router_dashboard
 from plait.server.errors import install_error_handlers, read_object
 from plait.server.metrics import CONTENT_TYPE
 from plait.server.proxy import Proxy
@@ -127,4 +128,5 @@ def create_router_app(
 
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    install_router_dashboard(app, state)
     return app

@@ -1,0 +1,244 @@
+"""`GET /dashboard`: a live page of the engine (radix tree, KV pool, batches, latency, requests),
+and `GET /dashboard/snapshot`: the JSON it polls, which scripts and `plait top` read too.
+
+The page is a static file with no data in it: `DashboardPage` serves it before the API-key check
+(a browser cannot send a bearer header when it opens a URL), and it asks for the key when the
+snapshot answers 401. The snapshot obeys the key like every other route.
+
+Nothing runs while nobody watches: the first snapshot installs the engine probe
+(`dashboard_probe.StepProbe`), each one takes at most one history row, and the probe comes off
+`idle_after` seconds after the last snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from importlib import resources
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from plait.radix_cache.inspect import summarize_tree
+from plait.server.dashboard_history import History
+from plait.server.dashboard_probe import StepProbe
+from plait.server.dashboard_requests import RequestLog, RouteLabel
+
+SNAPSHOT_VERSION = 1
+PAGE_PATH = "/dashboard"
+KEY_TOKENS = 12  # token ids of each shown edge decoded into its label when prompts may be shown
+
+
+@dataclass(frozen=True)
+class DashboardConfig:
+    show_prompts: bool = False  # prompt text and tree edge text in the snapshot and page
+    interval: float = 1.0  # seconds between history rows (and the page's poll period)
+    idle_after: float = 15.0  # seconds without a snapshot after which the probe comes off
+    history: int = 600  # rows kept
+    max_tree_nodes: int = 64
+
+    def __post_init__(self) -> None:
+        if not 0.05 <= self.interval <= 60:
+            raise ValueError(f"interval: must be in [0.05, 60] seconds, got {self.interval}")
+        if self.idle_after < self.interval:
+            raise ValueError(f"idle_after: must be at least interval, got {self.idle_after}")
+        if self.history < 2:
+            raise ValueError(f"history: must be at least 2 rows, got {self.history}")
+
+
+class EngineView:
+    """What the dashboard keeps for one engine; servers around the same engine share it."""
+
+    def __init__(self, engine: Any, config: DashboardConfig) -> None:
+        self.engine = engine
+        self.probe = StepProbe(engine)
+        self.requests = RequestLog(engine)
+        self.history = History(config.history, config.interval)
+        self.clock_marks: deque[tuple[int, float]] = deque(maxlen=config.history)
+        self.last_watched = 0.0
+        self.watched_since: float | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def of(cls, engine: Any, config: DashboardConfig) -> EngineView:
+        view = vars(engine).get("_dashboard_view")
+        if view is None:
+            view = cls(engine, config)
+            engine._dashboard_view = view
+        return view
+
+    def watch(self, idle_after: float) -> None:
+        self.last_watched = time.monotonic()
+        if not self.probe.installed:
+            self.probe.install()
+            self.watched_since = time.time()
+        if self._idle_timer is None:
+            loop = asyncio.get_running_loop()
+            self._idle_timer = loop.call_later(idle_after, self._check_idle, idle_after)
+
+    def _check_idle(self, idle_after: float) -> None:
+        self._idle_timer = None
+        left = self.last_watched + idle_after - time.monotonic()
+        if left > 0:
+            self._idle_timer = asyncio.get_running_loop().call_later(
+                left, self._check_idle, idle_after
+            )
+            return
+        self.probe.uninstall()
+        self.watched_since = None
+
+    def last_use_s(self, last_access: int, now: float) -> float | None:
+        """Seconds since the first snapshot that saw the cache's clock past `last_access` (the
+        use happened before it, after the one before); None if before the oldest kept one."""
+        marks = self.clock_marks
+        if not marks or last_access < marks[0][0]:
+            return None
+        i = bisect.bisect_left(marks, (last_access, float("-inf")))
+        return max(now - marks[min(i, len(marks) - 1)][1], 0.0)
+
+
+def build_snapshot(
+    view: EngineView, config: DashboardConfig, since: int | None, nodes: int, model: str,
+    started: float,
+) -> dict[str, Any]:  # fmt: skip
+    engine, probe = view.engine, view.probe
+    now = time.time()
+    cache = engine.cache
+    if view.clock_marks and cache._clock < view.clock_marks[-1][0]:
+        view.clock_marks.clear()  # the cache was flushed: its clock started again
+    view.clock_marks.append((cache._clock, now))
+    stats = engine.stats()
+    live = view.requests.live(config.show_prompts)
+    if view.history.due(now, config.interval):
+        sched = engine.scheduler
+        view.history.sample(
+            now, stats, sched.prompt_tokens, sched.cached_prompt_tokens,
+            steps=list(probe.steps), ttft=list(probe.ttft), itl=list(probe.itl),
+            events=list(probe.events),
+            retracted_waiting=sum(1 for r in live if r["status"] == "retracted"),
+        )  # fmt: skip
+    tree = summarize_tree(cache, max_nodes=nodes, hits=dict(probe.hits) if probe.installed else None,
+                          key_tokens=KEY_TOKENS if config.show_prompts else 0)  # fmt: skip
+    probe.forget(
+        {r["rid"] for r in live}, {n.id for n in tree.nodes} if tree.num_nodes <= nodes else None
+    )
+    rows = view.history.since(since)
+    return {
+        "version": SNAPSHOT_VERSION,
+        "kind": "server",
+        "time": now,
+        "uptime_s": now - started,
+        "model": model,
+        "show_prompts": config.show_prompts,
+        "interval_s": config.interval,
+        "stats": _jsonable(stats),
+        "current": view.history.rows[-1] if view.history.rows else None,
+        "history": rows,
+        "tree": _tree_json(tree, view, engine, config.show_prompts, now),
+        "events": list(probe.events)[-50:],
+        "steps": [asdict(s) for s in list(probe.steps)[-20:]],
+        "requests": {"live": live,
+                     "finished": view.requests.finished(list(probe.finished), 32, config.show_prompts)},
+        "watch": {"probe_installed": probe.installed, "watched_since": view.watched_since,
+                  "idle_after_s": config.idle_after},
+    }  # fmt: skip
+
+
+def _tree_json(tree: Any, view: EngineView, engine: Any, show: bool, now: float) -> dict[str, Any]:
+    nodes = []
+    for n in tree.nodes:
+        item = {"id": n.id, "parent": n.parent, "depth": n.depth, "tokens": n.tokens,
+                "pages": n.pages, "subtree_tokens": n.subtree_tokens,
+                "subtree_pages": n.subtree_pages, "subtree_nodes": n.subtree_nodes,
+                "children": n.num_children, "locked": n.locked, "locks": n.own_locks,
+                "evictable": n.evictable, "hits": n.hits,
+                "last_use_s": view.last_use_s(n.last_access, now)}  # fmt: skip
+        if show and n.key_head:
+            item["text"] = engine.tokenizer.decode(list(n.key_head))
+        nodes.append(item)
+    return {"page_size": engine.page_size, "num_nodes": tree.num_nodes, "num_tokens": tree.num_tokens,
+            "cached_pages": tree.cached_pages, "evictable_pages": tree.evictable_pages,
+            "protected_pages": tree.protected_pages, "truncated": tree.truncated,
+            "hits_counted": any(n.hits is not None for n in tree.nodes), "nodes": nodes}  # fmt: skip
+
+
+def _jsonable(stats: dict[str, Any]) -> dict[str, Any]:
+    return {k: v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
+            for k, v in stats.items()}  # fmt: skip
+
+
+# the page ------------------------------------------------------------------------------------
+
+
+def page_html() -> bytes:
+    """The page, its script and style inlined: one response, nothing fetched from elsewhere."""
+    static = resources.files("plait.server") / "static"
+    html = (static / "dashboard.html").read_text()
+    html = html.replace("/*STYLE*/", (static / "dashboard.css").read_text())
+    html = html.replace("/*SCRIPT*/", (static / "dashboard.js").read_text())
+    return html.encode()
+
+
+class DashboardPage:
+    """Pure ASGI: answers `GET /dashboard` with the static page; everything else passes on."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._body: bytes | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["path"] != PAGE_PATH
+            or scope["method"] not in ("GET", "HEAD")
+        ):
+            await self.app(scope, receive, send)
+            return
+        if self._body is None:
+            self._body = page_html()
+        headers = [(b"content-type", b"text/html; charset=utf-8"),
+                   (b"content-length", str(len(self._body)).encode()),
+                   (b"cache-control", b"no-cache"),
+                   (b"content-security-policy", b"default-src 'self'; script-src 'unsafe-inline'; "
+                    b"style-src 'unsafe-inline'; img-src 'self' data:")]  # fmt: skip
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        body = b"" if scope["method"] == "HEAD" else self._body
+        await send({"type": "http.response.body", "body": body})
+
+
+# the routes ----------------------------------------------------------------------------------
+
+router = APIRouter()
+
+
+@router.get("/dashboard/snapshot")
+async def snapshot(
+    request: Request,
+    since: int | None = Query(None, ge=0, description="only history rows after this seq"),
+    nodes: int | None = Query(None, ge=1, le=1000, description="tree nodes to show"),
+) -> JSONResponse:
+    """The dashboard's data: `engine.stats()`, history rows, the radix tree's largest branches,
+    KV events, recent steps, and live and recently finished requests."""
+    state = request.app.state.plait
+    config: DashboardConfig = request.app.state.dashboard
+    view = EngineView.of(state.engine, config)
+    view.watch(config.idle_after)
+    body = build_snapshot(view, config, since, nodes or config.max_tree_nodes, state.model_name,
+                          state.started)  # fmt: skip
+    return JSONResponse(body, headers={"Cache-Control": "no-store"})
+
+
+def install_dashboard(app: FastAPI, config: DashboardConfig | None = None) -> None:
+    """Adds the routes and the page; call it after the app's other middleware (the page is
+    served first, before the API-key check)."""
+    config = config or DashboardConfig()
+    app.state.dashboard = config
+    EngineView.of(app.state.plait.engine, config)  # labels requests from the first one on
+    app.include_router(router)
+    app.add_middleware(RouteLabel)
+    app.add_middleware(DashboardPage)
