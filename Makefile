@@ -6,7 +6,7 @@ STAMP := $(VENV)/.plait-setup
 # CPU machines get the CPU build of torch; a machine with an NVIDIA GPU keeps pip's default (CUDA) build.
 TORCH_CONSTRAINT := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints-cpu.txt)
 
-.PHONY: setup demo test test-fast lint bench bench-deps clean reliability soak
+.PHONY: setup demo test test-fast lint bench bench-deps clean reliability soak browser
 
 setup: $(STAMP)
 
@@ -24,11 +24,20 @@ demo: setup
 	$(BIN)/python examples/demo.py
 	$(BIN)/python -m plait.server.demo
 
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest -q tests
 
-test-fast: setup
+test-fast: setup browser
 	$(BIN)/python -m pytest -q tests -m "not e2e and not slow"
+
+# The dashboard tests drive Debian's chromium, headless. As root with apt-get (CI) it is installed
+# here; elsewhere, without it, those tests skip and say why.
+browser:
+	@if ! (command -v chromium && command -v chromedriver) >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update -q && apt-get install -y -q chromium chromium-driver \
+			|| echo "chromium not installed: the dashboard's browser tests will skip"; \
+	fi
 
 lint: setup
 	$(BIN)/ruff check .
