@@ -1,12 +1,12 @@
 """The router's Prometheus metrics: routing decisions, retries, failures, and each replica's
-health, load and prefix-tree size read live at scrape time."""
+health (how often it went down), load and prefix-tree size read live at scrape time."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from plait.server.routing import Decision, Router
@@ -16,18 +16,22 @@ class _ReplicaCollector(Collector):
     def __init__(self, router: Router) -> None:
         self.router = router
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         up = GaugeMetricFamily("plait_router_replica_up", "1 if the replica is routed to",
                                labels=["replica"])  # fmt: skip
         load = GaugeMetricFamily("plait_router_replica_in_flight", "requests the router has "
                                  "in flight on the replica", labels=["replica"])  # fmt: skip
         tree = GaugeMetricFamily("plait_router_replica_tree_chars", "characters of prompt text "
                                  "the router believes the replica caches", labels=["replica"])  # fmt: skip
+        downs = CounterMetricFamily("plait_router_replica_downs", "times the replica was marked "
+                                    "down (failed forwards, failed health probes, its process "
+                                    "gone)", labels=["replica"])  # fmt: skip
         for r in self.router.replicas:
             up.add_metric([r.url], 1.0 if r.healthy else 0.0)
             load.add_metric([r.url], r.in_flight)
             tree.add_metric([r.url], r.tree.num_chars)
-        yield from (up, load, tree)
+            downs.add_metric([r.url], r.downs)
+        yield from (up, load, tree, downs)
         yield GaugeMetricFamily("plait_router_healthy_replicas", "replicas routed to",
                                 value=len(self.router.healthy()))  # fmt: skip
 

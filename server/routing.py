@@ -4,11 +4,16 @@
 request's text, unless the load is imbalanced (then the least-loaded replica) or the best match
 is too short to matter (then the least-loaded replica, the one holding the least text on ties).
 A session id pins every request of one program run to one replica.
+
+A replica is routed to while it is healthy: `mark_down` (a failed forward, a failed health probe,
+its process gone) takes it out of the candidates, `mark_up` (a health probe that passed) puts it
+back.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,14 +61,15 @@ class Replica:
     healthy: bool = True
     in_flight: int = 0
     served: int = 0
-    failures: int = 0
+    failures: int = 0  # failed forwards and probes that marked it down
+    downs: int = 0  # times it went from routed-to to down
     last_error: str | None = None
     process: Any = None  # the `ServerProcess` when the router started this replica
 
     def describe(self) -> dict[str, Any]:
         return {"url": self.url, "healthy": self.healthy, "in_flight": self.in_flight,
-                "served": self.served, "failures": self.failures, "last_error": self.last_error,
-                "tree_chars": self.tree.num_chars}  # fmt: skip
+                "served": self.served, "failures": self.failures, "downs": self.downs,
+                "last_error": self.last_error, "tree_chars": self.tree.num_chars}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,9 @@ class Router:
     def __post_init__(self) -> None:
         self._turn = itertools.count()
         self._sessions: OrderedDict[str, str] = OrderedDict()
+        # NOTE: the health monitor marks replicas down and up from its own thread while requests
+        # are routed on the event loop; one lock keeps a replica's health and tree consistent.
+        self._lock = threading.Lock()
 
     @classmethod
     def for_urls(cls, urls: list[str], config: RouterConfig | None = None) -> Router:
@@ -101,26 +110,43 @@ class Router:
         self, key: str, session: str | None = None, exclude: frozenset[str] = frozenset()
     ) -> Decision:
         """The replica for a request whose prompt text is `key`; records the text in its tree."""
-        candidates = self.healthy(exclude)
-        if not candidates:
-            down = ", ".join(r.url for r in self.replicas if not r.healthy) or "none"
-            raise NoReplicaError(f"no healthy replica left to try (down: {down})")
-        decision = self._sticky(session, candidates) or self._pick(key, candidates)
-        if self.config.policy == "cache_aware":
-            decision.replica.tree.insert(key)
-        if session is not None:
-            self._sessions[session] = decision.replica.url
-            self._sessions.move_to_end(session)
-            while len(self._sessions) > self.config.max_sessions:
-                self._sessions.popitem(last=False)
-        return decision
+        with self._lock:
+            candidates = self.healthy(exclude)
+            if not candidates:
+                down = ", ".join(r.url for r in self.replicas if not r.healthy) or "none"
+                raise NoReplicaError(f"no healthy replica left to try (down: {down})")
+            decision = self._sticky(session, candidates) or self._pick(key, candidates)
+            if self.config.policy == "cache_aware":
+                decision.replica.tree.insert(key)
+            if session is not None:
+                self._sessions[session] = decision.replica.url
+                self._sessions.move_to_end(session)
+                while len(self._sessions) > self.config.max_sessions:
+                    self._sessions.popitem(last=False)
+            return decision
 
-    def mark_down(self, replica: Replica, error: str) -> None:
-        """A replica that failed is routed around, and what the router knew of its cache goes."""
-        replica.healthy = False
-        replica.failures += 1
-        replica.last_error = error
-        replica.tree.clear()
+    def mark_down(self, replica: Replica, error: str) -> bool:
+        """A replica that failed is routed around, and what the router knew of its cache goes.
+        True if it was routed to until now."""
+        with self._lock:
+            was_up = replica.healthy
+            replica.healthy = False
+            replica.failures += 1
+            if was_up:
+                replica.downs += 1
+            replica.last_error = error
+            replica.tree.clear()
+            return was_up
+
+    def mark_up(self, replica: Replica, failures: int) -> bool:
+        """Routes to `replica` again after a health probe passed, unless it failed after the probe
+        was sent (`failures` is its count then): a stale answer must not revive a dead replica.
+        True if it was down until now."""
+        with self._lock:
+            if replica.healthy or replica.failures != failures:
+                return False
+            replica.healthy = True
+            return True
 
     def _sticky(self, session: str | None, candidates: list[Replica]) -> Decision | None:
         url = self._sessions.get(session) if session is not None else None
