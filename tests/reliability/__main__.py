@@ -28,6 +28,7 @@ class Budget:
     aborts: int = 40
     fault_rounds: int = 10
     fuzz_examples: int = 25  # per operation and mode (valid / invalid bodies)
+    body_examples: int = 400  # hostile body shapes per generation route
     constraint_examples: int = 150
     constraint_seconds: float = 90.0
     exhaustion_requests: int = 12
@@ -36,8 +37,9 @@ class Budget:
 
 
 QUICK = Budget(soak_seconds=5, capacity_seconds=2, timeout=10, disconnects=40, aborts=8,
-               fault_rounds=2, fuzz_examples=4, constraint_examples=10, constraint_seconds=15,
-               exhaustion_requests=6, fuzz_timeout=3, replica_requests=8)  # fmt: skip
+               fault_rounds=2, fuzz_examples=6, body_examples=150, constraint_examples=10,
+               constraint_seconds=15, exhaustion_requests=6, fuzz_timeout=3,
+               replica_requests=8)  # fmt: skip
 
 
 def run(budget: Budget, model: Any, only: set[str], log: Any = print) -> list[Tally]:
@@ -58,6 +60,7 @@ def run(budget: Budget, model: Any, only: set[str], log: Any = print) -> list[Ta
                 done(chaos.faults(server, budget.fault_rounds))
             if "fuzz" in only:
                 done(fuzz.fuzz_http(server, budget.fuzz_examples))
+                done(fuzz.fuzz_bodies(server, budget.body_examples))
                 done(fuzz.fuzz_constraints(server.engine, budget.constraint_examples,
                                            budget.constraint_seconds))  # fmt: skip
         if "chaos" in only:

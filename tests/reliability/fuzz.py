@@ -1,7 +1,9 @@
 """Fuzzing: every operation of the server's own OpenAPI schema with schemathesis (valid and
-invalid bodies), and constraint compilation with hypothesis (pathological regexes and schemas).
-A crash is a 5xx other than 503/504, a hang past the client's timeout, or a stream without a
-terminal event; the server must be healthy and leak nothing afterwards."""
+invalid bodies), hostile body shapes for the generation routes with hypothesis (every field
+absent, plausible or any JSON value at all), and constraint compilation with hypothesis
+(pathological regexes and schemas). A crash is a 5xx other than 503/504, a hang past the
+client's timeout, a 400 that does not name its field, or a stream without a terminal event; the
+server must be healthy and leak nothing afterwards."""
 
 from __future__ import annotations
 
@@ -71,6 +73,85 @@ def _call(case: Any, url: str, tally: Tally, requests: Any) -> None:
         if not lines or lines[-1].strip() != "data: [DONE]":
             tally.lost += 1
             tally.note(f"stream without [DONE]: {_shown(case.body)}")
+
+
+# Sent first by every body fuzz: shapes that once got a 500 instead of a 400 naming the field.
+KNOWN_BODIES: list[tuple[str, dict[str, Any]]] = [
+    ("/generate", {"input_ids": {"": None}, "text": None}),
+    ("/generate", {"input_ids": {"": None}, "stream": True}),
+    ("/generate", {"input_ids": 5}),
+    ("/generate", {"text": "a", "sampling_params": {"stop": 5}}),
+    ("/generate", {"text": "a", "sampling_params": [{"stop_token_ids": 1.5}]}),
+    ("/generate", {"text": "a", "sampling_params": {"stop_token_ids": [10**30]}}),
+    ("/generate", {"text": "a", "sampling_params": {"stop_token_ids": [60000], "min_new_tokens": 2,
+                                                    "max_new_tokens": 3}}),  # fmt: skip
+    ("/abort_request", {"abort_all": {"": None}}),
+]
+
+
+def fuzz_bodies(server: Any, examples: int, seed: int | None = None) -> Tally:
+    """`examples` hypothesis bodies for each of /generate, /v1/completions and
+    /v1/chat/completions (tests/reliability/strategies.py), after `KNOWN_BODIES`. Every answer
+    must be a 200 or a 4xx whose error names its field (`param`, repeated in the message)."""
+    import httpx
+
+    from tests.reliability.strategies import chat_bodies, completion_bodies, generate_bodies
+
+    tally = Tally("fuzz-bodies")
+    start = time.perf_counter()
+    limits = httpx.Limits(max_keepalive_connections=0)  # a crash must not cost the next case
+    with httpx.Client(base_url=server.url, timeout=CLIENT_TIMEOUT, limits=limits) as client:
+        for path, body in KNOWN_BODIES:
+            _post_body(client, path, body, tally)
+        for path, bodies in (("/generate", generate_bodies()), ("/v1/completions", completion_bodies()),
+                             ("/v1/chat/completions", chat_bodies())):  # fmt: skip
+            test = given(bodies)(_body_sender(client, path, tally))
+            if seed is not None:
+                test = hypothesis_seed(seed)(test)
+            settings(max_examples=examples, deadline=None, database=None, derandomize=seed is None,
+                     suppress_health_check=list(HealthCheck))(test)()  # fmt: skip
+    check_leaks(tally, server)
+    tally.seconds = time.perf_counter() - start
+    return tally
+
+
+def _body_sender(client: Any, path: str, tally: Tally) -> Any:
+    def send(body: dict[str, Any]) -> None:
+        _post_body(client, path, body, tally)
+
+    return send
+
+
+def _post_body(client: Any, path: str, body: dict[str, Any], tally: Tally) -> None:
+    import httpx
+
+    tally.fuzz_cases += 1
+    raw = json.dumps(body)  # lone surrogates travel as \ud800 escapes, as JSON allows
+    try:
+        r = client.post(path, content=raw, headers={"content-type": "application/json"})
+    except httpx.HTTPError as e:
+        tally.sent += 1
+        tally.crashes += 1
+        tally.note(f"{path} {_shown(body)}: {type(e).__name__}")
+        return
+    status = r.status_code
+    count_status(tally, status)
+    if status >= 500 and status not in (503, 504):
+        tally.note(f"{path} {_shown(body)} -> {status} {r.text[:200]}")
+    elif 400 <= status < 500:
+        try:
+            error = r.json()["error"]
+            param, message = error["param"], error["message"]
+        except (ValueError, KeyError, TypeError):
+            param, message = None, r.text
+        if param is None or param.split(".")[0] not in message:
+            tally.crashes += 1
+            tally.note(f"{path} {_shown(body)} -> {status} naming no field: {message[:200]}")
+    elif "text/event-stream" in r.headers.get("content-type", ""):
+        lines = [x for x in r.text.splitlines() if x.startswith("data:")]
+        if not lines or lines[-1].strip() != "data: [DONE]":
+            tally.lost += 1
+            tally.note(f"stream without [DONE]: {path} {_shown(body)}")
 
 
 def _shown(body: Any) -> str:

@@ -1,8 +1,11 @@
 """Chaos with data parallelism: one of two replicas behind the cache-aware router is killed
 (SIGKILL) mid-load. Non-streamed requests, and streams that had sent nothing yet, must be retried
 on the survivor and complete; a stream that had started must end with an error event and
-[DONE]. Afterwards the survivor holds no KV pages, its pool adds up, it answers
-/health_generate, and the router reports the dead replica."""
+[DONE]. Afterwards the router reports the dead replica down in its routing table, `/health` and
+`/metrics` (and the survivor up), sends it nothing more, and the survivor holds no KV pages, its
+pool adds up and it answers /health_generate. Then the replica is started again on its port: the
+router must route to it again once its health probe passes, and notice when it is killed once
+more while idle (only the probe can tell then)."""
 
 from __future__ import annotations
 
@@ -13,12 +16,14 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from tests.reliability.report import Tally
 
 BODY = {"max_new_tokens": 96, "ignore_eos": True, "temperature": 0}
+NOTICE_S = 5.0  # how soon the router must see a replica go down or come back (probes every 0.2 s)
 
 
 def _metric(text: str, name: str) -> float:
@@ -46,9 +51,56 @@ def _survivor_leaks(tally: Tally, url: str, timeout: float = 30.0) -> None:
         tally.note("survivor: /health_generate failed")
 
 
-def replica_death(model: str | Path, requests: int = 24, streams: int = 8) -> Tally:
+def _views(url: str, router: Any, replica: str) -> dict[str, bool]:
+    """Whether each of the router's views has `replica` up: routing table, /health, /metrics."""
+    entries = httpx.get(url + "/health", timeout=10).json()["replicas"]
+    metrics = httpx.get(url + "/metrics", timeout=10).text
+    up = re.search(rf'^plait_router_replica_up{{replica="{re.escape(replica)}"}} (\S+)$', metrics, re.M)
+    return {
+        "routing": any(r.url == replica for r in router.healthy()),
+        "health": any(e["url"] == replica and e["healthy"] for e in entries),
+        "metrics": up is not None and float(up.group(1)) == 1.0,
+    }
+
+
+def _await_views(tally: Tally, url: str, router: Any, replica: str, up: bool, what: str) -> None:
+    """Waits up to NOTICE_S for every view to show `replica` up (or down); a crash if not."""
+    began = time.monotonic()
+    deadline = began + NOTICE_S
+    while True:
+        views = _views(url, router, replica)
+        if all(v == up for v in views.values()):
+            key = f"noticed_{what.replace(' ', '_')}_s"
+            tally.extra[key] = round(time.monotonic() - began, 2)
+            return
+        if time.monotonic() > deadline:
+            tally.crashes += 1
+            wrong = ", ".join(k for k, v in views.items() if v != up)
+            tally.note(f"{what}: after {NOTICE_S:.0f} s the router's {wrong} still show(s) "
+                       f"{replica} {'down' if up else 'up'}")  # fmt: skip
+            return
+        time.sleep(0.05)
+
+
+def _generate(tally: Tally, url: str, i: int) -> None:
+    body = {"text": f"Check {i}: count", "sampling_params": {**BODY, "max_new_tokens": 4}}
+    tally.sent += 1
+    try:
+        r = httpx.post(url + "/generate", json=body, timeout=120)
+    except httpx.HTTPError as e:
+        tally.lost += 1
+        tally.note(f"check request {i}: {type(e).__name__}: {e}")
+        return
+    if r.status_code == 200:
+        tally.completed += 1
+    else:
+        tally.lost += 1
+        tally.note(f"check request {i}: HTTP {r.status_code} {r.text[:200]}")
+
+
+def replica_death(model: str | Path, requests: int = 24, streams: int = 8, revive: bool = True) -> Tally:
     from plait.server.data_parallel import start_replicas
-    from plait.server.launch import ServerThread
+    from plait.server.launch import ServerProcess, ServerThread
     from plait.server.router_app import create_router_app
     from plait.server.routing import Router, RouterConfig
 
@@ -60,7 +112,8 @@ def replica_death(model: str | Path, requests: int = 24, streams: int = 8) -> Ta
     for replica, proc in zip(router.replicas, procs):
         replica.process = proc
     app = create_router_app(router)
-    victim = procs[0]
+    victim, survivor = procs
+    dead = router.replicas[0]
     try:
         with ServerThread(app, log_level="critical") as server:
             started_streams = threading.Event()
@@ -101,22 +154,56 @@ def replica_death(model: str | Path, requests: int = 24, streams: int = 8) -> Ta
             with ThreadPoolExecutor(requests + streams) as pool:
                 futures = [pool.submit(plain, i) for i in range(requests)]
                 futures += [pool.submit(streamed, i) for i in range(streams)]
-                started_streams.wait(60)
-                time.sleep(0.3)
+                # NOTE: kill it while it serves requests and a stream has started, or the run
+                # would only test a replica that died idle.
+                deadline = time.monotonic() + 60
+                while not (started_streams.is_set() and dead.in_flight >= 2):
+                    if time.monotonic() > deadline or all(f.done() for f in futures):
+                        break
+                    time.sleep(0.005)
+                tally.extra["in_flight_at_kill"] = dead.in_flight
                 os.kill(victim.process.pid, signal.SIGKILL)
                 for f in futures:
                     f.result()
-            health = httpx.get(server.url + "/health", timeout=10)
-            if victim.url not in health.text:
-                tally.note("the router's /health does not name the dead replica")
-            dead = [r for r in router.replicas if not r.healthy]
-            if len(dead) != 1:
+            _await_views(tally, server.url, router, victim.url, up=False, what="killed under load")
+            _await_views(tally, server.url, router, survivor.url, up=True, what="the survivor")
+            served = dead.served
+            for i in range(4):
+                _generate(tally, server.url, i)
+            if dead.served != served:
                 tally.crashes += 1
-                tally.note(f"router reports {len(dead)} replicas down, expected 1")
-            _survivor_leaks(tally, procs[1].url)
+                tally.note(f"the router still sent {dead.served - served} request(s) to the dead replica")
+            _survivor_leaks(tally, survivor.url)
+            if revive:
+                _revive_and_kill_idle(tally, server.url, router, dead, victim, procs, ServerProcess, argv)
     finally:
         app.state.router.close()
         for p in procs:
             p.stop()
     tally.seconds = time.perf_counter() - start
     return tally
+
+
+def _revive_and_kill_idle(tally: Tally, url: str, router: Any, dead: Any, victim: Any,
+                          procs: list, server_process: Any, argv: list[str]) -> None:  # fmt: skip
+    """The dead replica started again on its port, as an operator would behind `--replica URL`
+    (the router did not start this process, so only its health probe can tell it is back)."""
+    env = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": "1"}
+    revived = server_process(argv, port=victim.port, timeout=180, env=env)
+    procs.append(revived)
+    dead.process = None
+    _await_views(tally, url, router, victim.url, up=True, what="restarted")
+    served = dead.served
+    for i in range(4, 10):
+        _generate(tally, url, i)
+        if dead.served > served:
+            break
+    if dead.served == served:
+        tally.crashes += 1
+        tally.note("the restarted replica was healthy but the router sent it nothing")
+    failures = dead.failures
+    os.kill(revived.process.pid, signal.SIGKILL)
+    revived.process.wait()
+    _await_views(tally, url, router, victim.url, up=False, what="killed while idle")
+    if dead.failures != failures + 1 or "ConnectError" not in (dead.last_error or ""):
+        tally.note(f"killed while idle: {dead.failures - failures} failure(s), last {dead.last_error}")
