@@ -201,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     from plait.server.cli import add_serve_parser
 
     add_serve_parser(sub)
+    from plait.server.top import add_top_parser
+
+    add_top_parser(sub)
     srv = bench_sub.add_parser("serving", help="load-test a running server (plait, SGLang, llama.cpp, vLLM)")
     add_serving_args(srv)
     srv.set_defaults(func=_cmd_bench)

@@ -57,6 +57,12 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         help="the model id in /v1/models (default: the model path)",
     )
     parser.add_argument(
+        "--dashboard-show-prompts",
+        dest="dashboard_show_prompts",
+        action="store_true",
+        help="show prompt text on /dashboard (by default only token counts)",
+    )
+    parser.add_argument(
         "--log-level",
         dest="log_level",
         default="info",
@@ -78,6 +84,7 @@ def serve(args: argparse.Namespace) -> int:
     from plait.cli import engine_kwargs
     from plait.runtime.engine import Engine
     from plait.server.app import create_app
+    from plait.server.dashboard import DashboardConfig
     from plait.server.limits import UVICORN_HTTP
     from plait.server.programs import load_programs
     from plait.server.state import ServerConfig
@@ -112,7 +119,8 @@ def serve(args: argparse.Namespace) -> int:
     # reaches the `finally` below, so the engine (and any tensor-parallel ranks) stop cleanly.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        app = create_app(engine, config, registry)
+        show = DashboardConfig(show_prompts=args.dashboard_show_prompts)
+        app = create_app(engine, config, registry, show)
         uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, http=UVICORN_HTTP,
                     timeout_graceful_shutdown=5)  # fmt: skip
     finally:

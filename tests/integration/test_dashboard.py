@@ -104,6 +104,21 @@ def test_probe_comes_off_when_nobody_watches(server):
     assert _snap(server.url)["watch"]["probe_installed"]
 
 
+def test_plait_top_prints_one_screen(server, capsys):
+    from plait.cli import main
+    from plait.server.top import spark
+
+    send(server.url, shared_prefix_prompts(1, 2))
+    assert main(["top", "--once", "--url", server.url]) == 0
+    screen = capsys.readouterr().out
+    lines = screen.splitlines()
+    assert lines[0].startswith("plait top  " + server.url)
+    assert any(line.startswith("KV pool   [") for line in lines)
+    assert "radix tree (largest branches)" in lines and any(" tok " in line for line in lines)
+    assert any(line.startswith("requests: ") for line in lines)
+    assert spark([0, 1, None, 2], 6) == "  ▁▅ █"
+
+
 def test_prompts_shown_only_when_allowed(tiny_engine):
     from plait.server.app import create_app
     from plait.server.dashboard import DashboardConfig
