@@ -19,8 +19,8 @@ COLUMNS = ("sent", "completed", "aborted", "refused", "timed_out", "failed", "lo
 @dataclass
 class Tally:
     """Outcomes of one run. `lost`: no final answer (no response, a connection error, a stream
-    without [DONE]); `crashes`: a 5xx the input should not cause, a wrong output, or a hung or
-    dead server."""
+    without [DONE]); `crashes`: a 5xx the input should not cause, a 400 that names no field, a
+    wrong output, a hung or dead server, or a router that does not see a replica go or return."""
 
     name: str
     sent: int = 0
