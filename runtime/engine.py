@@ -43,6 +43,10 @@ BURST_SECONDS = 0.05
 # With speculative decoding on, a step whose drafter found nothing to propose still runs as a short
 # burst: the drafter looks again after this many steps (a copy that starts mid-burst waits for it).
 SPECULATIVE_BURST_STEPS = 4
+# Budget-aware closing: tokens of room kept beyond what a step adds, for what that step's tokens
+# may open (each needs its own closing token), and the longest shortest-output looked for at submit.
+CLOSING_GROWTH = 3
+CLOSING_PROBE_TOKENS = 4096
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -113,6 +117,7 @@ class Engine:
         self._spec_totals = {"steps": 0, "proposed": 0, "accepted": 0}
         self._grammars: Any = None  # GrammarCache, made on the first constrained request
         self._grammar_lock = threading.Lock()
+        self._closing: Any = None  # ClosingSearch, made with the first closing request
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         # set by `_post` from any thread: a running decode burst ends after its current step
         self._interrupt = ctypes.c_int32(0)
@@ -318,6 +323,45 @@ class Engine:
             pending.append((req, self._grammar_cache().get_future(key)))
         return pending
 
+    def _closing_search(self) -> Any:
+        if self._closing is None:
+            from plait.runtime.constrained.closing import ClosingSearch
+
+            self._closing = ClosingSearch(
+                self.tokenizer.vocab_bytes(), (self.args.vocab_size + 31) // 32,
+                excluded=self.tokenizer.special_token_ids | self.tokenizer.eos_token_ids,
+            )  # fmt: skip
+        return self._closing
+
+    @property
+    def _closing_slack(self) -> int:
+        """Tokens one step may add to a constrained request, plus a few for what they may open."""
+        drafts = self.config.num_draft_tokens if self.drafter is not None else 0
+        return 1 + drafts + CLOSING_GROWTH
+
+    def _start_grammar(self, req: Request, compiled: Any) -> None:
+        """Gives `req` its grammar state; with budget-aware closing, checks that the shortest
+        output the grammar accepts fits `max_new_tokens` (a `GrammarError` if not)."""
+        from plait.runtime.constrained import GrammarError
+
+        req.grammar = compiled.new_grammar()
+        p = req.params
+        enabled = self.config.budget_closing if p.budget_closing is None else p.budget_closing
+        req.closing = enabled and p.max_new_tokens > 0 and not p.ignore_eos
+        if not req.closing:
+            return
+        shortest = getattr(compiled, "shortest_output", None)
+        if shortest is None:
+            found = self._closing_search().shortest_completion(req.grammar, CLOSING_PROBE_TOKENS)
+            shortest = -1 if found is None else len(found)
+            compiled.shortest_output = shortest  # shared by every request of the grammar
+        if shortest > p.max_new_tokens:
+            raise GrammarError(
+                f"max_new_tokens: the constraint's shortest output takes {shortest} tokens, "
+                f"more than max_new_tokens ({p.max_new_tokens})"
+            )
+        req.closing_tokens = max(shortest, 0)
+
     def _attach_grammars(self, reqs: list[Request]) -> None:
         """Blocks the caller (never the engine loop) until the grammars compiled; raises their
         errors, and a `GrammarError` for one that takes longer than `grammar_compile_timeout`."""
@@ -327,7 +371,7 @@ class Engine:
                 compiled = future.result(timeout=limit)
             except concurrent.futures.TimeoutError:
                 raise _compile_timeout(req, limit) from None
-            req.grammar = compiled.new_grammar()
+            self._start_grammar(req, compiled)
 
     async def _attach_grammars_async(self, reqs: list[Request]) -> None:
         limit = self.config.grammar_compile_timeout
@@ -338,7 +382,7 @@ class Engine:
                 compiled = await asyncio.wait_for(waiter, timeout=limit)
             except asyncio.TimeoutError:
                 raise _compile_timeout(req, limit) from None
-            req.grammar = compiled.new_grammar()
+            self._start_grammar(req, compiled)
 
     def _submit(self, reqs: list[Request]) -> None:
         if self._stopped.is_set():
@@ -605,9 +649,8 @@ class Engine:
         # NOTE: pages are released before results are delivered, so a caller that got its
         # result sees the pool without that request.
         self.scheduler.after_step(batch)
-        if not self.config.disable_jump_forward:
-            for req in updated:
-                self._jump_forward(req)
+        for req in updated:
+            self._close_or_jump(req)
         if self.config.check_invariants:
             self.scheduler.check()
         for req in updated:
@@ -633,9 +676,20 @@ class Engine:
         limit = min(limit, max(1, int(BURST_SECONDS / max(self._decode_step_s, 1e-6))))
         return sched.grow_for_burst(batch.decodes, limit) if limit > 1 else 1
 
-    def _jump_forward(self, req: Request) -> None:
+    def _close_or_jump(self, req: Request) -> None:
+        """After a step: a constrained request near its budget closes (`try_close`); others
+        jump over the text their grammar forces."""
         if req.grammar is None or req.finished or req not in self.scheduler.running:
             return
+        if req.closing:
+            before = req.num_tokens
+            if self.processor.try_close(req, self._closing_search(), self._closing_slack):
+                self.scheduler.rewind(req, num_valid=before)  # finished: its pages go back
+                return
+        if not self.config.disable_jump_forward:
+            self._jump_forward(req)
+
+    def _jump_forward(self, req: Request) -> None:
         before = req.num_tokens
         replaced = self.processor.try_jump_forward(
             req, min_kept_tokens=req.num_cached_pages * self.page_size

@@ -7,12 +7,18 @@ caught; the text that could still turn into a stop string is held back from stre
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from plait.runtime.detokenizer import IncrementalDetokenizer
 from plait.runtime.model_runner import TokenResult
 from plait.runtime.protocol import FinishReason
 from plait.runtime.request import Request, RequestStatus
 from plait.runtime.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from plait.runtime.constrained.closing import ClosingSearch
+
+CLOSING_MARGIN = 8  # tokens of room beyond twice the last closing length before looking again
 
 
 class OutputProcessor:
@@ -131,6 +137,41 @@ class OutputProcessor:
         if not req.finished and grammar.is_terminated():
             self.finish(req, FinishReason("stop", matched=self.tokenizer.eos_token_id))
         return edit.num_dropped
+
+    def try_close(self, req: Request, closing: ClosingSearch, slack: int) -> bool:
+        """Budget-aware closing: once the request's room (`max_new_tokens`, the context) is down
+        to the grammar's closing tokens plus `slack` (tokens a step may add), appends them and
+        finishes it with `length`, `closed_early` set. True when it closed.
+
+        The closing length is looked for again on every step once the room is within twice the
+        last length found (plus a margin), since each token may open something to close."""
+        grammar = req.grammar
+        if grammar is None or not req.closing or req.finished:
+            return False
+        room = min(
+            req.params.max_new_tokens - len(req.output_ids),
+            self.context_len - 1 - req.num_tokens,
+        )
+        if room > 2 * req.closing_tokens + CLOSING_MARGIN + slack:
+            return False
+        tokens = closing.shortest_completion(grammar, max_tokens=max(room, 0))
+        if tokens is None:
+            return False  # none within the search's bounds: sampling goes on
+        req.closing_tokens = len(tokens)
+        if room - len(tokens) > slack:
+            return False
+        for token in tokens:
+            if not grammar.try_advance(token):  # pragma: no cover - the search advanced a copy
+                return False
+            req.output_ids.append(token)
+            if req.logprob.return_logprob:  # forced, not sampled: no logprob
+                req.output_token_logprobs.append((None, token))  # type: ignore[arg-type]
+                if req.logprob.top_logprobs_num:
+                    req.output_top_logprobs.append([])
+            req.text += req.detokenizer.add([token])
+        req.closed_early = True
+        self.finish(req, FinishReason("length", length=len(req.output_ids)))
+        return True
 
     def _match_stop(self, req: Request, num_new_chars: int) -> bool:
         longest = max(len(s) for s in req.params.stop)

@@ -34,6 +34,7 @@ def build_output(req: Request, tokenizer: Tokenizer, text: str) -> dict[str, Any
     }
     if req.grammar is not None:
         meta["jump_forward_tokens"] = req.jump_forward_tokens
+        meta["closed_early"] = req.closed_early
     if req.spec.num_steps:
         meta["spec_verify_ct"] = req.spec.num_steps
         meta["spec_accepted_tokens"] = req.spec.num_accepted

@@ -66,6 +66,10 @@ class Request:
     grammar: Any = None  # constrained decoding state (runtime.constrained.Grammar)
     spec: SpecState = field(default_factory=SpecState)
     jump_forward_tokens: int = 0
+    # budget-aware closing: whether it applies, the last closing length found, whether it closed
+    closing: bool = False
+    closing_tokens: int = 0
+    closed_early: bool = False
     detokenizer: Any = None
     generator: Any = None
     sink: Any = None  # where the engine delivers updates (a queue or callback)

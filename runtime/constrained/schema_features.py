@@ -1,12 +1,14 @@
 """What llguidance is handed for a JSON schema, and where a keyword sits in one.
 
-`prepare_schema` copies the schema with three changes that keep every output valid:
+`prepare_schema` copies the schema with four changes that keep every output valid:
 - an object schema that lists `properties` and says nothing of others gets
   `additionalProperties: false`, as SGLang's and vLLM's grammar engines and OpenAI's strict mode
   do: the output has the declared properties only, instead of a model wandering into invented
   keys (members of an `allOf` keep theirs, since the merge would drop each other's properties);
 - a `format` the engine does not know is dropped: Draft 2020-12 makes an unknown format an
   annotation, not an assertion;
+- over a closed set of properties, `minProperties` makes the first optional properties required
+  and `maxProperties` leaves out the optional ones past it (the parser counts required ones only);
 - `uniqueItems: true` on an array that may have fewer than two items becomes `maxItems: 1`
   (an array of at most one item is always unique). With `minItems` >= 2 it stays, and the
   engine rejects it by name.
@@ -49,12 +51,35 @@ def _walk(node: Any, unknown_formats: set[str], merged: bool) -> Any:
             out[key] = value
     if "properties" in out and not merged and not any(k in out for k in _OPEN_ENDED):
         out["additionalProperties"] = False
+    if out.get("additionalProperties") is False and isinstance(out.get("properties"), dict):
+        _fix_property_counts(out)
     if out.get("uniqueItems") is True and _min_items(out) <= 1:
         del out["uniqueItems"]
         out["maxItems"] = min(out.get("maxItems", 1), 1)
     elif out.get("uniqueItems") is False:
         del out["uniqueItems"]
     return out
+
+
+def _fix_property_counts(node: dict[str, Any]) -> None:
+    """`minProperties` / `maxProperties` over a closed set of properties, as required ones: the
+    first optional properties (in declared order) become required until the minimum holds, and
+    optional properties past the maximum are left out."""
+    names = list(node["properties"])
+    required = [n for n in names if n in set(node.get("required", []))]
+    low, high = node.get("minProperties"), node.get("maxProperties")
+    if isinstance(low, int) and low > len(required):
+        optional = [n for n in names if n not in required]
+        required += optional[: low - len(required)]
+        node["required"] = required
+    if isinstance(high, int) and high < len(names) and high >= len(required):
+        keep = set(required) | set([n for n in names if n not in required][: high - len(required)])
+        node["properties"] = {n: v for n, v in node["properties"].items() if n in keep}
+    for name in ("minProperties", "maxProperties"):
+        value = node.get(name)
+        if isinstance(value, int) and len(required) >= (value if name == "minProperties" else 0):
+            if name == "minProperties" or value >= len(node["properties"]):
+                node.pop(name)
 
 
 def _min_items(node: dict[str, Any]) -> int:

@@ -43,6 +43,11 @@ def backend_for(tokenizer) -> OutlinesBackend:
 
 
 @cache
+def backend_named(tokenizer, name: str):
+    return create_grammar_backend(name, tokenizer)
+
+
+@cache
 def cache_for(tokenizer) -> GrammarCache:
     return GrammarCache(backend_for(tokenizer), max_workers=2, max_entries=256)
 

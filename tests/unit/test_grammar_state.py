@@ -1,5 +1,5 @@
-"""Per-request grammar state on the SmolLM2 tokenizer: advance / reject, EOS, rollback, copy,
-masks (model vocabulary wider than the tokenizer's), registry and compile errors."""
+"""Per-request grammar state on the SmolLM2 tokenizer, for each backend: advance / reject, EOS,
+rollback, copy, masks (model vocabulary wider than the tokenizer's), registry and compile errors."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from plait.runtime.constrained import (
     create_grammar_backend,
     make_grammar_key,
 )
-from tests.unit.grammar_support import allowed_ids, backend_for, compile_key
+from tests.unit.grammar_support import allowed_ids, backend_for, backend_named, compile_key
+
+BACKENDS = ["outlines", "llguidance"]
 
 
 def ids(tokenizer, text: str) -> list[int]:
@@ -26,8 +28,10 @@ def tok(smollm_tokenizer):
     return smollm_tokenizer
 
 
-def grammar_for(tok, **spec):
-    return compile_key(tok, make_grammar_key(**spec)).new_grammar()
+def grammar_for(tok, backend="outlines", **spec):
+    if backend == "outlines":
+        return compile_key(tok, make_grammar_key(**spec)).new_grammar()
+    return backend_named(tok, backend).compile(make_grammar_key(**spec)).new_grammar()
 
 
 def test_backend_vocabulary(tok):
@@ -41,8 +45,9 @@ def test_backend_vocabulary(tok):
     assert len(backend.single_byte_tokens) > 200
 
 
-def test_advance_reject_and_eos(tok):
-    grammar = grammar_for(tok, regex="ab(c)?")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_advance_reject_and_eos(tok, backend):
+    grammar = grammar_for(tok, backend, regex="ab(c)?")
     a, b, c, eos = *ids(tok, "a"), *ids(tok, "b"), *ids(tok, "c"), tok.eos_token_id
     assert not grammar.try_advance(b) and list(grammar.token_ids) == []
     with pytest.raises(TokenRejectedError):
@@ -69,24 +74,26 @@ def test_special_tokens_and_sentinel_are_never_allowed(tok):
     assert tok.eos_token_id in allowed  # the empty string matches
 
 
-def test_optional_suffix_and_alternation_stay_reachable(tok):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_optional_suffix_and_alternation_stay_reachable(tok, backend):
     # outlines-core 0.2.14 alone drops both continuations; the sentinel keeps them
-    grammar = grammar_for(tok, regex="[0-9]{2}(-[0-9]{2})?")
+    grammar = grammar_for(tok, backend, regex="[0-9]{2}(-[0-9]{2})?")
     for t in ids(tok, "12-34"):
         grammar.advance(t)
     assert grammar.accepts_eos()
-    grammar = grammar_for(tok, choices=["Paris", "Paris, France"])
+    grammar = grammar_for(tok, backend, choices=["Paris", "Paris, France"])
     for t in ids(tok, "Paris, France"):
         grammar.advance(t)
     assert grammar.is_terminated()
-    grammar = grammar_for(tok, regex="(a|ab)")
+    grammar = grammar_for(tok, backend, regex="(a|ab)")
     for t in ids(tok, "ab"):
         grammar.advance(t)
     assert grammar.accepts_eos()
 
 
-def test_rollback_and_copy(tok):
-    grammar = grammar_for(tok, regex="[a-z]{1,200}")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rollback_and_copy(tok, backend):
+    grammar = grammar_for(tok, backend, regex="[a-z]{1,200}")
     letters = ids(tok, "a") * 150
     for t in letters:
         grammar.advance(t)
@@ -106,8 +113,9 @@ def test_rollback_and_copy(tok):
         twin.rollback(1000)
 
 
-def test_replace_tail_is_atomic(tok):
-    grammar = grammar_for(tok, regex="abc")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_replace_tail_is_atomic(tok, backend):
+    grammar = grammar_for(tok, backend, regex="abc")
     grammar.advance(ids(tok, "a")[0])
     assert not grammar.replace_tail(1, ids(tok, "x"))
     assert list(grammar.token_ids) == ids(tok, "a")
@@ -115,8 +123,9 @@ def test_replace_tail_is_atomic(tok):
     assert grammar.try_advance(ids(tok, "c")[0])
 
 
-def test_fill_bitmask_for_a_wider_model_vocabulary(tok):
-    backend = create_grammar_backend("outlines", tok, vocab_size=49152 + 100)
+@pytest.mark.parametrize("name", BACKENDS)
+def test_fill_bitmask_for_a_wider_model_vocabulary(tok, name):
+    backend = create_grammar_backend(name, tok, vocab_size=49152 + 100)
     grammar = backend.compile(make_grammar_key(regex="[0-9]+")).new_grammar()
     bitmask = allocate_token_bitmask(3, backend.vocab_size)  # all allowed to start with
     assert bitmask.shape[1] == 1540
@@ -127,7 +136,7 @@ def test_fill_bitmask_for_a_wider_model_vocabulary(tok):
     with pytest.raises(ValueError, match="words per row"):
         grammar.fill_bitmask(torch.zeros(1, 10, dtype=torch.int32), 0)
     with pytest.raises(ValueError, match="vocab_size"):
-        create_grammar_backend("outlines", tok, vocab_size=100)
+        create_grammar_backend(name, tok, vocab_size=100)
 
 
 def test_registry(tok):

@@ -1,0 +1,129 @@
+"""Budget-aware closing: the short way from a grammar state to an accepting one, so that a
+constrained request about to run out of `max_new_tokens` ends in output that parses.
+
+The search walks the grammar's own masks. At each state it ranks the allowed tokens by what
+they do to the text (a closing quote first, then digits, closing brackets, words, other
+characters, whitespace, and last what opens something new: `{`, `[`, `,`), takes the longest
+token of each rank as that rank's candidate, and follows the best; a rank used six times among
+the last twelve tokens is tried last, so runs end; a dead end backtracks to the next candidate. For JSON that reads: finish
+the string, close the object, fill each required property with the shortest value. The result
+is short, not always the shortest: a bounded best-first walk, never an exhaustive one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from .base import Grammar
+
+_CLOSERS = frozenset(b'"}])')
+_OPENERS = frozenset(b"{[(,")
+_SPACE = frozenset(b" \t\n\r")
+_SEPARATORS = (b"@", b".", b"-", b":", b"/", b"_")  # what emails, dates, times and URIs need
+_NUM_RANKS = 7
+_RANK_STRIDE = 1 << 12  # rank * stride - length: one integer to sort by
+_NONE = np.iinfo(np.int64).max
+_WINDOW, _REPEATS = 12, 6  # a rank used this often among the last tokens is tried last
+_MAX_EXPANSIONS = 512  # tokens tried per search
+_DEPTHS = (32, 128)  # iterative deepening, then the caller's limit
+
+
+class ClosingSearch:
+    """Finds closing token sequences for the grammars of one tokenizer (rank table built once)."""
+
+    def __init__(
+        self, token_bytes: Sequence[bytes], num_words: int, excluded: Iterable[int] = ()
+    ) -> None:
+        """`excluded`: ids never proposed (special tokens, EOS)."""
+        self.num_words = num_words
+        order = np.full(num_words * 32, _NONE, dtype=np.int64)
+        skip = set(excluded)
+        for token_id, spelled in enumerate(token_bytes):
+            if spelled and token_id not in skip:
+                rank = _rank(spelled)
+                # longest first; punctuation shortest first, separators before all: `@`, not `####`
+                size = min(len(spelled), _RANK_STRIDE - 1)
+                if rank == 4:
+                    size = _RANK_STRIDE - 1 if spelled in _SEPARATORS else _RANK_STRIDE - 1 - size
+                order[token_id] = rank * _RANK_STRIDE - size
+        self.order = order
+        self._scratch = np.zeros((1, num_words), dtype=np.int32)
+
+    def shortest_completion(self, grammar: Grammar, max_tokens: int) -> list[int] | None:
+        """Tokens (at most `max_tokens`) after which `grammar` accepts; [] when it already does;
+        None when none were found within the search's bounds. `grammar` is left unchanged."""
+        if grammar.accepts_eos():
+            return []
+        budget = [_MAX_EXPANSIONS]
+        for depth in (*[d for d in _DEPTHS if d < max_tokens], max_tokens):
+            found = self._search(grammar.copy(), depth, budget)
+            if found is not None or budget[0] <= 0:
+                return found
+        return None
+
+    def _search(self, probe: Grammar, max_depth: int, budget: list[int]) -> list[int] | None:
+        """Depth-first over each state's candidates, at most `max_depth` tokens deep."""
+        path: list[int] = []
+        stack: list[list[int]] = [self._candidates(probe, path)]
+        while stack and budget[0] > 0:
+            options = stack[-1]
+            if not options or len(path) >= max_depth:
+                stack.pop()
+                if path:
+                    path.pop()
+                    probe.rollback(1)
+                continue
+            token_id = options.pop(0)
+            budget[0] -= 1
+            if not probe.try_advance(token_id):
+                continue
+            path.append(token_id)
+            if probe.accepts_eos():
+                return path
+            stack.append(self._candidates(probe, path))
+        return None
+
+    def _candidates(self, grammar: Grammar, path: list[int]) -> list[int]:
+        """The best allowed token of each rank, best rank first. A rank used `_REPEATS` times
+        among the last `_WINDOW` tokens of `path` goes last, with another token than the last
+        one (more digits rarely bring the end closer; where only digits may follow, another
+        digit might)."""
+        row = self._scratch
+        grammar.fill_bitmask(row, 0)
+        allowed = np.flatnonzero(np.unpackbits(row[0].view(np.uint8), bitorder="little"))
+        if allowed.size == 0:
+            return []
+        keys = self.order[allowed]
+        classes = keys // _RANK_STRIDE + 1  # keys are rank * stride - length
+        recent = [self._rank_of(t) for t in path[-_WINDOW:]]
+        worn = {r for r in set(recent) if recent.count(r) >= _REPEATS}
+        found: list[tuple[int, int]] = []
+        for rank in range(_NUM_RANKS):
+            where = np.flatnonzero(classes == rank)
+            if rank in worn and where.size > 1:
+                where = where[allowed[where] != path[-1]]
+            if where.size:
+                token_id = int(allowed[where[np.argmin(keys[where])]])
+                found.append((rank + (_NUM_RANKS if rank in worn else 0), token_id))
+        return [token_id for _, token_id in sorted(found)]
+
+    def _rank_of(self, token_id: int) -> int:
+        return int(self.order[token_id] // _RANK_STRIDE + 1)
+
+
+def _rank(spelled: bytes) -> int:
+    if all(b in _CLOSERS for b in spelled) and spelled[0] == ord('"'):
+        return 0  # a quote first: inside a string it ends the string
+    if spelled.isdigit():
+        return 1  # before brackets: patterns and formats ask for digits more than for `)`
+    if all(b in _CLOSERS for b in spelled):
+        return 2
+    if spelled.isalpha():
+        return 3
+    if all(b in _SPACE for b in spelled):
+        return 5
+    if any(b in _OPENERS for b in spelled):
+        return 6
+    return 4

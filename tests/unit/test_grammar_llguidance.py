@@ -1,0 +1,223 @@
+"""The llguidance backend on the SmolLM2 tokenizer: context-free grammars (Lark, GBNF), the
+schemas a regex automaton refused, unknown formats, errors that name the keyword and its place,
+runaway bounds, and budget-aware closing: every walk cut short and closed validates."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import numpy as np
+import pytest
+
+from plait.kernels.constraint_mask import allocate_token_bitmask
+from plait.runtime.constrained import GrammarError, UnsupportedSchemaError, make_grammar_key
+from plait.runtime.constrained.closing import ClosingSearch
+from plait.runtime.constrained.llguidance_backend import LLGuidanceBackend
+from tests.unit.grammar_support import allowed_ids, schema_corpus
+
+# What the regex/DFA path refused (state limits, keywords), each with a valid example.
+COVERAGE = {
+    "long repetition": {"type": "string", "pattern": "^[a-z]{3,2000}$"},
+    "pattern with lengths": {"type": "string", "pattern": "^[a-z]+$", "minLength": 3, "maxLength": 6},
+    "minProperties": {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}},
+        "minProperties": 2,
+    },
+    "patternProperties": {
+        "type": "object",
+        "patternProperties": {"^x_[a-z]+$": {"type": "integer"}},
+        "additionalProperties": False,
+    },
+    "allOf of several": {
+        "allOf": [
+            {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+            {"type": "object", "properties": {"b": {"type": "boolean"}}, "required": ["b"]},
+        ]
+    },
+    "oneOf disjoint": {"oneOf": [{"type": "string", "maxLength": 4}, {"type": "integer"}]},
+    "uniqueItems": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "uniqueItems": True},
+    "unknown format": {"type": "string", "format": "x-telephone", "maxLength": 12},
+    "number bounds": {"type": "number", "minimum": -2.5, "maximum": 10.25},
+    "multipleOf": {"type": "integer", "multipleOf": 7, "minimum": 0, "maximum": 100},
+    "big schema": {
+        "type": "object",
+        "properties": {f"field_{i}_{'x' * 40}": {"type": "integer"} for i in range(700)},
+        "required": ["field_0_" + "x" * 40],
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def backend(smollm_tokenizer) -> LLGuidanceBackend:
+    return LLGuidanceBackend(smollm_tokenizer, max_digit_run=24, max_whitespace_run=16)
+
+
+@pytest.fixture(scope="module")
+def closing(smollm_tokenizer) -> ClosingSearch:
+    tok = smollm_tokenizer
+    return ClosingSearch(
+        tok.vocab_bytes(), (tok.vocab_size + 31) // 32, tok.special_token_ids | tok.eos_token_ids
+    )
+
+
+def walk_then_close(backend, closing, key, seed: int, steps: int, required: bool = True) -> str | None:
+    """Samples uniformly among allowed tokens for `steps` tokens (or until EOS is the only way
+    on), then closes with the budget search; returns the text, which the grammar accepts (None
+    when the search found no closing and `required` is off)."""
+    rng = np.random.default_rng(seed)
+    grammar = backend.compile(key).new_grammar()
+    eos = set(backend.eos_token_ids)
+    bitmask = allocate_token_bitmask(1, backend.vocab_size)
+    for _ in range(steps):
+        if grammar.is_terminated():
+            break
+        grammar.fill_bitmask(bitmask, 0)
+        allowed = [t for t in allowed_ids(bitmask[0]).tolist() if t not in eos]
+        if not allowed:
+            break
+        grammar.advance(int(rng.choice(allowed)))
+    tail = closing.shortest_completion(grammar, max_tokens=256)
+    if tail is None and not required:
+        return None
+    assert tail is not None, backend.tokenizer.decode(list(grammar.token_ids))
+    for t in tail:
+        grammar.advance(t)
+    assert grammar.accepts_eos()
+    return b"".join(backend.tokenizer.token_bytes(t) for t in grammar.token_ids).decode()
+
+
+@pytest.mark.parametrize("name", list(COVERAGE))
+def test_schemas_the_automaton_refused_compile_and_close_valid(backend, closing, name):
+    schema = COVERAGE[name]
+    key = make_grammar_key(json_schema=schema)
+    for seed in range(6):
+        text = walk_then_close(backend, closing, key, seed, steps=4 * seed)
+        jsonschema.validate(json.loads(text), schema)
+
+
+def test_budget_closed_corpus_outputs_validate(backend, closing):
+    """Every closed output validates; the search closes nearly every walk (it is bounded, and
+    a string deep inside a format such as `email` can outlast it)."""
+    closed = tried = 0
+    for entry in schema_corpus():
+        key = make_grammar_key(json_schema=entry["schema"])
+        for seed in range(3):
+            tried += 1
+            text = walk_then_close(backend, closing, key, seed, 3 + 7 * seed, required=False)
+            if text is not None:
+                closed += 1
+                jsonschema.validate(json.loads(text), entry["schema"])
+    assert closed >= 0.85 * tried, (closed, tried)
+
+
+def test_only_declared_properties_by_default(backend, closing):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    key = make_grammar_key(json_schema=schema)
+    for seed in range(8):
+        assert set(json.loads(walk_then_close(backend, closing, key, seed, 12))) <= {"a"}
+
+
+@pytest.mark.parametrize(
+    "grammar,language",
+    [
+        # balanced parentheses: no regex can say this
+        ('root ::= "(" root ")" | "x"', r"(\(*)x(\)*)"),
+        ('start: "(" start ")" | "x"', r"(\(*)x(\)*)"),
+        (
+            'root ::= expr\nexpr ::= term ("+" term)*\nterm ::= [0-9]+ | "(" expr ")"',
+            None,
+        ),
+    ],
+)
+def test_context_free_grammars(backend, closing, grammar, language):
+    key = make_grammar_key(grammar=grammar)
+    assert key.kind == "grammar"
+    for seed in range(8):
+        text = walk_then_close(backend, closing, key, seed, steps=2 + 3 * seed)
+        if language:
+            m = re.fullmatch(language, text)
+            assert m and len(m.group(1)) == len(m.group(2)), text
+        else:  # arithmetic: Python evaluates it the same way
+            assert re.fullmatch(r"[0-9+()]+", text), text
+            assert isinstance(eval(re.sub(r"\b0+(?=[0-9])", "", text)), int), text
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        (
+            {"json_schema": {"type": "object", "properties": {"x": {"not": {"type": "string"}}}}},
+            "'not' at #/properties/x is not supported",
+        ),
+        (
+            {"json_schema": {"type": "array", "uniqueItems": True, "minItems": 2}},
+            "'uniqueItems' at # is not supported",
+        ),
+        (
+            {"json_schema": {"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 2}]}},
+            "'oneOf' at # has alternatives that may overlap",
+        ),
+        ({"regex": "(unclosed"}, "regex: cannot compile"),
+        ({"grammar": "start: nothing_defined"}, "grammar: "),
+        ({"grammar": "root ::= (("}, "grammar: "),
+    ],
+)
+def test_errors_name_the_problem(backend, spec, message):
+    with pytest.raises(GrammarError, match=re.escape(message)):
+        backend.compile(make_grammar_key(**spec))
+
+
+def test_unsupported_is_a_schema_error(backend):
+    with pytest.raises(UnsupportedSchemaError):
+        backend.compile(make_grammar_key(json_schema={"if": {"type": "string"}, "then": {}}))
+
+
+def test_runaway_digits_and_whitespace_are_bounded(backend, smollm_tokenizer):
+    tok = smollm_tokenizer
+    digit = tok.encode("1", add_special_tokens=False)[0]
+    grammar = backend.compile(make_grammar_key(json_schema={"type": "number"})).new_grammar()
+    bitmask = allocate_token_bitmask(1, backend.vocab_size)
+    for _ in range(24):
+        grammar.fill_bitmask(bitmask, 0)
+        assert digit in allowed_ids(bitmask[0])
+        grammar.advance(digit)
+    grammar.fill_bitmask(bitmask, 0)
+    allowed = allowed_ids(bitmask[0]).tolist()
+    assert digit not in allowed and tok.eos_token_id in allowed and allowed
+    # a pattern that needs the digits keeps them
+    need = make_grammar_key(json_schema={"type": "string", "pattern": "^[0-9]{40}$"})
+    grammar = backend.compile(need).new_grammar()
+    grammar.advance(tok.encode('"', add_special_tokens=False)[0])
+    for _ in range(30):
+        grammar.advance(digit)
+    grammar.fill_bitmask(bitmask, 0)
+    assert digit in allowed_ids(bitmask[0])
+    # whitespace, with a pattern that allows long runs
+    wide = LLGuidanceBackend(tok, max_whitespace_run=4)
+    key = make_grammar_key(
+        json_schema={"type": "object", "properties": {"a": {"type": "integer"}}},
+        whitespace_pattern="[ ]*",
+    )
+    grammar = wide.compile(key).new_grammar()
+    space = tok.encode(" ", add_special_tokens=False)[0]
+    grammar.advance(tok.encode("{", add_special_tokens=False)[0])
+    for _ in range(4):
+        grammar.advance(space)
+    grammar.fill_bitmask(bitmask, 0)
+    assert space not in allowed_ids(bitmask[0])
+
+
+def test_jump_forward_and_rollback(backend, smollm_tokenizer):
+    tok = smollm_tokenizer
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    grammar = backend.compile(make_grammar_key(json_schema=schema)).new_grammar()
+    assert grammar.try_jump_forward() == '{"name":"'
+    ids = tok.encode('{"name":"Al"}', add_special_tokens=False)
+    for t in ids:
+        grammar.advance(t)
+    assert grammar.accepts_eos() and grammar.is_terminated()
+    grammar.rollback(len(ids))
+    assert grammar.try_jump_forward() == '{"name":"' and not grammar.token_ids
