@@ -141,22 +141,25 @@ def _samples(kwargs: dict[str, Any]) -> int:
 
 
 async def generate(
-    state: ServerState, request: Request, endpoint: str, **kwargs: Any
+    state: ServerState, request: Request, endpoint: str, rename: dict[str, str] | None = None,
+    **kwargs: Any,
 ) -> dict | list[dict]:
-    """The native result(s); ValueError -> 400; a disconnect aborts and raises `ClientGone`."""
+    """The native result(s); ValueError -> 400 (`rename`: see `from_value_error`); a disconnect
+    aborts and raises `ClientGone`."""
     _prepare(state, request, kwargs)
     with state.admission.admit(kwargs["rid"], _samples(kwargs)):
         try:
             out = await until_disconnect(request, state.engine.async_generate(**kwargs))
         except ValueError as e:
-            raise from_value_error(e) from None
+            raise from_value_error(e, rename=rename) from None
     for o in out if isinstance(out, list) else [out]:
         state.metrics.observe_finished(endpoint, o["meta_info"])
     return out
 
 
 async def stream(
-    state: ServerState, request: Request, endpoint: str, **kwargs: Any
+    state: ServerState, request: Request, endpoint: str, rename: dict[str, str] | None = None,
+    **kwargs: Any,
 ) -> AsyncIterator[dict]:
     """Starts the call (raising a 400 or 503 before the first chunk) and returns its chunks."""
     start = time.perf_counter()
@@ -168,7 +171,7 @@ async def stream(
     except BaseException as e:
         admitted.__exit__(None, None, None)
         if isinstance(e, ValueError):
-            raise from_value_error(e) from None
+            raise from_value_error(e, rename=rename) from None
         raise
     release = _Release(state, rids, admitted)
     relay = _relay(state, request, endpoint, chunks, release, start)

@@ -63,10 +63,16 @@ def param_of(message: str) -> str | None:
     return match.group(1) if match else None
 
 
-def from_value_error(exc: ValueError, prefix: str = "") -> APIError:
-    """The engine's `ValueError("field: reason")` as a 400 naming `prefix + field`."""
+def from_value_error(
+    exc: ValueError, prefix: str = "", rename: dict[str, str] | None = None
+) -> APIError:
+    """The engine's `ValueError("field: reason")` as a 400 naming `prefix + field`; `rename`
+    spells an engine field as the route's request calls it (`max_new_tokens` -> `max_tokens`)."""
     message = str(exc)
     param = param_of(message)
+    if rename and param in rename:
+        message = rename[param] + message[len(param) :]
+        param = param_of(message)
     if prefix and param:
         message, param = prefix + message, prefix + param
     return APIError(400, message, param=param)

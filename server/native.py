@@ -109,10 +109,10 @@ def check_constraint(params: Any, prefix: str = "") -> None:
     from plait.runtime.constrained import GrammarError, make_grammar_key
 
     for p in params if isinstance(params, list) else [params]:
-        if not isinstance(p, dict) or (p.get("json_schema") is None and p.get("regex") is None):
+        if not isinstance(p, dict) or all(p.get(k) is None for k in ("json_schema", "regex", "ebnf")):
             continue
         try:
-            make_grammar_key(json_schema=p.get("json_schema"), regex=p.get("regex"))
+            make_grammar_key(json_schema=p.get("json_schema"), regex=p.get("regex"), grammar=p.get("ebnf"))
         except GrammarError as e:
             raise bad_request(prefix + str(e)) from None
 

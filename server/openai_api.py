@@ -23,7 +23,7 @@ router = APIRouter(prefix="/v1")
 _PASSTHROUGH = (
     "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
     "repetition_penalty", "seed", "ignore_eos", "stop_token_ids", "skip_special_tokens",
-    "spaces_between_special_tokens", "no_stop_trim", "regex",
+    "spaces_between_special_tokens", "no_stop_trim",
 )  # fmt: skip
 
 
@@ -55,15 +55,64 @@ def sampling_params(req: _Sampling, max_new_tokens: int, json_schema: Any) -> di
         params["min_new_tokens"] = min(req.min_tokens, max_new_tokens)
     if req.stop is not None:
         params["stop"] = [req.stop] if isinstance(req.stop, str) else req.stop
+    if req.budget_closing is not None:
+        params["budget_closing"] = req.budget_closing
+    given = request_constraints(req)
     if json_schema is not None:
-        if req.regex is not None:
-            raise bad_request(
-                "regex: cannot be combined with a JSON response format or a forced tool call"
-            )
-        params["json_schema"] = (
-            json_schema if isinstance(json_schema, str) else json.dumps(json_schema)
+        given.insert(0, ("response_format", "json_schema", json_schema))
+    if len(given) > 1:
+        names = [name for name, _, _ in given]
+        raise bad_request(
+            f"{names[1]}: give at most one constraint; got {', '.join(names)}", names[1]
         )
+    if given:
+        _, field, value = given[0]
+        if field == "json_schema" and not isinstance(value, str):
+            value = json.dumps(value)
+        params[field] = value
     return params
+
+
+def renames(req: _Sampling) -> dict[str, str]:
+    """Engine fields as this request spells them, for the 400s the engine raises."""
+    out = {"max_new_tokens": "max_tokens"}
+    if getattr(req, "response_format", None) is not None:
+        out["json_schema"] = "response_format: json_schema"
+    given = request_constraints(req)
+    for name, field, _ in given[:1]:
+        out[field] = name
+    return out
+
+
+def request_constraints(req: _Sampling) -> list[tuple[str, str, Any]]:
+    """(request field, sampling field, value) of each constraint a request gives: `regex`,
+    `ebnf`, vLLM's `guided_*` fields and `structured_outputs`."""
+    from plait.runtime.constrained.patterns import choices_regex
+
+    so = req.structured_outputs
+    fields = [
+        ("regex", "regex", req.regex), ("ebnf", "ebnf", req.ebnf),
+        ("guided_json", "json_schema", req.guided_json),
+        ("guided_regex", "regex", req.guided_regex),
+        ("guided_grammar", "ebnf", req.guided_grammar),
+        ("guided_choice", "regex", req.guided_choice),
+        ("structured_outputs.json", "json_schema", so and so.json),
+        ("structured_outputs.regex", "regex", so and so.regex),
+        ("structured_outputs.grammar", "ebnf", so and so.grammar),
+        ("structured_outputs.choice", "regex", so and so.choice),
+        ("structured_outputs.json_object", "json_schema", so and so.json_object and {"type": "object"}),
+    ]  # fmt: skip
+    given = []
+    for name, field, value in fields:
+        if value is None or value is False:
+            continue
+        if name.endswith("choice"):
+            try:
+                value = choices_regex(value)
+            except ValueError as e:
+                raise bad_request(f"{name}: {e}", name) from None
+        given.append((name, field, value))
+    return given
 
 
 def token_budget(state: ServerState, prompt_len: int, requested: int | None, prompt: str) -> int:
@@ -139,7 +188,7 @@ async def chat_completions(request: Request) -> Response:
     kwargs = {"input_ids": ids, "sampling_params": params, "rid": rid,
               "return_logprob": req.logprobs, "top_logprobs_num": req.top_logprobs or 0,
               "return_text_in_logprobs": True, "timeout": req.timeout,
-              "client_id": calls.client_of(request, req.user)}  # fmt: skip
+              "client_id": calls.client_of(request, req.user), "rename": renames(req)}  # fmt: skip
     model = req.model or state.model_name
     if req.stream:
         chunks = await calls.stream(state, request, "chat", **kwargs)
@@ -152,7 +201,8 @@ async def chat_completions(request: Request) -> Response:
         message, reason = fmt.chat_message(o, plan)
         logprobs = fmt.chat_logprobs(o["meta_info"], 0, tok) if req.logprobs else None
         choices.append(
-            {"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason}
+            {"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason,
+             **fmt.closed_early(o["meta_info"])}
         )
     return JSONResponse({
         "id": rid, "object": "chat.completion", "created": fmt.now(), "model": model,
@@ -214,6 +264,7 @@ async def completions(request: Request) -> Response:
     batched = len(prompts) > 1
     rid = req.rid or f"cmpl-{uuid.uuid4().hex}"
     kwargs = {
+        "rename": renames(req),
         "input_ids": prompts if batched else prompts[0],
         "sampling_params": params if batched else params[0],
         "rid": calls.assign_rids(rid, len(prompts), batched),
@@ -242,7 +293,8 @@ async def completions(request: Request) -> Response:
         if req.logprobs is not None:
             logprobs = fmt.completion_logprobs(o["meta_info"], 0, 0, tok, req.echo)
         choices.append({"index": i, "text": prefix + o["text"], "logprobs": logprobs,
-                        "finish_reason": fmt.finish_reason(o["meta_info"])})  # fmt: skip
+                        "finish_reason": fmt.finish_reason(o["meta_info"]),
+                        **fmt.closed_early(o["meta_info"])})  # fmt: skip
     return JSONResponse({
         "id": rid, "object": "text_completion", "created": fmt.now(), "model": model,
         "choices": choices, "usage": fmt.usage(prompt_tokens, outs, len(prompts)),
@@ -298,7 +350,8 @@ async def _completion_events(
         if reason is not None:
             finals[index] = out
         if text or reason is not None:
-            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason,
+                      **fmt.closed_early(out["meta_info"])}  # fmt: skip
             yield sse({**base, "choices": [choice]})
     if include_usage:
         outs = [finals[i] for i in sorted(finals)]

@@ -156,8 +156,15 @@ def chat_chunk(
         choice.logprobs_sent = len(meta.get("output_token_logprobs") or [])
     if not delta and reason is None and not (logprobs and logprobs["content"]):
         return None
-    entry = {"index": choice.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+    entry = {"index": choice.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason,
+             **closed_early(meta)}  # fmt: skip
     return {**base, "choices": [entry]}
+
+
+def closed_early(meta: dict[str, Any]) -> dict[str, Any]:
+    """`{"closed_early": true}` for a choice that budget-aware closing finished (its
+    finish_reason stays "length"), else nothing: OpenAI's own fields are unchanged."""
+    return {"closed_early": True} if meta.get("closed_early") and meta.get("finish_reason") else {}
 
 
 def now() -> int:

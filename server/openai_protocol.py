@@ -99,6 +99,16 @@ class StreamOptions(_Strict):
     continuous_usage_stats: bool = False
 
 
+class StructuredOutputs(_Strict):
+    """vLLM's `structured_outputs`: one of a JSON schema, a regex, choices or a grammar."""
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
 class _Sampling(_Strict):
     """Fields shared by both routes, plus SGLang's extensions (pass them with `extra_body`)."""
 
@@ -125,6 +135,14 @@ class _Sampling(_Strict):
     spaces_between_special_tokens: bool | None = None
     no_stop_trim: bool | None = None
     regex: str | None = None
+    ebnf: str | None = None  # SGLang: a grammar (GBNF / EBNF or Lark)
+    budget_closing: bool | None = None
+    # vLLM's request fields for a constraint
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
+    guided_choice: list[str] | None = None
     rid: str | None = None
     timeout: float | None = Field(default=None, gt=0.0, le=604800.0)  # seconds (504 past it)
 
