@@ -13,4 +13,6 @@ def test_constrained_doc_example_runs(capsys):
     assert blocks
     for block in blocks:
         exec(compile(block, str(DOC), "exec"), {"__name__": "constrained_doc"})
-    assert "population=2102650" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "population=2102650" in out
+    assert '{"city":"Par","population":0} True' in out  # the budget-closed example
