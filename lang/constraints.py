@@ -23,26 +23,34 @@ DTYPE_REGEX: dict[type, str] = {
 
 @dataclass(frozen=True)
 class Constraint:
-    """Exactly one of `regex` / `json_schema` is set; `dtype` or `model` say how to parse."""
+    """Exactly one of `regex` / `json_schema` / `grammar` is set; `dtype` or `model` say how to
+    parse. `grammar` is a context-free grammar: GBNF / EBNF (`root ::= ...`) or Lark."""
 
     regex: str | None = None
     json_schema: str | None = None
+    grammar: str | None = None
     dtype: type | None = None
     model: type[BaseModel] | None = None
 
     @classmethod
     def build(
-        cls, regex: str | None = None, json_schema: Any = None, dtype: type | None = None
-    ) -> Constraint | None:
+        cls, regex: str | None = None, json_schema: Any = None, dtype: type | None = None,
+        grammar: str | None = None,
+    ) -> Constraint | None:  # fmt: skip
         given = [
             n
-            for n, v in (("regex", regex), ("json_schema", json_schema), ("dtype", dtype))
+            for n, v in (("regex", regex), ("json_schema", json_schema), ("dtype", dtype),
+                         ("grammar", grammar))  # fmt: skip
             if v is not None
         ]
         if len(given) > 1:
             raise ValueError(
-                f"gen: pass at most one of regex, json_schema, dtype; got {', '.join(given)}"
+                f"gen: pass at most one of regex, json_schema, dtype, grammar; got {', '.join(given)}"
             )
+        if grammar is not None:
+            if not isinstance(grammar, str) or not grammar.strip():
+                raise ValueError(f"grammar: expected a non-empty string, got {grammar!r}")
+            return cls(grammar=grammar)
         if regex is not None:
             if not isinstance(regex, str) or not regex:
                 raise ValueError(f"regex: expected a non-empty string, got {regex!r}")
@@ -75,6 +83,8 @@ class Constraint:
         )
 
     def to_native(self) -> dict[str, str]:
+        if self.grammar is not None:
+            return {"ebnf": self.grammar}
         return (
             {"regex": self.regex}
             if self.regex is not None

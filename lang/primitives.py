@@ -28,6 +28,7 @@ def gen(
     choices: Sequence[str] | None = None,
     dtype: type | None = None,
     *,
+    grammar: str | None = None,
     min_tokens: int | None = None,
     repetition_penalty: float | None = None,
     seed: int | None = None,
@@ -38,7 +39,8 @@ def gen(
     """Generate into variable `name`. Unset sampling fields come from `run(...)` or the backend.
 
     `json_schema` may be a dict, a JSON string or a pydantic model (then `state[name]` is an
-    instance of it); `dtype` is int, float, bool or str; `choices` makes this a `select`.
+    instance of it); `dtype` is int, float, bool or str; `grammar` is a context-free grammar
+    (GBNF / EBNF `root ::= ...`, or Lark); `choices` makes this a `select`.
     """
     _check_name(name)
     if choices is not None:
@@ -48,6 +50,7 @@ def gen(
                 ("regex", regex),
                 ("json_schema", json_schema),
                 ("dtype", dtype),
+                ("grammar", grammar),
                 ("tools", tools),
             )
             if v
@@ -70,10 +73,10 @@ def gen(
         ignore_eos=ignore_eos,
         seed=seed,
     )
-    constraint = Constraint.build(regex=regex, json_schema=json_schema, dtype=dtype)
+    constraint = Constraint.build(regex=regex, json_schema=json_schema, dtype=dtype, grammar=grammar)
     if tools:
         if constraint is not None:
-            raise ValueError("gen: tools cannot be combined with regex, json_schema or dtype")
+            raise ValueError("gen: tools cannot be combined with regex, json_schema, dtype or grammar")
         if not isinstance(max_tool_calls, int) or max_tool_calls < 0:
             raise ValueError(
                 f"max_tool_calls: expected a non-negative integer, got {max_tool_calls!r}"

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from plait.interpreter.state import ProgramState
     from plait.lang.program import Program
 
-FEATURES = frozenset({"stream", "logprobs", "abort", "regex", "json_schema"})
+FEATURES = frozenset({"stream", "logprobs", "abort", "regex", "json_schema", "ebnf"})
 
 
 class Backend(ABC):

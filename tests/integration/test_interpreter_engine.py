@@ -161,3 +161,19 @@ def test_typed_gens_parse_under_constraints(runtime):
     state = typed.run(backend=runtime)
     assert isinstance(state["pet"], Pet) and isinstance(state["legs"], int)
     assert state["ok"] in ("yes", "no")
+
+
+@program
+def nested(s):
+    s += "Nest: " + gen("nest", grammar='root ::= "(" root ")" | "x"', max_tokens=32, temperature=1.0, seed=5)
+
+
+def test_gen_with_a_grammar(runtime):
+    import re
+
+    text = nested.run(backend=runtime)["nest"]
+    m = re.fullmatch(r"(\(*)x(\)*)", text)
+    assert m and len(m.group(1)) == len(m.group(2)), text
+    assert runtime.calls[-1].sampling_params["ebnf"].startswith("root ::=")
+    with pytest.raises(ValueError, match="at most one of regex, json_schema, dtype, grammar"):
+        gen("x", regex="a", grammar="start: 'a'")
