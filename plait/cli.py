@@ -118,6 +118,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from plait.benchmarks.overhead import run_overhead_bench
 
         return run_overhead_bench(args)
+    if args.workload == "dashboard":
+        from plait.benchmarks.dashboard import run_dashboard_bench
+
+        return run_dashboard_bench(args)
     if args.workload == "llama-cpp":
         from plait.benchmarks.llama_cpp import run_llama_cpp_bench
 
@@ -215,6 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
     over.add_argument("--model", dest="model_path", default=None)
     over.set_defaults(func=_cmd_bench)
 
+    from plait.benchmarks.dashboard import add_dashboard_args
+
+    dash = bench_sub.add_parser("dashboard", help="what watching /dashboard costs a decode step")
+    add_dashboard_args(dash)
+    add_engine_args(dash)
+    dash.set_defaults(func=_cmd_bench)
     lcpp = bench_sub.add_parser("llama-cpp", help="plait's server beside llama.cpp's on the same GGUF")
     add_llama_cpp_args(lcpp)
     add_engine_args(lcpp)

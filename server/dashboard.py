@@ -16,7 +16,7 @@ import asyncio
 import bisect
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from importlib import resources
 from typing import Any
 
@@ -25,12 +25,13 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from plait.radix_cache.inspect import summarize_tree
-from plait.server.dashboard_history import History
-from plait.server.dashboard_probe import StepProbe
-from plait.server.dashboard_requests import RequestLog, RouteLabel
+from plait.server.dashboard_history import LATENCY_WINDOW_S, History
+from plait.server.dashboard_probe import StepProbe, StepRecord
+from plait.server.dashboard_requests import RequestLog, RouteLabel, copy_list
 
 SNAPSHOT_VERSION = 1
 PAGE_PATH = "/dashboard"
+_STEP_FIELDS = tuple(f.name for f in fields(StepRecord))
 KEY_TOKENS = 12  # token ids of each shown edge decoded into its label when prompts may be shown
 
 
@@ -116,13 +117,17 @@ def build_snapshot(
     live = view.requests.live(config.show_prompts)
     if view.history.due(now, config.interval):
         sched = engine.scheduler
+        last = view.history.rows[-1]["time"] if view.history.rows else now - config.interval
+        since_t = min(last, now - LATENCY_WINDOW_S)
         view.history.sample(
             now, stats, sched.prompt_tokens, sched.cached_prompt_tokens,
-            steps=list(probe.steps), ttft=list(probe.ttft), itl=list(probe.itl),
-            events=list(probe.events),
+            steps=_newer(probe.steps, last, lambda s: s.time),
+            ttft=_newer(probe.ttft, since_t, lambda x: x[0]),
+            itl=_newer(probe.itl, since_t, lambda x: x[0]),
+            events=_newer(probe.events, last, lambda e: e["time"]),
             retracted_waiting=sum(1 for r in live if r["status"] == "retracted"),
         )  # fmt: skip
-    tree = summarize_tree(cache, max_nodes=nodes, hits=dict(probe.hits) if probe.installed else None,
+    tree = summarize_tree(cache, max_nodes=nodes, hits=_copy_dict(probe.hits) if probe.installed else None,
                           key_tokens=KEY_TOKENS if config.show_prompts else 0)  # fmt: skip
     probe.forget(
         {r["rid"] for r in live}, {n.id for n in tree.nodes} if tree.num_nodes <= nodes else None
@@ -140,10 +145,10 @@ def build_snapshot(
         "current": view.history.rows[-1] if view.history.rows else None,
         "history": rows,
         "tree": _tree_json(tree, view, engine, config.show_prompts, now),
-        "events": list(probe.events)[-50:],
-        "steps": [asdict(s) for s in list(probe.steps)[-20:]],
+        "events": _last(probe.events, 50),
+        "steps": [_step_json(s) for s in _last(probe.steps, 20)],
         "requests": {"live": live,
-                     "finished": view.requests.finished(list(probe.finished), 32, config.show_prompts)},
+                     "finished": view.requests.finished(copy_list(probe.finished), 32, config.show_prompts)},
         "watch": {"probe_installed": probe.installed, "watched_since": view.watched_since,
                   "idle_after_s": config.idle_after},
     }  # fmt: skip
@@ -165,6 +170,34 @@ def _tree_json(tree: Any, view: EngineView, engine: Any, show: bool, now: float)
             "cached_pages": tree.cached_pages, "evictable_pages": tree.evictable_pages,
             "protected_pages": tree.protected_pages, "truncated": tree.truncated,
             "hits_counted": any(n.hits is not None for n in tree.nodes), "nodes": nodes}  # fmt: skip
+
+
+def _newer(items: Any, t: float, when: Any) -> list[Any]:
+    """The items of a time-ordered deque after time `t`, read from its newest end."""
+    out = []
+    for item in reversed(copy_list(items)):
+        if when(item) <= t:
+            break
+        out.append(item)
+    return out[::-1]
+
+
+def _last(items: Any, n: int) -> list[Any]:
+    """The last `n` items of a deque the engine thread appends to, oldest first."""
+    return copy_list(items)[-n:]
+
+
+def _copy_dict(d: dict[int, int]) -> dict[int, int]:
+    for _ in range(3):
+        try:
+            return dict(d)
+        except RuntimeError:  # it grew while copied
+            continue
+    return {}
+
+
+def _step_json(step: StepRecord) -> dict[str, Any]:
+    return {name: getattr(step, name) for name in _STEP_FIELDS}
 
 
 def _jsonable(stats: dict[str, Any]) -> dict[str, Any]:

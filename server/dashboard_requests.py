@@ -91,7 +91,7 @@ class RequestLog:
         groups = (("decode", sched.running), ("prefill", sched.prefilling),
                   ("waiting", sched.waiting), ("quarantined", sched.suspects))  # fmt: skip
         for status, queue in groups:
-            for req in _copy(queue):
+            for req in copy_list(queue):
                 if id(req) in seen or req.finished:
                     continue
                 seen.add(id(req))
@@ -100,7 +100,7 @@ class RequestLog:
                 else:
                     status_of = status
                 out.append(self.summary(req, status_of, now, show_prompts))
-        for req in _copy(self.recent):
+        for req in copy_list(self.recent):
             if id(req) not in seen and not req.finished:
                 out.append(self.summary(req, "submitted", now, show_prompts))
         return out
@@ -110,7 +110,7 @@ class RequestLog:
     ) -> list[dict[str, Any]]:
         """The last finished requests, newest first (`extra`: more the caller saw finish)."""
         now = time.perf_counter()
-        done = {id(r): r for r in [*_copy(self.recent), *extra] if r.finished}
+        done = {id(r): r for r in [*copy_list(self.recent), *extra] if r.finished}
         newest = sorted(done.values(), key=lambda r: r.finish_time or 0.0, reverse=True)
         return [self.summary(r, "finished", now, show_prompts) for r in newest[:limit]]
 
@@ -167,7 +167,7 @@ def _detail(reason: Any) -> str | None:
     return code + (reason.message or "")
 
 
-def _copy(items: Iterable[Any]) -> list[Any]:
+def copy_list(items: Iterable[Any]) -> list[Any]:
     """A list of a container the engine thread may be changing (retried if it changed)."""
     for _ in range(3):
         try:
