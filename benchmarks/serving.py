@@ -196,7 +196,15 @@ def summarize(results: list[Result], duration: float) -> dict[str, Any]:
         "ttft_ms": _stats([r.ttft for r in ok]), "itl_ms": _stats([x for r in ok for x in r.itls]),
         "tpot_ms": _stats(tpots), "e2e_ms": _stats([r.latency for r in ok]),
         "errors": sorted({r.error for r in results if not r.ok})[:5],
+        "samples": {"ttft_ms": _sample([r.ttft for r in ok]),
+                    "itl_ms": _sample([x for r in ok for x in r.itls])},  # for --plot's distributions
     }  # fmt: skip
+
+
+def _sample(values: list[float], limit: int = 2000, scale: float = 1000.0) -> list[float]:
+    """At most `limit` of the values (every k-th), in ms: enough to draw their distribution."""
+    step = max(1, -(-len(values) // limit))
+    return [round(v * scale, 3) for v in values[::step]]
 
 
 def add_serving_args(parser: argparse.ArgumentParser) -> None:

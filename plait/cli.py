@@ -86,6 +86,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    code = _run_bench(args)
+    if code == 0 and getattr(args, "plot", None):
+        from plait.benchmarks.plots import plot_file
+
+        plot_file(args.output, args.plot, args.workload)
+    return code
+
+
+def _run_bench(args: argparse.Namespace) -> int:
     if args.workload == "latency":
         from plait.benchmarks.latency import run_latency_bench
 
@@ -106,6 +115,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from plait.benchmarks.json_bench import run_json_bench
 
         return run_json_bench(args)
+    if args.workload == "jsonschema":
+        from plait.benchmarks.jsonschema_bench import run_jsonschema_bench
+
+        return run_jsonschema_bench(args)
     if args.workload == "data-parallel":
         from plait.benchmarks.data_parallel import run_data_parallel_bench
 
@@ -179,6 +192,14 @@ def build_parser() -> argparse.ArgumentParser:
     js.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=160)
     js.add_argument("--mask-batch", dest="mask_batch", type=int, default=16)
     js.add_argument("--output", default="bench-results/json.json")
+    jsb = bench_sub.add_parser(
+        "jsonschema", help="coverage and compliance on a JSONSchemaBench sample, per grammar backend"
+    )
+    from plait.benchmarks.jsonschema_bench import add_arguments as jsonschema_arguments
+
+    jsonschema_arguments(jsb)
+    add_engine_args(jsb)
+    jsb.set_defaults(func=_cmd_bench)
     spec = bench_sub.add_parser("speculative", help="decode speed with each drafter vs none")
     spec.add_argument("--algorithms", default="ngram,self", help="comma-separated drafters to compare")
     spec.add_argument("--batch-sizes", dest="batch_sizes", default="1,8")
@@ -233,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--no-transformers", dest="transformers", action="store_false", help="skip the transformers baseline")
         add_engine_args(p)
         p.set_defaults(func=_cmd_bench)
+    for p in bench_sub.choices.values():
+        p.add_argument("--plot", metavar="DIR", default=None,
+                       help="also write figures of the results into DIR (needs plait[bench])")  # fmt: skip
     return parser
 
 
