@@ -47,6 +47,7 @@ SPECULATIVE_BURST_STEPS = 4
 # may open (each needs its own closing token), and the longest shortest-output looked for at submit.
 CLOSING_GROWTH = 3
 CLOSING_PROBE_TOKENS = 4096
+CLOSING_PROBE_SECONDS = 0.25
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -352,7 +353,9 @@ class Engine:
             return
         shortest = getattr(compiled, "shortest_output", None)
         if shortest is None:
-            found = self._closing_search().shortest_completion(req.grammar, CLOSING_PROBE_TOKENS)
+            found = self._closing_search().shortest_completion(
+                req.grammar, CLOSING_PROBE_TOKENS, time_limit=CLOSING_PROBE_SECONDS
+            )
             shortest = -1 if found is None else len(found)
             compiled.shortest_output = shortest  # shared by every request of the grammar
         if shortest > p.max_new_tokens:
@@ -382,7 +385,10 @@ class Engine:
                 compiled = await asyncio.wait_for(waiter, timeout=limit)
             except asyncio.TimeoutError:
                 raise _compile_timeout(req, limit) from None
-            self._start_grammar(req, compiled)
+            if getattr(compiled, "shortest_output", None) is None and req.params.max_new_tokens:
+                await asyncio.to_thread(self._start_grammar, req, compiled)  # the closing probe
+            else:
+                self._start_grammar(req, compiled)
 
     def _submit(self, reqs: list[Request]) -> None:
         if self._stopped.is_set():

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from plait.runtime.constrained.closing import ClosingSearch
 
 CLOSING_MARGIN = 8  # tokens of room beyond twice the last closing length before looking again
+CLOSING_STEP_SECONDS = 0.02  # one search on the engine loop
+CLOSING_MAX_MISSES = 4  # searches that found nothing before a request stops looking
 
 
 class OutputProcessor:
@@ -154,9 +156,11 @@ class OutputProcessor:
         )
         if room > 2 * req.closing_tokens + CLOSING_MARGIN + slack:
             return False
-        tokens = closing.shortest_completion(grammar, max_tokens=max(room, 0))
-        if tokens is None:
-            return False  # none within the search's bounds: sampling goes on
+        tokens = closing.shortest_completion(grammar, max(room, 0), time_limit=CLOSING_STEP_SECONDS)
+        if tokens is None:  # none within the search's bounds: sampling goes on
+            req.closing_misses += 1
+            req.closing = req.closing_misses < CLOSING_MAX_MISSES
+            return False
         req.closing_tokens = len(tokens)
         if room - len(tokens) > slack:
             return False

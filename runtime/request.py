@@ -69,6 +69,7 @@ class Request:
     # budget-aware closing: whether it applies, the last closing length found, whether it closed
     closing: bool = False
     closing_tokens: int = 0
+    closing_misses: int = 0
     closed_early: bool = False
     detokenizer: Any = None
     generator: Any = None

@@ -12,6 +12,7 @@ is short, not always the shortest: a bounded best-first walk, never an exhaustiv
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -51,23 +52,29 @@ class ClosingSearch:
         self.order = order
         self._scratch = np.zeros((1, num_words), dtype=np.int32)
 
-    def shortest_completion(self, grammar: Grammar, max_tokens: int) -> list[int] | None:
+    def shortest_completion(
+        self, grammar: Grammar, max_tokens: int, time_limit: float = 0.05
+    ) -> list[int] | None:
         """Tokens (at most `max_tokens`) after which `grammar` accepts; [] when it already does;
-        None when none were found within the search's bounds. `grammar` is left unchanged."""
+        None when none were found within the search's bounds (512 tokens tried, `time_limit`
+        seconds). `grammar` is left unchanged."""
         if grammar.accepts_eos():
             return []
         budget = [_MAX_EXPANSIONS]
+        deadline = time.perf_counter() + time_limit
         for depth in (*[d for d in _DEPTHS if d < max_tokens], max_tokens):
-            found = self._search(grammar.copy(), depth, budget)
-            if found is not None or budget[0] <= 0:
+            found = self._search(grammar.copy(), depth, budget, deadline)
+            if found is not None or budget[0] <= 0 or time.perf_counter() > deadline:
                 return found
         return None
 
-    def _search(self, probe: Grammar, max_depth: int, budget: list[int]) -> list[int] | None:
+    def _search(
+        self, probe: Grammar, max_depth: int, budget: list[int], deadline: float
+    ) -> list[int] | None:
         """Depth-first over each state's candidates, at most `max_depth` tokens deep."""
         path: list[int] = []
         stack: list[list[int]] = [self._candidates(probe, path)]
-        while stack and budget[0] > 0:
+        while stack and budget[0] > 0 and time.perf_counter() < deadline:
             options = stack[-1]
             if not options or len(path) >= max_depth:
                 stack.pop()
