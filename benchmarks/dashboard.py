@@ -3,19 +3,22 @@
 The same batch of decode-only requests (`--concurrency` streams of `--output-len` tokens, one
 shared prompt) runs in alternating rounds: nobody watching (the engine probe off), then a watcher
 polling `/dashboard/snapshot` at each `--poll-hz` (1 Hz is what the page does; faster rates show
-the trend). A round's figure is its wall time over the engine's decode steps. Also reported: how
-long one snapshot takes to build on the server's event loop, and the probe's own cost per step
-measured on a fake batch (no model), so the two parts of the cost are seen apart.
+the trend). A round's figures are its wall time and this process's CPU time over the engine's decode steps
+(the watcher runs in another process; CPU time is steadier than wall time on a shared machine).
+Also reported: how long one snapshot takes to build on the server's event loop, and the probe's
+own cost per step on a fake batch (no model), so the two parts of the cost are seen apart.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
-import threading
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from types import SimpleNamespace
 from typing import Any
 
@@ -32,29 +35,34 @@ def add_dashboard_args(parser: argparse.ArgumentParser) -> None:
 
 @contextmanager
 def watching(url: str, hz: float, latencies: list[float]) -> Iterator[None]:
-    """A client polling the snapshot like the page does (incrementally, with `since`)."""
-    import httpx
-
-    stop = threading.Event()
-
-    def poll() -> None:
-        since = None
-        with httpx.Client(base_url=url, timeout=30) as http:
-            while not stop.is_set():
-                start = time.perf_counter()
-                params = {} if since is None else {"since": since}
-                rows = http.get("/dashboard/snapshot", params=params).json()["history"]
-                latencies.append(time.perf_counter() - start)
-                since = rows[-1]["seq"] if rows else since
-                stop.wait(max(1.0 / hz - (time.perf_counter() - start), 0.0))
-
-    thread = threading.Thread(target=poll, daemon=True)
-    thread.start()
+    """A client in another process (its own work is not the server's cost) polling the snapshot
+    like the page does, incrementally with `since`; its request times land in `latencies`."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "plait.benchmarks.dashboard", url, str(hz)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
     try:
         yield
     finally:
-        stop.set()
-        thread.join()
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+        latencies.extend(float(line) for line in out.split())
+
+
+def poll(url: str, hz: float) -> None:
+    """Polls until terminated, printing each request's seconds."""
+    import httpx
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    since = None
+    with httpx.Client(base_url=url, timeout=30) as http:
+        while True:
+            start = time.perf_counter()
+            rows = http.get("/dashboard/snapshot", params={} if since is None else {"since": since})
+            print(time.perf_counter() - start, flush=True)
+            history = rows.json()["history"]
+            since = history[-1]["seq"] if history else since
+            time.sleep(max(1.0 / hz - (time.perf_counter() - start), 0.0))
 
 
 def probe_cost_us(batch_size: int, repeats: int = 20000) -> float:
@@ -94,71 +102,99 @@ def probe_cost_us(batch_size: int, repeats: int = 20000) -> float:
 def run_dashboard_bench(args: argparse.Namespace) -> int:
     from plait.cli import engine_kwargs
     from plait.runtime.engine import Engine
+    from plait.server import dashboard
     from plait.server.app import create_app
-    from plait.server.dashboard import DashboardConfig, EngineView
     from plait.server.launch import ServerThread
 
     engine = Engine(**engine_kwargs(args))
-    config = DashboardConfig(idle_after=1.0)
+    config = dashboard.DashboardConfig(idle_after=1.0)
     rates = [float(r) for r in args.poll_hz.split(",") if r]
     prompt = engine.tokenizer.encode("Write a long story about a lighthouse keeper.")
     params = {"max_new_tokens": args.output_len, "ignore_eos": True, "temperature": 0}
-    modes = ["off", *[f"{r:g} Hz" for r in rates]]
-    step_ms: dict[str, list[float]] = {m: [] for m in modes}
-    latencies: dict[str, list[float]] = {m: [] for m in modes[1:]}
+    modes = dict(zip(["off", *[f"{r:g} Hz" for r in rates]], [0.0, *rates]))
+    wall: dict[str, list[float]] = {m: [] for m in modes}
+    cpu: dict[str, list[float]] = {m: [] for m in modes}
+    latencies: dict[str, list[float]] = {m: [] for m in modes}
+    builds: list[float] = []
+    build = dashboard.build_snapshot
+
+    def timed_build(*a: Any, **kw: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return build(*a, **kw)
+        finally:
+            builds.append(time.perf_counter() - start)
+
+    dashboard.build_snapshot = timed_build  # the route looks it up by name at each request
     try:
         with ServerThread(create_app(engine, dashboard=config)) as server:
-            view = EngineView.of(engine, config)
-            engine.generate(
-                input_ids=[prompt] * args.concurrency, sampling_params=params
-            )  # warm up
-            for _ in range(args.rounds):
-                for mode, hz in zip(modes, [0.0, *rates]):
-                    if hz == 0.0:
-                        while view.probe.installed:  # the last watcher left; wait for the probe
-                            time.sleep(0.1)
-                        step_ms[mode].append(_round(engine, prompt, params, args.concurrency))
-                        continue
-                    with watching(server.url, hz, latencies[mode]):
-                        while not view.probe.installed:
+            view = dashboard.EngineView.of(engine, config)
+            engine.generate(input_ids=[prompt] * args.concurrency, sampling_params=params)
+            for i in range(args.rounds):
+                order = list(modes) if i % 2 == 0 else list(modes)[::-1]
+                for mode in order:
+                    with (
+                        watching(server.url, modes[mode], latencies[mode])
+                        if modes[mode]
+                        else nullcontext()
+                    ):
+                        served = len(builds)
+                        while view.probe.installed != bool(modes[mode]) or (
+                            modes[mode] and len(builds) == served
+                        ):  # off: the probe came off; watched: this watcher was answered
                             time.sleep(0.05)
-                        step_ms[mode].append(_round(engine, prompt, params, args.concurrency))
+                        w, c = _round(engine, prompt, params, args.concurrency)
+                    wall[mode].append(w)
+                    cpu[mode].append(c)
     finally:
+        dashboard.build_snapshot = build
         engine.shutdown()
-    base = statistics.median(step_ms["off"])  # medians: each round's order is the same
     results = []
     for mode in modes:
-        ms = statistics.median(step_ms[mode])
-        lat = latencies.get(mode) or []
+        lat = latencies[mode]
         results.append({
-            "mode": mode, "step_ms": ms, "overhead_pct": (ms / base - 1) * 100,
-            "best_step_ms": min(step_ms[mode]), "rounds": step_ms[mode],
+            "mode": mode, "step_ms": statistics.median(wall[mode]), "best_step_ms": min(wall[mode]),
+            "cpu_ms_per_step": statistics.median(cpu[mode]), "rounds": wall[mode],
+            "cpu_rounds": cpu[mode],
             "snapshot_ms_p50": statistics.median(lat) * 1000 if lat else None,
-            "snapshot_ms_max": max(lat) * 1000 if lat else None, "snapshots": len(lat),
+            "snapshots": len(lat),
         })  # fmt: skip
+    for r in results:
+        r["overhead_pct"] = (r["step_ms"] / results[0]["step_ms"] - 1) * 100
+        r["cpu_overhead_pct"] = (r["cpu_ms_per_step"] / results[0]["cpu_ms_per_step"] - 1) * 100
     probe_us = probe_cost_us(args.concurrency)
+    build_ms = statistics.median(builds) * 1000 if builds else None
     print_table(
-        ["watching", "step ms (median)", "vs off %", "step ms (best)", "snapshot ms (P50)",
-         "snapshot ms (max)"],
-        [[r["mode"], r["step_ms"], r["overhead_pct"], r["best_step_ms"], r["snapshot_ms_p50"],
-          r["snapshot_ms_max"]] for r in results],
+        ["watching", "wall ms/step (median)", "vs off %", "best", "CPU ms/step", "vs off %",
+         "snapshot round trip ms"],
+        [[r["mode"], r["step_ms"], r["overhead_pct"], r["best_step_ms"], r["cpu_ms_per_step"],
+          r["cpu_overhead_pct"], r["snapshot_ms_p50"]] for r in results],
     )  # fmt: skip
-    print(f"\nthe probe alone: {probe_us:.1f} µs per step of {args.concurrency} decodes")
+    print(
+        f"\nthe probe alone: {probe_us:.1f} µs per step of {args.concurrency} decodes; "
+        f"building a snapshot: {build_ms or 0:.2f} ms (median of {len(builds)})"
+    )
     write_json(args.output, {"benchmark": "dashboard", "concurrency": args.concurrency,
                              "output_len": args.output_len, "model": str(engine.model_path),
                              "quantization": engine.config.model.quantization,
-                             "probe_us_per_step": probe_us, "results": results})  # fmt: skip
+                             "probe_us_per_step": probe_us, "snapshot_build_ms": build_ms,
+                             "results": results})  # fmt: skip
     return 0
 
 
-def _round(engine: Any, prompt: list[int], params: dict, concurrency: int) -> float:
-    """Milliseconds per decode step for one batch of `concurrency` requests, after a short one
-    (so each round starts from the same warm state, however long the engine idled before)."""
+def _round(engine: Any, prompt: list[int], params: dict, concurrency: int) -> tuple[float, float]:
+    """Wall and process-CPU milliseconds per decode step for one batch of `concurrency`
+    requests, after a short one (so each round starts from the same warm state)."""
     engine.generate(
         input_ids=[prompt] * concurrency, sampling_params={**params, "max_new_tokens": 8}
     )
     steps = engine.stats()["total_steps"]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     engine.generate(input_ids=[prompt] * concurrency, sampling_params=params)
-    elapsed = time.perf_counter() - start
-    return elapsed / max(engine.stats()["total_steps"] - steps, 1) * 1000
+    elapsed, used = time.perf_counter() - start, time.process_time() - cpu
+    n = max(engine.stats()["total_steps"] - steps, 1)
+    return elapsed / n * 1000, used / n * 1000
+
+
+if __name__ == "__main__":
+    poll(sys.argv[1], float(sys.argv[2]))

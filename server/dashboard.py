@@ -16,7 +16,7 @@ import asyncio
 import bisect
 import time
 from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -31,7 +31,6 @@ from plait.server.dashboard_requests import RequestLog, RouteLabel, copy_list
 
 SNAPSHOT_VERSION = 1
 PAGE_PATH = "/dashboard"
-_STEP_FIELDS = tuple(f.name for f in fields(StepRecord))
 KEY_TOKENS = 12  # token ids of each shown edge decoded into its label when prompts may be shown
 
 
@@ -197,7 +196,7 @@ def _copy_dict(d: dict[int, int]) -> dict[int, int]:
 
 
 def _step_json(step: StepRecord) -> dict[str, Any]:
-    return {name: getattr(step, name) for name in _STEP_FIELDS}
+    return step._asdict()
 
 
 def _jsonable(stats: dict[str, Any]) -> dict[str, Any]:

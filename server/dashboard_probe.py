@@ -13,8 +13,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 MAX_STEPS = 4096
 MAX_EVENTS = 256
@@ -23,9 +22,9 @@ MAX_FINISHED = 64
 MAX_TRACKED = 8192  # requests whose last token time is remembered (for inter-token latency)
 
 
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    """One forward pass: tokens by kind, and the wall time from `schedule()` to `after_step()`."""
+class StepRecord(NamedTuple):
+    """One forward pass: tokens by kind, and the wall time from `schedule()` to `after_step()`.
+    (A named tuple: one is made per step, and it is the cheapest record to make.)"""
 
     time: float  # time.time() when it ended
     seconds: float | None  # None when the probe was installed mid-step
@@ -136,7 +135,7 @@ class StepProbe:
 
         return match_prefix
 
-    def _composition(self, batch: Any) -> dict[str, int]:
+    def _composition(self, batch: Any) -> tuple[int, ...]:
         prefill = verify = accepted = jump = 0
         for e in batch.extends:
             req = e.req
@@ -148,33 +147,36 @@ class StepProbe:
             else:
                 prefill += e.end - e.start
         steps = batch.decode_steps
-        return {"prefill": prefill, "decode": len(batch.decodes) * steps, "verify": verify,
-                "accepted": accepted, "jump_forward": jump, "decode_steps": steps,
-                "batch_size": len(batch.extends) + len(batch.decodes)}  # fmt: skip
+        return (prefill, len(batch.decodes) * steps, verify, accepted, jump, steps,
+                len(batch.extends) + len(batch.decodes))  # fmt: skip
 
-    def _finish_step(self, batch: Any, record: dict[str, int]) -> None:
+    def _finish_step(self, batch: Any, record: tuple[int, ...]) -> None:
         now = time.perf_counter()
         started, self._step_started = self._step_started, None
-        seconds = None if started is None else now - started
         wall = time.time()
-        self.steps.append(StepRecord(wall, seconds, **record))
-        since = self.installed_at or 0.0
+        self.steps.append(StepRecord(wall, None if started is None else now - started, *record))
+        for e in batch.extends:
+            self._track(e.req, now, wall)
+        for req in batch.decodes:
+            self._track(req, now, wall)
+
+    def _track(self, req: Any, now: float, wall: float) -> None:
+        """Time to first token when a request's first token appears; the gap per token after."""
         tracked = self._last_token
-        for req in [e.req for e in batch.extends] + list(batch.decodes):
-            n = len(req.output_ids)
-            last = tracked.get(req.rid)
-            if last is None:
-                first = req.first_token_time
-                if first is not None and first >= since and n:
-                    self.ttft.append((wall, first - req.arrival_time))
-                if n and len(tracked) < MAX_TRACKED:
-                    tracked[req.rid] = (now, n)
-            elif n > last[1]:
-                self.itl.append((wall, (now - last[0]) / (n - last[1])))
+        n = len(req.output_ids)
+        last = tracked.get(req.rid)
+        if last is None:
+            first = req.first_token_time
+            if first is not None and n and first >= (self.installed_at or 0.0):
+                self.ttft.append((wall, first - req.arrival_time))
+            if n and len(tracked) < MAX_TRACKED:
                 tracked[req.rid] = (now, n)
-            if req.finished:
-                tracked.pop(req.rid, None)
-                self.finished.append(req)
+        elif n > last[1]:
+            self.itl.append((wall, (now - last[0]) / (n - last[1])))
+            tracked[req.rid] = (now, n)
+        if req.finished:
+            tracked.pop(req.rid, None)
+            self.finished.append(req)
 
     # readers (event loop) ---------------------------------------------------------------------
 
