@@ -62,6 +62,14 @@ class Interpreter:
             run_tool_loop(self, node)
             return
         params = node.sampling.over(self.ex.defaults).to_native()
+        if params.get("token_healing") is None:
+            params.pop("token_healing", None)
+            if "token_healing" in self.ex.backend.features:  # on by default in programs
+                params["token_healing"] = True
+        elif params["token_healing"]:
+            self.ex.backend.require("token_healing", needed_by=f"gen {node.name!r}")
+        else:
+            params.pop("token_healing")
         constraint = node.constraint
         if constraint is not None:
             native = constraint.to_native()

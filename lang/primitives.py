@@ -32,6 +32,7 @@ def gen(
     min_tokens: int | None = None,
     repetition_penalty: float | None = None,
     seed: int | None = None,
+    token_healing: bool | None = None,
     tools: Sequence[Callable[..., Any]] | None = None,
     max_tool_calls: int = 4,
     choices_method: str = "token_length_normalized",
@@ -40,7 +41,8 @@ def gen(
 
     `json_schema` may be a dict, a JSON string or a pydantic model (then `state[name]` is an
     instance of it); `dtype` is int, float, bool or str; `grammar` is a context-free grammar
-    (GBNF / EBNF `root ::= ...`, or Lark); `choices` makes this a `select`.
+    (GBNF / EBNF `root ::= ...`, or Lark); `choices` makes this a `select`. `token_healing`
+    (on by default where the backend has it) lets the first token merge with the prompt's last.
     """
     _check_name(name)
     if choices is not None:
@@ -72,6 +74,7 @@ def gen(
         repetition_penalty=repetition_penalty,
         ignore_eos=ignore_eos,
         seed=seed,
+        token_healing=token_healing,
     )
     constraint = Constraint.build(regex=regex, json_schema=json_schema, dtype=dtype, grammar=grammar)
     if tools:

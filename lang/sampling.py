@@ -26,6 +26,7 @@ class SamplingSpec:
     repetition_penalty: float | None = None
     ignore_eos: bool | None = None
     seed: int | None = None
+    token_healing: bool | None = None  # None: on where the backend has it
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -115,6 +115,10 @@ def _run_bench(args: argparse.Namespace) -> int:
         from plait.benchmarks.json_bench import run_json_bench
 
         return run_json_bench(args)
+    if args.workload == "healing":
+        from plait.benchmarks.healing_bench import run_healing_bench
+
+        return run_healing_bench(args)
     if args.workload == "jsonschema":
         from plait.benchmarks.jsonschema_bench import run_jsonschema_bench
 
@@ -200,6 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
     jsonschema_arguments(jsb)
     add_engine_args(jsb)
     jsb.set_defaults(func=_cmd_bench)
+    heal = bench_sub.add_parser("healing", help="few-shot accuracy with token healing on and off")
+    heal.add_argument("--output", default="bench-results/healing.json")
+    add_engine_args(heal)
+    heal.set_defaults(func=_cmd_bench)
     spec = bench_sub.add_parser("speculative", help="decode speed with each drafter vs none")
     spec.add_argument("--algorithms", default="ngram,self", help="comma-separated drafters to compare")
     spec.add_argument("--batch-sizes", dest="batch_sizes", default="1,8")

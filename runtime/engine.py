@@ -119,6 +119,7 @@ class Engine:
         self._grammars: Any = None  # GrammarCache, made on the first constrained request
         self._grammar_lock = threading.Lock()
         self._closing: Any = None  # ClosingSearch, made with the first closing request
+        self._healer: Any = None  # TokenHealer, made with the first healed request
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         # set by `_post` from any thread: a running decode burst ends after its current step
         self._interrupt = ctypes.c_int32(0)
@@ -315,14 +316,31 @@ class Engine:
         pending = []
         for req in reqs:
             p = req.params
-            if p.regex is None and p.json_schema is None and p.ebnf is None:
+            self._heal(req)
+            if p.regex is None and p.json_schema is None and p.ebnf is None and not req.healed_text:
                 continue
             key = make_grammar_key(
                 regex=p.regex, json_schema=p.json_schema, grammar=p.ebnf,
-                whitespace_pattern=self.config.json_whitespace_pattern,
+                whitespace_pattern=self.config.json_whitespace_pattern, prefix=req.healed_text,
             )
             pending.append((req, self._grammar_cache().get_future(key)))
         return pending
+
+    def _heal(self, req: Request) -> None:
+        """Token healing (`constrained/healing.py`): not with logprobs (they index the prompt
+        as sent) or without output."""
+        p = req.params
+        if not p.token_healing or req.logprob.return_logprob or p.max_new_tokens == 0:
+            return
+        if self._healer is None:
+            from plait.runtime.constrained.healing import TokenHealer
+
+            self._healer = TokenHealer(self.tokenizer)
+        healing = self._healer.heal(req.prompt_ids)
+        if healing is not None:
+            req.prompt_ids = healing.prompt_ids
+            req.healed_text = healing.text
+            req.heal_free = p.regex is None and p.json_schema is None and p.ebnf is None
 
     def _closing_search(self) -> Any:
         if self._closing is None:
@@ -348,7 +366,7 @@ class Engine:
         req.grammar = compiled.new_grammar()
         p = req.params
         enabled = self.config.budget_closing if p.budget_closing is None else p.budget_closing
-        req.closing = enabled and p.max_new_tokens > 0 and not p.ignore_eos
+        req.closing = enabled and p.max_new_tokens > 0 and not p.ignore_eos and not req.heal_free
         if not req.closing:
             return
         shortest = getattr(compiled, "shortest_output", None)
@@ -692,7 +710,9 @@ class Engine:
             if self.processor.try_close(req, self._closing_search(), self._closing_slack):
                 self.scheduler.rewind(req, num_valid=before)  # finished: its pages go back
                 return
-        if not self.config.disable_jump_forward:
+        # NOTE: not over the healed text alone: that would re-append the very token healing
+        # backed up over, instead of letting the model choose the merged one
+        if not self.config.disable_jump_forward and not _healing(req):
             self._jump_forward(req)
 
     def _jump_forward(self, req: Request) -> None:
@@ -809,6 +829,16 @@ def _compile_timeout(req: Request, limit: float) -> ValueError:
     return GrammarError(
         f"{name}: compiling the constraint took longer than {limit:g} s; simplify it"
     )
+
+
+def _healing(req: Request) -> bool:
+    """Whether the output has yet to cover the text token healing backed up over, and what the
+    grammar forces does not reach past it (then the jump retokenizes across the boundary, which
+    is what healing is for)."""
+    if not req.healed_text or len(req.text) >= len(req.healed_text):
+        return False
+    forced = req.grammar.try_jump_forward() if req.grammar is not None else None
+    return forced is None or len(req.text) + len(forced) <= len(req.healed_text)
 
 
 def off_main_thread(fn: Callable[..., Any], *args: Any) -> Any:

@@ -78,6 +78,9 @@ class OutputProcessor:
         new_text = req.detokenizer.add([token])
         if new_text:
             req.text += new_text
+            if req.heal_free and len(req.text) >= len(req.healed_text):
+                req.grammar = None  # healed: the rest is free
+                req.heal_free = False
             if params.stop and n_out >= params.min_new_tokens and self._match_stop(req, len(new_text)):
                 return None
         self._check_length(req)

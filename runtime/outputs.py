@@ -35,6 +35,9 @@ def build_output(req: Request, tokenizer: Tokenizer, text: str) -> dict[str, Any
     if req.grammar is not None:
         meta["jump_forward_tokens"] = req.jump_forward_tokens
         meta["closed_early"] = req.closed_early
+    if req.healed_text:  # token healing: the backed-up text is the prompt's, not the output's
+        meta["healed_text"] = req.healed_text
+        text = text[len(req.healed_text) :] if text.startswith(req.healed_text) else text[:0]
     if req.spec.num_steps:
         meta["spec_verify_ct"] = req.spec.num_steps
         meta["spec_accepted_tokens"] = req.spec.num_accepted

@@ -40,6 +40,7 @@ class SamplingParams:
     json_schema: str | None = None
     ebnf: str | None = None  # a context-free grammar: GBNF / EBNF (`root ::= ...`) or Lark
     budget_closing: bool | None = None  # None: the engine's setting
+    token_healing: bool = False  # back the prompt up over a last token that could merge
 
     @classmethod
     def from_dict(cls, params: dict[str, Any] | None) -> SamplingParams:
@@ -92,7 +93,8 @@ class SamplingParams:
         for t in self.stop_token_ids:
             if not isinstance(t, int) or isinstance(t, bool) or t < 0:
                 raise ValueError(f"stop_token_ids: expected non-negative integers, got {t!r}")
-        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
+        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+                     "token_healing"):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected a boolean, got {getattr(self, name)!r}")
         _check_int("n", self.n, 1, MAX_SAMPLES)

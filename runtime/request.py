@@ -71,6 +71,10 @@ class Request:
     closing_tokens: int = 0
     closing_misses: int = 0
     closed_early: bool = False
+    # token healing: the text of the prompt token backed up over (the output starts with it, and
+    # it is cut from what is returned); `heal_free`: no constraint after it (dropped once written)
+    healed_text: str = ""
+    heal_free: bool = False
     detokenizer: Any = None
     generator: Any = None
     sink: Any = None  # where the engine delivers updates (a queue or callback)

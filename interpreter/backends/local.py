@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from plait.interpreter.backends.base import Backend
+from plait.interpreter.backends.base import FEATURES, Backend
 from plait.interpreter.chat_template import (
     CHATML,
     ChatTemplate,
@@ -20,6 +20,7 @@ class Runtime(Backend):
     Roles render through the model's own chat template (ChatML if it has none)."""
 
     name = "runtime"
+    features = FEATURES | {"token_healing"}
 
     def __init__(
         self,

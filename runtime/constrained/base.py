@@ -45,12 +45,14 @@ class GrammarKey:
     context-free grammar (Lark, or GBNF / EBNF with `root ::= ...`).
 
     `whitespace_pattern` only matters for JSON schemas: "" is compact JSON, None the builder's
-    default (`[ ]?`), anything else a regex allowed between JSON tokens.
+    default (`[ ]?`), anything else a regex allowed between JSON tokens. `prefix`: literal text
+    the output must start with, before what the pattern accepts (token healing).
     """
 
     kind: GrammarKind
     pattern: str
     whitespace_pattern: str | None = None
+    prefix: str = ""  # text the output starts with before the pattern (token healing)
 
 
 class Grammar(ABC):

@@ -90,6 +90,8 @@ class LLGuidanceBackend(GrammarBackend):
             grammar = _grammar_from_text(key.pattern)
         else:
             grammar = self._json_grammar(key)
+        if key.prefix:
+            grammar = _with_prefix(grammar, key.prefix)
         matcher = self._matcher(key, grammar)
         bounded = key.kind == "json_schema"
         return LLGuidanceCompiledGrammar(key, grammar, matcher, self, bounded)
@@ -133,6 +135,19 @@ def _json_options(whitespace_pattern: str | None) -> dict[str, Any]:
         "item_separator": ",",
         "key_separator": ":",
     }
+
+
+def _with_prefix(grammar: str, prefix: str) -> str:
+    """`grammar` (llguidance's JSON form) preceded by the literal `prefix`: a Lark start rule
+    that names the original as a nested grammar."""
+    # the grammar_from_* helpers give llguidance's JSON form, or plain Lark for a Lark grammar
+    spec = json.loads(grammar) if grammar.lstrip().startswith("{") else {
+        "grammars": [{"lark_grammar": grammar}]
+    }
+    body = spec["grammars"]
+    body[0]["name"] = "plait_body"
+    start = {"lark_grammar": f"start: {json.dumps(prefix)} @plait_body"}
+    return json.dumps({**spec, "grammars": [start, *body]})
 
 
 def _grammar_from_text(text: str) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 from .base import GrammarError, GrammarKey
 from .json_schema import json_schema_to_regex, normalize_json_schema
 from .limits import DEFAULT_LIMITS, check_regex
-from .patterns import choices_regex, dtype_regex
+from .patterns import choices_regex, dtype_regex, escape
 
 COMPACT_WHITESPACE = ""
 
@@ -22,6 +22,7 @@ def make_grammar_key(
     choices: Sequence[str] | None = None,
     dtype: type | str | None = None,
     whitespace_pattern: str | None = COMPACT_WHITESPACE,
+    prefix: str = "",
 ) -> GrammarKey | None:
     """The key to compile for a request, or None when it has no constraint.
 
@@ -29,7 +30,23 @@ def make_grammar_key(
     valid JSON Schema, or a constraint past the size limits, raises a `GrammarError` here, at
     submit time. What a backend cannot express fails in `GrammarBackend.compile`, still before
     the request is queued.
+    `prefix` (token healing): text the output must start with; without a constraint the key
+    accepts anything after it.
     """
+    key = _make_key(regex, json_schema, grammar, choices, dtype, whitespace_pattern)
+    if not prefix:
+        return key
+    if key is None:
+        return GrammarKey("regex", ANYTHING, prefix=prefix)
+    return GrammarKey(key.kind, key.pattern, key.whitespace_pattern, prefix)
+
+
+ANYTHING = "(?s:.*)"
+
+
+def _make_key(
+    regex: Any, json_schema: Any, grammar: Any, choices: Any, dtype: Any, whitespace_pattern: Any
+) -> GrammarKey | None:
     given = {
         name: value
         for name, value in (
@@ -90,7 +107,8 @@ def grammar_key_to_regex(key: GrammarKey) -> str:
         )
     if key.kind == "regex":
         check_regex(key.pattern)
-        return key.pattern
-    regex = json_schema_to_regex(key.pattern, key.whitespace_pattern)
-    check_regex(regex, "json_schema", generated=True)
-    return regex
+        regex = key.pattern
+    else:
+        regex = json_schema_to_regex(key.pattern, key.whitespace_pattern)
+        check_regex(regex, "json_schema", generated=True)
+    return f"{escape(key.prefix)}(?:{regex})" if key.prefix else regex
