@@ -131,3 +131,15 @@ def test_max_tokens_below_the_shortest_output_is_refused(server):
     resp = httpx.post(server.url + "/generate", json=body, timeout=60)
     assert resp.status_code == 400 and "max_new_tokens" in resp.json()["error"]["message"]
     wait_until_idle(server.engine)
+
+
+def test_token_healing_flag(server, client):
+    resp = client.completions.create(
+        model="tiny", prompt="The capital of France is ", max_tokens=4, temperature=0,
+        extra_body={"token_healing": True, "regex": "Paris"},
+    )  # fmt: skip
+    assert resp.choices[0].text == "Paris"
+    body = {"text": "The capital of France is ", "sampling_params": {"max_new_tokens": 4, "temperature": 0,
+            "token_healing": True, "regex": "Paris"}}  # fmt: skip
+    out = httpx.post(server.url + "/generate", json=body, timeout=60).json()
+    assert out["text"] == "Paris" and out["meta_info"]["healed_text"] == " "
