@@ -197,3 +197,24 @@ def test_fuzz_findings_stay_fixed(client):
     # a tiny temperature or repetition penalty once made the sampler draw from NaNs (500)
     for sp in ({"temperature": 1e-300}, {"repetition_penalty": 1e-300, "temperature": 1.0}):
         assert gen(client, **sp).status_code == 200, sp
+
+
+HOSTILE_GRAMMARS = [
+    'start: start "a" | "a"',  # left recursion (an Earley parser takes it)
+    "start: " + " | ".join(f'"w{i}"' for i in range(5_000)),  # a huge alternation
+    "start: " + "(" * 300 + '"a"' + ")" * 300,  # deep nesting
+    'start: "' + "a" * 60_000 + '"',  # a long literal
+    "root ::= root",  # a rule that never ends
+    'root ::= "a" undefined_rule',
+]
+
+
+@pytest.mark.parametrize("grammar", HOSTILE_GRAMMARS, ids=range(len(HOSTILE_GRAMMARS)))
+def test_hostile_grammars_are_answered_and_leave_nothing_behind(server, client, grammar):
+    r = gen(client, ebnf=grammar)
+    assert r.status_code == 200 or (
+        r.status_code == 400 and r.json()["error"]["param"] in ("ebnf", "grammar", "max_new_tokens")
+    ), r.text[:300]
+    assert client.get("/health").status_code == 200
+    assert gen(client).status_code == 200  # others still served
+    wait_until_idle(server.engine)

@@ -10,6 +10,8 @@ import re
 import jsonschema
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from plait.kernels.constraint_mask import allocate_token_bitmask
 from plait.runtime.constrained import GrammarError, UnsupportedSchemaError, make_grammar_key
@@ -163,6 +165,7 @@ def test_context_free_grammars(backend, closing, grammar, language):
         ({"regex": "(unclosed"}, "regex: cannot compile"),
         ({"grammar": "start: nothing_defined"}, "grammar: "),
         ({"grammar": "root ::= (("}, "grammar: "),
+        ({"grammar": 'start: "' + "a" * 300_000 + '"'}, "grammar: 300009 characters; the limit is"),
     ],
 )
 def test_errors_name_the_problem(backend, spec, message):
@@ -221,3 +224,56 @@ def test_jump_forward_and_rollback(backend, smollm_tokenizer):
     assert grammar.accepts_eos() and grammar.is_terminated()
     grammar.rollback(len(ids))
     assert grammar.try_jump_forward() == '{"name":"' and not grammar.token_ids
+
+
+def _leaf() -> st.SearchStrategy[dict]:
+    return st.sampled_from([
+        {"type": "string"}, {"type": "string", "maxLength": 8}, {"type": "string", "minLength": 2},
+        {"type": "integer"}, {"type": "integer", "minimum": -5, "maximum": 500},
+        {"type": "number"}, {"type": "number", "minimum": 0, "maximum": 1}, {"type": "boolean"},
+        {"type": "null"}, {"enum": ["red", "green", 3, None]}, {"const": "fixed"},
+        {"type": "string", "format": "date"}, {"type": "string", "format": "email"},
+        {"type": "string", "pattern": "^[A-Z]{2}[0-9]{3}$"},
+        {"type": ["string", "integer"]},
+    ])  # fmt: skip
+
+
+def _schemas() -> st.SearchStrategy[dict]:
+    """Shapes real-world schemas have: nested objects with required and optional properties,
+    arrays with bounds, anyOf, allOf of objects, $defs with $ref."""
+
+    def extend(children: st.SearchStrategy[dict]) -> st.SearchStrategy[dict]:
+        names = st.lists(st.sampled_from(["id", "name", "kind", "tags", "meta", "value"]),
+                         min_size=1, max_size=4, unique=True)  # fmt: skip
+        obj = st.builds(
+            lambda ks, vs, n: {"type": "object", "properties": dict(zip(ks, vs)), "required": ks[:n]},
+            names, st.lists(children, min_size=4, max_size=4), st.integers(0, 4),
+        )  # fmt: skip
+        arr = st.builds(lambda c, lo: {"type": "array", "items": c, "minItems": lo, "maxItems": lo + 3},
+                        children, st.integers(0, 2))  # fmt: skip
+        any_of = st.builds(lambda a, b: {"anyOf": [a, b]}, children, children)
+        all_of = st.builds(
+            lambda a, b: {"allOf": [{"type": "object", "properties": {"x": a}, "required": ["x"]},
+                                    {"type": "object", "properties": {"y": b}}]},
+            children, children,
+        )  # fmt: skip
+        return st.one_of(obj, arr, any_of, all_of)
+
+    base = st.recursive(_leaf(), extend, max_leaves=12)
+    return st.one_of(base, st.builds(lambda d: {"$defs": {"item": d}, "type": "array",
+                                                  "items": {"$ref": "#/$defs/item"}}, base))  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schema=_schemas(), seed=st.integers(0, 1000), steps=st.integers(0, 40))
+def test_generated_schemas_finished_or_closed_validate(backend, closing, schema, seed, steps):
+    """Whatever a generated schema compiles to, an output that finished (EOS allowed) or was
+    closed by the budget search validates with jsonschema."""
+    try:
+        key = make_grammar_key(json_schema=schema)
+        backend.compile(key)
+    except GrammarError:
+        return  # refused by name: fine, as long as it is a GrammarError
+    text = walk_then_close(backend, closing, key, seed, steps, required=False)
+    if text is not None:
+        jsonschema.validate(json.loads(text), schema, format_checker=jsonschema.FormatChecker())
