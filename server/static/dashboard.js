@@ -256,8 +256,8 @@
     ], { stacked: true, format: "int", title: "pages", events });
     chart(svgOf("queues"), rows, [
       { key: "num_running", label: "running", color: COLORS.a },
-      { key: "num_waiting", label: "waiting", color: COLORS.b },
-      { key: "num_retracted_waiting", label: "retracted", color: COLORS.d },
+      { key: "num_waiting", label: "waiting", color: COLORS.b, dash: true },
+      { key: "num_retracted_waiting", label: "retracted", color: COLORS.d, dash: true },
     ], { format: "int", title: "requests", events: events.filter((e) => e.kind === "retract") });
     chart(svgOf("tokens-per-step"), rows, [
       { key: "prefill_tokens_per_step", label: "prefill", color: COLORS.prefill },
@@ -267,16 +267,16 @@
     ], { stacked: true, format: "num", title: "tokens / step" });
     chart(svgOf("step-time"), rows, [
       { key: "step_time_ms", label: "mean", color: COLORS.a },
-      { key: "step_time_p99_ms", label: "P99", color: COLORS.b },
+      { key: "step_time_p99_ms", label: "P99", color: COLORS.b, dash: true },
     ], { format: "num", title: "step ms" });
     chart(svgOf("throughput"), rows, [
       { key: "output_tokens_per_s", label: "output tok/s", color: COLORS.c },
     ], { format: "num", title: "tok/s" });
     chart(svgOf("latency"), rows, [
       { key: "ttft_p50_s", label: "TTFT P50", color: COLORS.a },
-      { key: "ttft_p99_s", label: "TTFT P99", color: COLORS.d },
+      { key: "ttft_p99_s", label: "TTFT P99", color: COLORS.d, dash: true },
       { key: "itl_p50_s", label: "ITL P50", color: COLORS.c },
-      { key: "itl_p99_s", label: "ITL P99", color: COLORS.b },
+      { key: "itl_p99_s", label: "ITL P99", color: COLORS.b, dash: true },
     ], { format: "sec", title: "seconds" });
   }
 
@@ -338,7 +338,9 @@
         pen = "L";
       });
       if (rows.length === 1 && d) d += "h2";
-      el("path", { d, class: "line", stroke: s.color, "data-series": s.key }, svg);
+      const attrs = { d, class: "line", stroke: s.color, "data-series": s.key };
+      if (s.dash) attrs["stroke-dasharray"] = "5 3";  // visible where it lies on another line
+      el("path", attrs, svg);
     });
     for (const e of opt.events || []) {
       if (e.time < tMin || e.time > tMax + 2) continue;

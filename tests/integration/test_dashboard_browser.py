@@ -50,7 +50,8 @@ def long_context_dir(tmp_path_factory, smollm_tokenizer):
 def server(long_context_dir):
     engine_args = {"max_total_tokens": 40000, "max_running_requests": 2,
                    "num_continuous_decode_steps": 1}  # fmt: skip
-    with tiny_server(long_context_dir, engine_args, api_key=KEY) as srv:
+    name = "tiny-llama-16k (random weights)"
+    with tiny_server(long_context_dir, engine_args, api_key=KEY, served_model_name=name) as srv:
         yield srv
 
 
@@ -68,11 +69,12 @@ def _page(driver) -> dict:
 
 def test_page_matches_the_snapshot_and_follows_the_server(server, browser):
     auth = {"Authorization": f"Bearer {KEY}"}
-    send(server.url, shared_prefix_prompts(), headers=auth)
-    wait_until_idle(server.engine)
     with headless_chromium(browser) as driver:
         driver.get(server.url + f"/dashboard#key={KEY}")
-        wait_for(lambda: _page(driver)["updates"] >= 2, what="the page's first snapshots")
+        wait_for(lambda: _page(driver)["updates"] >= 1, what="the page's first snapshot")
+        send(server.url, shared_prefix_prompts(), headers=auth)  # watched: hits are counted
+        wait_until_idle(server.engine)
+        wait_for(lambda: _page(driver)["updates"] >= 3, what="the page's next snapshots")
         page = _page(driver)
         assert set(page["panels"]) >= {"summary", "radix-tree", "kv-pool", "batches", "latency",
                                        "requests"}  # fmt: skip
@@ -88,6 +90,9 @@ def test_page_matches_the_snapshot_and_follows_the_server(server, browser):
         # idle: the page's figures are the snapshot's
         snap = _snapshot(server.url)
         stats = snap["stats"]
+        assert any(n["hits"] for n in snap["tree"]["nodes"][1:])
+        seen = _page(driver)["updates"]
+        wait_for(lambda: _page(driver)["updates"] > seen, what="a snapshot after the last change")
         page = _page(driver)
         metrics = page["metrics"]
         assert stats["cache_hit_rate"] > 0.3
