@@ -75,13 +75,6 @@ def summarize_tree(
     raise AssertionError("unreachable")
 
 
-@dataclass(slots=True)
-class _Sizes:
-    tokens: int = 0
-    pages: int = 0
-    nodes: int = 0
-
-
 def _summarize(
     cache: RadixCache,
     max_nodes: int,
@@ -91,7 +84,6 @@ def _summarize(
 ) -> TreeSummary:
     root = cache.root
     children: dict[int, tuple[TreeNode, ...]] = {}
-    sizes: dict[int, _Sizes] = {}
     order: list[TreeNode] = []
     stack = [root]
     truncated = False
@@ -104,21 +96,20 @@ def _summarize(
         children[node.id] = kids
         order.append(node)
         stack.extend(kids)
+    sizes: dict[int, tuple[int, int, int]] = {}  # id -> (tokens, pages, nodes) of its subtree
     for node in reversed(order):
-        s = _Sizes(len(node.key), len(node.value), 0 if node is root else 1)
+        tokens, pages, count = len(node.key), len(node.value), 1
         for kid in children[node.id]:
             k = sizes.get(kid.id)
             if k is not None:
-                s.tokens += k.tokens
-                s.pages += k.pages
-                s.nodes += k.nodes
-        sizes[node.id] = s
+                tokens, pages, count = tokens + k[0], pages + k[1], count + k[2]
+        sizes[node.id] = (tokens, pages, count)
 
     def summary(node: TreeNode, parent: int | None, depth: int) -> NodeSummary:
-        s = sizes[node.id]
+        tokens, pages, count = sizes[node.id]
         return NodeSummary(
             id=node.id, parent=parent, depth=depth, tokens=len(node.key), pages=len(node.value),
-            subtree_tokens=s.tokens, subtree_pages=s.pages, subtree_nodes=s.nodes,
+            subtree_tokens=tokens, subtree_pages=pages, subtree_nodes=count - (node is root),
             num_children=len(children[node.id]), locked=node.lock_ref > 0,
             own_locks=node.own_locks, last_access=node.last_access,
             hits=None if hits is None else hits.get(node.id, 0),
@@ -131,18 +122,18 @@ def _summarize(
     def offer(node: TreeNode, depth: int) -> None:
         for kid in children.get(node.id, ()):
             if kid.id in sizes:
-                heapq.heappush(heap, (-sizes[kid.id].tokens, kid.id, kid, node.id, depth + 1))
+                heapq.heappush(heap, (-sizes[kid.id][0], kid.id, kid, node.id, depth + 1))
 
     offer(root, 0)
     while heap and len(shown) <= max_nodes:
         _, _, node, parent, depth = heapq.heappop(heap)
         shown.append(summary(node, parent, depth))
         offer(node, depth)
-    whole = sizes[root.id]
+    whole_tokens, _, whole_nodes = sizes[root.id]
     evictable = cache.evictable_size()
     protected = cache.protected_size()
     return TreeSummary(
-        nodes=shown, num_nodes=whole.nodes, num_tokens=whole.tokens,
+        nodes=shown, num_nodes=whole_nodes - 1, num_tokens=whole_tokens,
         cached_pages=evictable + protected, evictable_pages=evictable, protected_pages=protected,
         clock=cache._clock, truncated=truncated,
     )  # fmt: skip

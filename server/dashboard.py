@@ -24,14 +24,16 @@ from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from plait.radix_cache.inspect import summarize_tree
+from plait.radix_cache.inspect import TreeSummary, summarize_tree
 from plait.server.dashboard_history import LATENCY_WINDOW_S, History
 from plait.server.dashboard_probe import StepProbe, StepRecord
 from plait.server.dashboard_requests import RequestLog, RouteLabel, copy_list
 
 SNAPSHOT_VERSION = 1
 PAGE_PATH = "/dashboard"
-KEY_TOKENS = 12  # token ids of each shown edge decoded into its label when prompts may be shown
+KEY_TOKENS = 12
+TREE_BUDGET = 100  # a walk of the tree is reused for up to 100x the time it took
+MAX_WALK = 20_000  # nodes walked at most (~50 ms); beyond, the summary says it was truncated  # token ids of each shown edge decoded into its label when prompts may be shown
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class EngineView:
         self.last_watched = 0.0
         self.watched_since: float | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._tree: tuple[float, tuple[int, bool], float, TreeSummary] | None = None
 
     @classmethod
     def of(cls, engine: Any, config: DashboardConfig) -> EngineView:
@@ -91,6 +94,21 @@ class EngineView:
             return
         self.probe.uninstall()
         self.watched_since = None
+
+    def tree(self, nodes: int, show_prompts: bool, now: float) -> TreeSummary:
+        """The tree's summary, walked again only when the last walk is older than
+        `TREE_BUDGET` times its own duration (so walking a large tree takes at most ~1% of the
+        event loop's time), or was asked with other options."""
+        key = (nodes, show_prompts)
+        cached = self._tree
+        if cached is not None and cached[1] == key and now - cached[0] < cached[2] * TREE_BUDGET:
+            return cached[3]
+        start = time.perf_counter()
+        hits = _copy_dict(self.probe.hits) if self.probe.installed else None
+        tree = summarize_tree(self.engine.cache, max_nodes=nodes, hits=hits,
+                              key_tokens=KEY_TOKENS if show_prompts else 0, max_walk=MAX_WALK)  # fmt: skip
+        self._tree = (now, key, time.perf_counter() - start, tree)
+        return tree
 
     def last_use_s(self, last_access: int, now: float) -> float | None:
         """Seconds since the first snapshot that saw the cache's clock past `last_access` (the
@@ -126,8 +144,7 @@ def build_snapshot(
             events=_newer(probe.events, last, lambda e: e["time"]),
             retracted_waiting=sum(1 for r in live if r["status"] == "retracted"),
         )  # fmt: skip
-    tree = summarize_tree(cache, max_nodes=nodes, hits=_copy_dict(probe.hits) if probe.installed else None,
-                          key_tokens=KEY_TOKENS if config.show_prompts else 0)  # fmt: skip
+    tree = view.tree(nodes, config.show_prompts, now)
     probe.forget(
         {r["rid"] for r in live}, {n.id for n in tree.nodes} if tree.num_nodes <= nodes else None
     )
@@ -168,7 +185,8 @@ def _tree_json(tree: Any, view: EngineView, engine: Any, show: bool, now: float)
     return {"page_size": engine.page_size, "num_nodes": tree.num_nodes, "num_tokens": tree.num_tokens,
             "cached_pages": tree.cached_pages, "evictable_pages": tree.evictable_pages,
             "protected_pages": tree.protected_pages, "truncated": tree.truncated,
-            "hits_counted": any(n.hits is not None for n in tree.nodes), "nodes": nodes}  # fmt: skip
+            "hits_counted": any(n.hits is not None for n in tree.nodes),
+            "walked_at": view._tree[0] if view._tree else now, "nodes": nodes}  # fmt: skip
 
 
 def _newer(items: Any, t: float, when: Any) -> list[Any]:

@@ -117,3 +117,21 @@ def test_probe_wraps_instances_and_takes_itself_off():
     assert probe.hits == {1: 1, 2: 1}
     probe.uninstall()
     assert not probe.installed and vars(sched) == {"batch": sched.batch} and not vars(cache)
+
+
+def test_tree_walks_are_reused_within_their_budget():
+    from plait.radix_cache import PageAllocator, RadixCache
+    from plait.server.dashboard import TREE_BUDGET, DashboardConfig, EngineView
+
+    alloc = PageAllocator(64)
+    cache = RadixCache(1, alloc)
+    cache.insert([1, 2, 3], alloc.allocate(3))
+    engine = SimpleNamespace(cache=cache, scheduler=None)
+    view = EngineView(engine, DashboardConfig())
+    first = view.tree(8, False, now=100.0)
+    took = view._tree[2]
+    assert view.tree(8, False, now=100.0 + took * TREE_BUDGET / 2) is first
+    assert view.tree(4, False, now=100.0) is not first  # other options: walked again
+    cache.insert([1, 2, 4], alloc.allocate(3))
+    again = view.tree(4, False, now=100.0 + 10 * took * TREE_BUDGET + 1)
+    assert again.num_nodes == 3
