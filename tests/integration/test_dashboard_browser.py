@@ -167,3 +167,35 @@ def test_page_asks_for_the_key_and_data_needs_it(server, browser):
         driver.find_element("css selector", '[data-field="auth"] button').click()
         wait_for(lambda: _page(driver)["updates"] >= 1, what="the page after the key")
         assert _page(driver)["state"] == "live"
+
+
+def test_router_page_has_a_view_per_replica(tiny_llama_dir, browser):
+    from plait.server.launch import ServerThread
+    from plait.server.router_app import create_router_app
+    from plait.server.routing import RouterConfig
+
+    with tiny_server(tiny_llama_dir) as a, tiny_server(tiny_llama_dir) as b:
+        send(
+            a.url, shared_prefix_prompts(num_prefixes=1, per_prefix=2)
+        )  # only replica 0 has a tree
+        app = create_router_app([a.url, b.url], RouterConfig(health_interval=0.2))
+        try:
+            with ServerThread(app) as router, headless_chromium(browser) as driver:
+                driver.get(router.url + "/dashboard")
+                wait_for(lambda: _page(driver)["updates"] >= 1, what="the router's page")
+                buttons = driver.find_elements("css selector", '[data-panel="replicas"] button')
+                assert [x.get_attribute("data-replica") for x in buttons] == ["0", "1"]
+                assert buttons[0].get_attribute("aria-pressed") == "true"
+                cached = a.engine.stats()["kv_pages_cached"]
+                assert cached > 0 and b.engine.stats()["kv_pages_cached"] == 0
+                wait_for(lambda: _page(driver)["metrics"]["kv_pages_cached"] == str(cached),
+                         what="replica 0's cache on the page")  # fmt: skip
+                buttons[1].click()
+                wait_for(lambda: _page(driver)["metrics"]["kv_pages_cached"] == "0"
+                         and not _page(driver)["ids"][1:], what="replica 1's empty tree")  # fmt: skip
+                pressed = driver.find_element(
+                    "css selector", '[data-panel="replicas"] button[aria-pressed="true"]'
+                )
+                assert pressed.get_attribute("data-replica") == "1"
+        finally:
+            app.state.router.close()
