@@ -17,23 +17,21 @@ import bisect
 import time
 from collections import deque
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from plait.radix_cache.inspect import TreeSummary, summarize_tree
 from plait.server.dashboard_history import LATENCY_WINDOW_S, History
+from plait.server.dashboard_page import DashboardPage
 from plait.server.dashboard_probe import StepProbe, StepRecord
 from plait.server.dashboard_requests import RequestLog, RouteLabel, copy_list
 
 SNAPSHOT_VERSION = 1
-PAGE_PATH = "/dashboard"
-KEY_TOKENS = 12
+KEY_TOKENS = 12  # token ids of each shown edge decoded into its label when prompts may be shown
 TREE_BUDGET = 100  # a walk of the tree is reused for up to 100x the time it took
-MAX_WALK = 20_000  # nodes walked at most (~50 ms); beyond, the summary says it was truncated  # token ids of each shown edge decoded into its label when prompts may be shown
+MAX_WALK = 20_000  # nodes walked at most (~50 ms); beyond, the summary says it was truncated
 
 
 @dataclass(frozen=True)
@@ -220,45 +218,6 @@ def _step_json(step: StepRecord) -> dict[str, Any]:
 def _jsonable(stats: dict[str, Any]) -> dict[str, Any]:
     return {k: v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
             for k, v in stats.items()}  # fmt: skip
-
-
-# the page ------------------------------------------------------------------------------------
-
-
-def page_html() -> bytes:
-    """The page, its script and style inlined: one response, nothing fetched from elsewhere."""
-    static = resources.files("plait.server") / "static"
-    html = (static / "dashboard.html").read_text()
-    html = html.replace("/*STYLE*/", (static / "dashboard.css").read_text())
-    html = html.replace("/*SCRIPT*/", (static / "dashboard.js").read_text())
-    return html.encode()
-
-
-class DashboardPage:
-    """Pure ASGI: answers `GET /dashboard` with the static page; everything else passes on."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-        self._body: bytes | None = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] != "http"
-            or scope["path"] != PAGE_PATH
-            or scope["method"] not in ("GET", "HEAD")
-        ):
-            await self.app(scope, receive, send)
-            return
-        if self._body is None:
-            self._body = page_html()
-        headers = [(b"content-type", b"text/html; charset=utf-8"),
-                   (b"content-length", str(len(self._body)).encode()),
-                   (b"cache-control", b"no-cache"),
-                   (b"content-security-policy", b"default-src 'self'; script-src 'unsafe-inline'; "
-                    b"style-src 'unsafe-inline'; img-src 'self' data:")]  # fmt: skip
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        body = b"" if scope["method"] == "HEAD" else self._body
-        await send({"type": "http.response.body", "body": body})
 
 
 # the routes ----------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import httpx
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from plait.server.dashboard import DashboardPage
+from plait.server.dashboard_page import DashboardPage
 from plait.server.proxy import forward_headers
 
 
