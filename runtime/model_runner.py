@@ -4,6 +4,7 @@ computes logprobs and samples."""
 from __future__ import annotations
 
 import ctypes
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -85,6 +86,7 @@ class ModelRunner:
         self.page_size = kv_pool.page_size
         self.eos_ids = eos_ids
         self.default_generator = default_generator
+        self._mask_pool: ThreadPoolExecutor | None = None  # fills grammar masks beside the forward
         # quantized weights on a CPU whose GEMM has AMX: prefill chunks attend in bfloat16 as well
         # as multiply in it (kernels/quant_matmul.py: bf16_matmul); float32 models stay float32
         self.bf16_extends = (
@@ -199,8 +201,25 @@ class ModelRunner:
     def forward(self, batch: ScheduleBatch) -> list[TokenResult]:
         """Runs one step; results align with `batch.extends + batch.decodes`."""
         prepared = self.prepare(batch)
+        masks = self._start_masks(batch, prepared.plans)
         logits = self.model(prepared.input_ids, prepared.positions, prepared.forward_batch)
-        return self._results(batch, prepared.plans, logits)  # logits: [num_logit_rows, vocab]
+        return self._results(batch, prepared.plans, logits, masks)  # logits: [num_logit_rows, vocab]
+
+    def _start_masks(
+        self, batch: ScheduleBatch, plans: list[tuple[list[int], bool]]
+    ) -> Future[tuple[torch.Tensor, list[int]]] | None:
+        """Fills the grammar masks of the step's sampled rows on another thread while the
+        forward pass runs (the masks depend on the grammars' states only; llguidance releases
+        the GIL). Rows in the order `_results` samples them: one-token entries, no drafts."""
+        reqs = [e.req for e in batch.extends] + batch.decodes
+        drafts = [e.draft_ids for e in batch.extends] + [[] for _ in batch.decodes]
+        grammars = [r.grammar for r, (_, samples), d in zip(reqs, plans, drafts) if samples and not d]
+        if all(g is None for g in grammars):
+            return None
+        if self._mask_pool is None:
+            self._mask_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plait-masks")
+        vocab = self.model.args.vocab_size
+        return self._mask_pool.submit(_fill_masks, grammars, vocab)
 
     def can_burst(self, batch: ScheduleBatch) -> bool:
         """Whether `decode_burst` can run this batch: decodes only, each one's next token a function
@@ -292,8 +311,9 @@ class ModelRunner:
         return list(range(first, min(e.end, prompt_len - 1)))
 
     def _results(
-        self, batch: ScheduleBatch, plans: list[tuple[list[int], bool]], logits: torch.Tensor
-    ) -> list[TokenResult]:
+        self, batch: ScheduleBatch, plans: list[tuple[list[int], bool]], logits: torch.Tensor,
+        masks: Future[tuple[torch.Tensor, list[int]]] | None = None,
+    ) -> list[TokenResult]:  # fmt: skip
         reqs = [e.req for e in batch.extends] + batch.decodes
         drafts = [e.draft_ids for e in batch.extends] + [[] for _ in batch.decodes]
         results = [TokenResult() for _ in reqs]
@@ -330,7 +350,11 @@ class ModelRunner:
         elif sample_rows:
             rows = torch.tensor(sample_rows, dtype=torch.long, device=logits.device)
             batch_logits = logits[rows]  # a copy: logprobs above stay those of the raw distribution
-            self._apply_grammars(batch_logits, [reqs[i] for i in sample_reqs])
+            if masks is not None:
+                bitmask, constrained = masks.result()
+                apply_token_bitmask(batch_logits, bitmask.to(batch_logits.device), constrained)
+            else:
+                self._apply_grammars(batch_logits, [reqs[i] for i in sample_reqs])
             rows_state = [self._sampling_row(reqs[i], []) for i in sample_reqs]
             for j, token in enumerate(sample(batch_logits, rows_state).tolist()):
                 results[sample_reqs[j]].tokens.append(token)
@@ -381,13 +405,20 @@ class ModelRunner:
     @staticmethod
     def _apply_grammars_to(logits: torch.Tensor, grammars: list) -> None:
         """Masks each constrained row to the tokens its grammar allows next (one kernel call)."""
-        constrained = [j for j, g in enumerate(grammars) if g is not None]
-        if not constrained:
+        if all(g is None for g in grammars):
             return
+        from plait.runtime.constrained.base import fill_bitmasks
+
         bitmask = allocate_token_bitmask(len(grammars), logits.shape[1])
-        for j in constrained:
-            grammars[j].fill_bitmask(bitmask, j)
+        constrained = fill_bitmasks(grammars, bitmask)
         apply_token_bitmask(logits, bitmask.to(logits.device), constrained)
+
+
+def _fill_masks(grammars: list, vocab_size: int) -> tuple[torch.Tensor, list[int]]:
+    from plait.runtime.constrained.base import fill_bitmasks
+
+    bitmask = allocate_token_bitmask(len(grammars), vocab_size)
+    return bitmask, fill_bitmasks(grammars, bitmask)
 
 
 def _plain_logits(req: Request) -> bool:

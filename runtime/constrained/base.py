@@ -86,6 +86,13 @@ class Grammar(ABC):
         Bits past the tokenizer's vocabulary (a wider model vocabulary) are cleared.
         """
 
+    @classmethod
+    def fill_many(cls, items: Sequence[tuple[Grammar, int]], bitmask: torch.Tensor) -> None:
+        """`fill_bitmask` for each (grammar, row) of this class; a backend may do it in one
+        call that releases the GIL (`fill_bitmasks`)."""
+        for grammar, row in items:
+            grammar.fill_bitmask(bitmask, row)
+
     @abstractmethod
     def accepts_eos(self) -> bool:
         """True in an accepting state: the output so far matches the whole pattern."""
@@ -123,6 +130,20 @@ class Grammar(ABC):
                     self.advance(old)
                 return False
         return True
+
+
+def fill_bitmasks(grammars: Sequence[Grammar | None], bitmask: torch.Tensor) -> list[int]:
+    """Fills row j of `bitmask` from `grammars[j]` where it is not None, each backend's rows in
+    one `fill_many`; returns the rows filled."""
+    rows = [j for j, g in enumerate(grammars) if g is not None]
+    by_class: dict[type[Grammar], list[tuple[Grammar, int]]] = {}
+    for j in rows:
+        grammar = grammars[j]
+        assert grammar is not None
+        by_class.setdefault(type(grammar), []).append((grammar, j))
+    for cls, items in by_class.items():
+        cls.fill_many(items, bitmask)
+    return rows
 
 
 class CompiledGrammar(ABC):

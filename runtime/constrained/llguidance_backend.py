@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import llguidance
 import numpy as np
-from llguidance import LLMatcher, LLParserLimits, LLTokenizer
+from llguidance import LLExecutor, LLMatcher, LLParserLimits, LLTokenizer
 
 from .base import (
     CompiledGrammar,
@@ -82,6 +82,13 @@ class LLGuidanceBackend(GrammarBackend):
             eos_row.view(np.uint32)[token_id // 32] |= np.uint32(1 << (token_id % 32))
         self.eos_row = eos_row
         self.bounds = RunawayBounds(tokenizer.vocab_bytes(), max_digit_run, max_whitespace_run)
+        self._executor: LLExecutor | None = None
+
+    def executor(self) -> LLExecutor:
+        """The thread pool that fills a batch's masks (made on first use)."""
+        if self._executor is None:
+            self._executor = LLExecutor()
+        return self._executor
 
     def compile(self, key: GrammarKey) -> LLGuidanceCompiledGrammar:
         if key.kind == "regex":
@@ -255,6 +262,38 @@ class LLGuidanceGrammar(Grammar):
                 backend.bounds.apply(target[:n], self._tokens)
         if words.shape[1] > n:
             target[n:] = 0
+
+    @classmethod
+    def fill_many(cls, items: Sequence[tuple[Grammar, int]], bitmask: Any) -> None:
+        """Every live row in one `LLExecutor` call: llguidance computes the masks on its own
+        threads with the GIL released."""
+        backend = items[0][0]._compiled.backend if items else None  # type: ignore[attr-defined]
+        words = bitmask.numpy() if hasattr(bitmask, "numpy") else bitmask
+        if (
+            backend is None or len(items) < 2 or words.shape[1] != backend.num_words
+            or not words.flags.c_contiguous
+            or any(g._compiled.backend is not backend for g, _ in items)  # type: ignore[attr-defined]
+        ):  # fmt: skip
+            super().fill_many(items, bitmask)
+            return
+        live = []
+        for grammar, row in items:
+            g: LLGuidanceGrammar = grammar  # type: ignore[assignment]
+            if g._finished() or g._matcher.is_error():
+                words[row] = backend.eos_row
+            else:
+                live.append((g, row))
+        if live:
+            backend.executor().unsafe_compute_mask_ptr(
+                [(g._matcher, row) for g, row in live], words.ctypes.data, 4 * words.shape[1],
+                words.shape[0],
+            )  # fmt: skip
+        for g, row in live:
+            target = words[row]
+            if not target.any():
+                target[:] = backend.eos_row
+            elif g._compiled.bounded:
+                backend.bounds.apply(target, g._tokens)
 
     def accepts_eos(self) -> bool:
         return self._finished() or self._matcher.is_accepting()

@@ -277,3 +277,30 @@ def test_generated_schemas_finished_or_closed_validate(backend, closing, schema,
     text = walk_then_close(backend, closing, key, seed, steps, required=False)
     if text is not None:
         jsonschema.validate(json.loads(text), schema, format_checker=jsonschema.FormatChecker())
+
+
+def test_batch_fill_equals_row_by_row(backend, smollm_tokenizer):
+    from plait.runtime.constrained.base import fill_bitmasks
+
+    tok = smollm_tokenizer
+    grammars = []
+    for spec, text in [
+        ({"json_schema": {"type": "number"}}, "1" * 30),  # bounded row
+        ({"regex": "[a-z]+@[a-z]+"}, "ab"),
+        ({"grammar": 'root ::= "(" root ")" | "x"'}, "(("),
+        ({"regex": "ab"}, "ab"),  # terminated: EOS only
+    ]:
+        g = backend.compile(make_grammar_key(**spec)).new_grammar()
+        for t in tok.encode(text, add_special_tokens=False):
+            g.advance(t)
+        grammars.append(g)
+    grammars.insert(1, None)  # an unconstrained row in between stays untouched
+    together = allocate_token_bitmask(len(grammars), backend.vocab_size)
+    assert fill_bitmasks(grammars, together) == [0, 2, 3, 4]
+    for j, g in enumerate(grammars):
+        alone = allocate_token_bitmask(1, backend.vocab_size)
+        if g is None:
+            assert bool((together[j] == -1).all())
+            continue
+        g.fill_bitmask(alone, 0)
+        assert bool((together[j] == alone[0]).all()), j
