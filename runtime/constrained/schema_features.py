@@ -1,6 +1,6 @@
 """What llguidance is handed for a JSON schema, and where a keyword sits in one.
 
-`prepare_schema` copies the schema with four changes that keep every output valid:
+`prepare_schema` copies the schema with five changes that keep every output valid:
 - an object schema that lists `properties` and says nothing of others gets
   `additionalProperties: false`, as SGLang's and vLLM's grammar engines and OpenAI's strict mode
   do: the output has the declared properties only, instead of a model wandering into invented
@@ -9,6 +9,7 @@
   annotation, not an assertion;
 - over a closed set of properties, `minProperties` makes the first optional properties required
   and `maxProperties` leaves out the optional ones past it (the parser counts required ones only);
+- `dependentRequired` (and `dependencies` given as lists) makes the properties it names required;
 - `uniqueItems: true` on an array that may have fewer than two items becomes `maxItems: 1`
   (an array of at most one item is always unique). With `minItems` >= 2 it stays, and the
   engine rejects it by name.
@@ -51,6 +52,7 @@ def _walk(node: Any, unknown_formats: set[str], merged: bool) -> Any:
             out[key] = value
     if "properties" in out and not merged and not any(k in out for k in _OPEN_ENDED):
         out["additionalProperties"] = False
+    _require_dependencies(out)
     if out.get("additionalProperties") is False and isinstance(out.get("properties"), dict):
         _fix_property_counts(out)
     if out.get("uniqueItems") is True and _min_items(out) <= 1:
@@ -59,6 +61,23 @@ def _walk(node: Any, unknown_formats: set[str], merged: bool) -> Any:
     elif out.get("uniqueItems") is False:
         del out["uniqueItems"]
     return out
+
+
+def _require_dependencies(node: dict[str, Any]) -> None:
+    """`dependentRequired` and the list form of `dependencies` ("if a is present, so is b"):
+    every property named on either side becomes required, which satisfies them. Schema-valued
+    dependencies stay (and are refused by name)."""
+    for keyword in ("dependentRequired", "dependencies"):
+        value = node.get(keyword)
+        if not isinstance(value, dict) or not all(isinstance(v, list) for v in value.values()):
+            continue
+        required = list(node.get("required", []))
+        for name, needs in value.items():
+            for item in [name, *needs]:
+                if isinstance(item, str) and item not in required:
+                    required.append(item)
+        node["required"] = required
+        del node[keyword]
 
 
 def _fix_property_counts(node: dict[str, Any]) -> None:

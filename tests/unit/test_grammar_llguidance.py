@@ -44,6 +44,11 @@ COVERAGE = {
     "unknown format": {"type": "string", "format": "x-telephone", "maxLength": 12},
     "number bounds": {"type": "number", "minimum": -2.5, "maximum": 10.25},
     "multipleOf": {"type": "integer", "multipleOf": 7, "minimum": 0, "maximum": 100},
+    "dependencies": {
+        "type": "object",
+        "properties": {"card": {"type": "integer"}, "billing": {"type": "string", "maxLength": 5}},
+        "dependencies": {"card": ["billing"]},
+    },
     "big schema": {
         "type": "object",
         "properties": {f"field_{i}_{'x' * 40}": {"type": "integer"} for i in range(700)},
