@@ -132,6 +132,17 @@ class Grammar(ABC):
         return True
 
 
+def bitmask_words(bitmask: Any, num_words: int) -> Any:
+    """The int32 numpy view of a [batch, words] CPU bitmask (torch tensor or array), checked to
+    hold at least `num_words` words per row."""
+    words = bitmask.numpy() if hasattr(bitmask, "numpy") else bitmask
+    if words.shape[1] < num_words:
+        raise ValueError(
+            f"fill_bitmask: bitmask has {words.shape[1]} words per row, needs {num_words}"
+        )
+    return words
+
+
 def fill_bitmasks(grammars: Sequence[Grammar | None], bitmask: torch.Tensor) -> list[int]:
     """Fills row j of `bitmask` from `grammars[j]` where it is not None, each backend's rows in
     one `fill_many`; returns the rows filled."""

@@ -29,6 +29,7 @@ from .base import (
     GrammarKey,
     InvalidRegexError,
     UnsupportedSchemaError,
+    bitmask_words,
 )
 from .bounds import RunawayBounds
 from .schema_features import find_keyword, prepare_schema
@@ -245,12 +246,9 @@ class LLGuidanceGrammar(Grammar):
         return True
 
     def fill_bitmask(self, bitmask: Any, row: int) -> None:
-        # [batch, num_words] int32; a CPU torch tensor or a numpy array
-        words = bitmask.numpy() if hasattr(bitmask, "numpy") else bitmask
         backend = self._compiled.backend
         n = backend.num_words
-        if words.shape[1] < n:
-            raise ValueError(f"fill_bitmask: bitmask has {words.shape[1]} words per row, needs {n}")
+        words = bitmask_words(bitmask, n)
         target = words[row]
         if self._finished() or self._matcher.is_error():
             target[:n] = backend.eos_row

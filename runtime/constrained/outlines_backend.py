@@ -33,6 +33,7 @@ from .base import (
     GrammarError,
     GrammarKey,
     InvalidRegexError,
+    bitmask_words,
 )
 from .bounds import RunawayBounds
 from .limits import regex_cost
@@ -319,12 +320,9 @@ class OutlinesGrammar(Grammar):
         return True
 
     def fill_bitmask(self, bitmask: Any, row: int) -> None:
-        # [batch, num_words] int32; a CPU torch tensor (pinned or not) or a numpy array
-        words = bitmask.numpy() if hasattr(bitmask, "numpy") else bitmask
         backend = self._compiled.backend
         n = backend.num_index_words
-        if words.shape[1] < n:
-            raise ValueError(f"fill_bitmask: bitmask has {words.shape[1]} words per row, needs {n}")
+        words = bitmask_words(bitmask, n)
         if self._finished:
             words[row, :n] = backend.eos_row
         else:
