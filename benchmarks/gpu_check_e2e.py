@@ -113,6 +113,7 @@ def e2e_rows(sz: Any, tmp: Path) -> list[dict[str, Any]]:
 
 def greedy_agreement(sz: Any) -> dict[str, Any]:
     """Greedy outputs with the Triton kernels against the torch references, default model, float32."""
+    from plait import environment
     from plait.kernels.dispatch import DISABLE_TRITON_ENV
     from plait.runtime.engine import Engine
 
@@ -125,6 +126,7 @@ def greedy_agreement(sz: Any) -> dict[str, Any]:
     try:
         for label, disabled in (("triton", "0"), ("reference", "1")):
             os.environ[DISABLE_TRITON_ENV] = disabled
+            environment.reload()
             engine = Engine(device=sz.device, dtype="float32", page_size=16)
             try:
                 results[label] = [
@@ -134,6 +136,7 @@ def greedy_agreement(sz: Any) -> dict[str, Any]:
                 engine.shutdown()
     finally:
         os.environ.pop(DISABLE_TRITON_ENV, None)
+        environment.reload()
     prefixes = []
     for a, b in zip(results["triton"], results["reference"]):
         prefixes.append(

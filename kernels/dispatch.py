@@ -23,7 +23,9 @@ from typing import Any
 
 import torch
 
-DISABLE_TRITON_ENV = "PLAIT_DISABLE_TRITON"
+from plait import environment
+
+DISABLE_TRITON_ENV = environment.DISABLE_TRITON
 
 try:
     import triton
@@ -36,7 +38,7 @@ def triton_available() -> bool:
 
 
 def triton_disabled() -> bool:
-    return os.environ.get(DISABLE_TRITON_ENV, "") in ("1", "true", "yes")
+    return environment.current().disable_triton
 
 
 def use_triton(tensor: torch.Tensor) -> bool:

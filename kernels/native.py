@@ -34,14 +34,16 @@ from typing import Any
 
 import torch  # noqa: F401  (loads torch's libgomp before ours)
 
+from plait import environment
+
 logger = logging.getLogger(__name__)
 
-DISABLE_NATIVE_ENV = "PLAIT_DISABLE_NATIVE"
-MARCH_ENV = "PLAIT_NATIVE_MARCH"
+DISABLE_NATIVE_ENV = environment.DISABLE_NATIVE
+MARCH_ENV = environment.NATIVE_MARCH
 CSRC = Path(__file__).parent / "csrc"
 FLAGS = [
     "-O3",
-    f"-march={os.environ.get(MARCH_ENV) or 'native'}",
+    f"-march={environment.current().native_march}",
     "-fopenmp",
     "-fPIC",
     "-shared",
@@ -66,7 +68,7 @@ _lock = threading.Lock()
 
 # Read once at import: the model asks several times per layer, and an environment lookup costs
 # more than some of the kernels it guards. Tests flip `native.DISABLED` directly.
-DISABLED = os.environ.get(DISABLE_NATIVE_ENV, "") in ("1", "true", "yes")
+DISABLED = environment.current().disable_native
 
 
 def native_disabled() -> bool:
@@ -75,8 +77,7 @@ def native_disabled() -> bool:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("PLAIT_CACHE_DIR") or os.path.join(Path.home(), ".cache", "plait")
-    return Path(root) / "native"
+    return environment.current().cache_dir / "native"
 
 
 def _cpu_key() -> str:
@@ -91,7 +92,7 @@ def _cpu_key() -> str:
 
 
 def _compiler() -> str | None:
-    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    return environment.current().cxx or shutil.which("c++") or shutil.which("g++")
 
 
 @cache

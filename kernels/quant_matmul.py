@@ -36,12 +36,12 @@ any CPU (slow without AMX: for tests).
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass
 from functools import cache
 
 import torch
 
+from plait import environment
 from plait.kernels import native
 
 FORMATS = ("int8", "int4")
@@ -49,7 +49,7 @@ FORMAT_CODE = {"int8": 0, "int4": 1, "float32": 2}  # float32: plain weights, se
 DEQUANT_GEMM_MIN_ROWS = 48
 DEQUANT_GEMM_MAX_ELEMENTS = 8 << 20  # larger matrices (an LM head) stay on the tile kernel
 Q8_BLOCK = 32  # decode rows round activations to int8 in blocks of this many (see `q8_activations`)
-BF16_GEMM_ENV = "PLAIT_BF16_GEMM"
+BF16_GEMM_ENV = environment.BF16_GEMM
 BF16_GEMM_MIN_ROWS = DEQUANT_GEMM_MIN_ROWS  # fewer rows run natively (the decode stack's batches)
 BF16_GEMM_SLICE = 4 << 20  # weight elements dequantized to bfloat16 at a time (8 MB of scratch)
 
@@ -244,11 +244,9 @@ def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch
 def bf16_gemm_enabled() -> bool:
     """Whether prefill-shaped quantized matmuls run in bfloat16 (`bf16_matmul`): where torch's CPU
     GEMM has AMX tiles, unless `PLAIT_BF16_GEMM` says otherwise ("0" never, "1" always)."""
-    setting = os.environ.get(BF16_GEMM_ENV, "").strip().lower()
-    if setting in ("0", "false", "no"):
-        return False
-    if setting in ("1", "true", "yes"):
-        return True
+    setting = environment.current().bf16_gemm
+    if setting is not None:
+        return setting
     try:  # the CPU has tiles, and the kernel lets this process use them (Linux 5.16 on)
         return bool(torch.backends.mkldnn.is_available() and torch.cpu._is_amx_tile_supported() and torch.cpu._init_amx())
     except (AttributeError, RuntimeError):  # a torch without the probes

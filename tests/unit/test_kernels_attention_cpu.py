@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from plait import environment
 from plait.kernels import attention_cpu, native
 from plait.kernels.attention import paged_attention, paged_attention_ref
 from tests.unit.attention_cases import Case, make_batch, tolerance
@@ -93,9 +94,13 @@ def test_build_failure_is_reported_and_returns_none(monkeypatch, tmp_path, caplo
     (tmp_path / "broken.cpp").write_text("this is not C++")
     monkeypatch.setattr(native, "CSRC", tmp_path)
     monkeypatch.setenv("PLAIT_CACHE_DIR", str(tmp_path / "cache"))
+    environment.reload()
     native._load.cache_clear()
     try:
+        assert native.cache_dir() == tmp_path / "cache" / "native"
         assert native.load("broken") is None
         assert "broken" in caplog.text and "failed" in caplog.text
     finally:
+        monkeypatch.undo()
+        environment.reload()
         native._load.cache_clear()

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from plait import environment
 from plait.kernels import quant_matmul as qm
 from plait.kernels.quant_matmul import (
     QuantizedWeight,
@@ -182,13 +183,20 @@ def test_bf16_gemm_setting(monkeypatch) -> None:
     try:
         for value, expected in (("0", False), ("no", False), ("1", True), ("true", True)):
             monkeypatch.setenv(qm.BF16_GEMM_ENV, value)
+            environment.reload()
             qm.bf16_gemm_enabled.cache_clear()
             assert qm.bf16_gemm_enabled() is expected
-        monkeypatch.delenv(qm.BF16_GEMM_ENV)
-        qm.bf16_gemm_enabled.cache_clear()
-        assert qm.bf16_gemm_enabled() == bool(torch.cpu._is_amx_tile_supported() and torch.cpu._init_amx())
+        for unset in (None, "auto"):
+            if unset is None:
+                monkeypatch.delenv(qm.BF16_GEMM_ENV)
+            else:
+                monkeypatch.setenv(qm.BF16_GEMM_ENV, unset)
+            environment.reload()
+            qm.bf16_gemm_enabled.cache_clear()
+            assert qm.bf16_gemm_enabled() == bool(torch.cpu._is_amx_tile_supported() and torch.cpu._init_amx())
     finally:
         monkeypatch.undo()
+        environment.reload()
         qm.bf16_gemm_enabled.cache_clear()
 
 
