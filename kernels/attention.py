@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from plait.kernels import native
 from plait.kernels.dispatch import use_triton
 from plait.kernels.kv_cache import flat_scales, read_kv, store_kv
+from plait.kernels.tuning import BF16_EXTEND_MIN_Q, BF16_EXTEND_MIN_WORK
 
 KVScales = tuple[torch.Tensor, torch.Tensor] | None  # int8 caches: (k_scale, v_scale) [pages, page_size, Hkv]
 
@@ -125,10 +126,6 @@ def native_extend_attention(
         q.shape[2], scale, sliding_window or 0, torch.get_num_threads(),
     )
     return out if rc == 0 else None
-
-
-BF16_EXTEND_MIN_Q = 16  # fewer new tokens attend as rows (attention_cpu.MAX_ROW_EXTEND) or in float32
-BF16_EXTEND_MIN_WORK = 20_000  # new tokens x keys they attend: below, the native float32 kernel is faster
 
 
 def takes_bf16_extend(q_len: int, prefix_len: int) -> bool:

@@ -21,9 +21,7 @@ import torch
 from plait.kernels import native
 from plait.kernels.attention import AttentionMetadata, KVScales, attend_extends, write_kv
 from plait.kernels.kv_cache import flat_scales, kv_type_code
-
-# An extend with at most this many new tokens runs as rows; longer ones go to SDPA.
-MAX_ROW_EXTEND = 16
+from plait.kernels.tuning import MAX_ROW_EXTEND
 
 
 @dataclass

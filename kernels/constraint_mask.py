@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from plait.kernels.tuning import MASK_BLOCK_SIZE
+
 BITS_PER_WORD = 32
 
 
@@ -99,7 +101,7 @@ try:
 except ImportError:  # Linux-only wheels; the torch reference needs nothing else
     triton = None
 
-_BLOCK_SIZE = 1024
+_BLOCK_SIZE = MASK_BLOCK_SIZE
 
 if triton is not None:
 

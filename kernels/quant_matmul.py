@@ -43,15 +43,17 @@ import torch
 
 from plait import environment
 from plait.kernels import native
+from plait.kernels.tuning import (
+    BF16_GEMM_MIN_ROWS,
+    BF16_GEMM_SLICE,
+    DEQUANT_GEMM_MAX_ELEMENTS,
+    DEQUANT_GEMM_MIN_ROWS,
+)
 
 FORMATS = ("int8", "int4")
 FORMAT_CODE = {"int8": 0, "int4": 1, "float32": 2}  # float32: plain weights, see `dense_matmul`
-DEQUANT_GEMM_MIN_ROWS = 48
-DEQUANT_GEMM_MAX_ELEMENTS = 8 << 20  # larger matrices (an LM head) stay on the tile kernel
 Q8_BLOCK = 32  # decode rows round activations to int8 in blocks of this many (see `q8_activations`)
 BF16_GEMM_ENV = environment.BF16_GEMM
-BF16_GEMM_MIN_ROWS = DEQUANT_GEMM_MIN_ROWS  # fewer rows run natively (the decode stack's batches)
-BF16_GEMM_SLICE = 4 << 20  # weight elements dequantized to bfloat16 at a time (8 MB of scratch)
 
 
 @dataclass

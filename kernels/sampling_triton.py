@@ -25,6 +25,7 @@ import torch
 
 from plait.kernels.constraint_mask import apply_token_bitmask_ref
 from plait.kernels.dispatch import launch
+from plait.kernels.tuning import SAMPLE_BLOCK_V, SAMPLE_NUM_PIVOTS
 
 try:
     import triton
@@ -114,8 +115,8 @@ def exponential_noise(
 
 # Triton kernel -------------------------------------------------------------------------------
 
-_BLOCK_V = 1024
-_NUM_PIVOTS = 8
+_BLOCK_V = SAMPLE_BLOCK_V
+_NUM_PIVOTS = SAMPLE_NUM_PIVOTS
 
 if triton is not None:
 

@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from plait.runtime.tuning import MAX_PENDING_TOKENS, PROMPT_CONTEXT_TOKENS
+
 if TYPE_CHECKING:
     from plait.runtime.tokenizer import Tokenizer
 
 REPLACEMENT = "\ufffd"
-PROMPT_CONTEXT_TOKENS = 5
-MAX_PENDING_TOKENS = 32
 
 
 class IncrementalDetokenizer:

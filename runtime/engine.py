@@ -33,21 +33,16 @@ from plait.runtime.protocol import FinishReason, LogprobOptions, SamplingParams
 from plait.runtime.request import Request
 from plait.runtime.scheduler import Scheduler
 from plait.runtime.speculative.governor import SpeculationGovernor
-from plait.runtime.tokenizer import GIL_FREE_CHARS
+from plait.runtime.tuning import (
+    BURST_SECONDS,
+    CLOSING_GROWTH,
+    CLOSING_PROBE_SECONDS,
+    CLOSING_PROBE_TOKENS,
+    GIL_FREE_CHARS,
+    SPECULATIVE_BURST_STEPS,
+)
 
 logger = logging.getLogger("plait.engine")
-
-# A decode burst (`num_continuous_decode_steps`) lasts about this long at most: streams get their
-# tokens in groups, and a group should not take much longer than a screen refresh or two.
-BURST_SECONDS = 0.05
-# With speculative decoding on, a step whose drafter found nothing to propose still runs as a short
-# burst: the drafter looks again after this many steps (a copy that starts mid-burst waits for it).
-SPECULATIVE_BURST_STEPS = 4
-# Budget-aware closing: tokens of room kept beyond what a step adds, for what that step's tokens
-# may open (each needs its own closing token), and the longest shortest-output looked for at submit.
-CLOSING_GROWTH = 3
-CLOSING_PROBE_TOKENS = 4096
-CLOSING_PROBE_SECONDS = 0.25
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

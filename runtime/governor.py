@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-EMA = 0.8
-EXPLORE_EVERY = 96
-EXPLORE_STEPS = 2
+from plait.runtime.tuning import EXPLORE_EVERY, EXPLORE_STEPS
+from plait.runtime.tuning import GOVERNOR_EMA as EMA
 
 
 @dataclass

@@ -14,13 +14,11 @@ from plait.runtime.model_runner import TokenResult
 from plait.runtime.protocol import FinishReason
 from plait.runtime.request import Request, RequestStatus
 from plait.runtime.tokenizer import Tokenizer
+from plait.runtime.tuning import CLOSING_MARGIN, CLOSING_MAX_MISSES, CLOSING_STEP_SECONDS
 
 if TYPE_CHECKING:
     from plait.runtime.constrained.closing import ClosingSearch
 
-CLOSING_MARGIN = 8  # tokens of room beyond twice the last closing length before looking again
-CLOSING_STEP_SECONDS = 0.02  # one search on the engine loop
-CLOSING_MAX_MISSES = 4  # searches that found nothing before a request stops looking
 
 
 class OutputProcessor:

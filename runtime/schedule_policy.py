@@ -16,9 +16,7 @@ from collections.abc import Sequence
 
 from plait.radix_cache import RadixCache, TreeNode
 from plait.runtime.request import Request
-
-# Beyond this many waiting requests, prefix matching costs more than ordering saves (SGLang: 128).
-MAX_MATCHED_WAITING = 128
+from plait.runtime.tuning import MAX_MATCHED_WAITING
 
 
 def order_waiting(policy: str, waiting: Sequence[Request], cache: RadixCache) -> list[Request]:

@@ -23,13 +23,12 @@ from plait.runtime.kv_cache_manager import KVCacheManager
 from plait.runtime.model_runner import ExtendEntry, ScheduleBatch
 from plait.runtime.request import Request, RequestStatus
 from plait.runtime.schedule_policy import fair_order, order_waiting
-
-INIT_NEW_TOKEN_RATIO = 0.7
-MIN_NEW_TOKEN_RATIO = 0.1
-NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
-# A waiting request that shares at least this many uncached tokens with a request admitted in
-# the same step waits one step, so it reuses that prefix from the cache instead of recomputing it.
-IN_BATCH_PREFIX_THRESHOLD = 32
+from plait.runtime.tuning import (
+    IN_BATCH_PREFIX_THRESHOLD,
+    INIT_NEW_TOKEN_RATIO,
+    MIN_NEW_TOKEN_RATIO,
+    NEW_TOKEN_RATIO_DECAY,
+)
 
 
 class Scheduler:

@@ -19,11 +19,7 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 from tokenizers import Tokenizer as BackendTokenizer
 
 from plait.runtime.chat_template import render_chat_template
-
-# From this many characters on, `encode` goes through the backend's batch call, which releases the
-# GIL while it works (its single-text call holds it: ~75 ms for 100K characters, during which the
-# engine loop and the HTTP server's event loop stood still).
-GIL_FREE_CHARS = 4096
+from plait.runtime.tuning import GIL_FREE_CHARS
 
 # llama.cpp's `tokenizer.ggml.token_type` values.
 TOKEN_TYPE_NORMAL = 1

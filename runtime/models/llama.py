@@ -18,6 +18,7 @@ from plait.kernels import attention, cpu_fused
 from plait.kernels.quant_matmul import dense_matmul
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.models import native_decode
+from plait.runtime.tuning import CPU_MLP_ROWS
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
@@ -194,9 +195,6 @@ class Attention(nn.Module):
             batch.kv_pool.scales(self.layer_id),
         )  # [T, num_heads, head_dim]
         return self.o_proj(out.reshape(num_tokens, self.q_size))
-
-
-CPU_MLP_ROWS = 2048  # rows of x per block of the MLP on the CPU (see `MLP.forward`)
 
 
 class MLP(nn.Module):

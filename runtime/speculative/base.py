@@ -7,13 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 from plait.runtime.request import Request
-
-# Below this running mean of accepted drafts per proposal, a request stops speculating for a while;
-# each failed retry doubles the pause (up to MAX_BACKOFF_STEPS), a success resets it.
-MIN_MEAN_ACCEPTED = 0.6
-BACKOFF_STEPS = 16
-MAX_BACKOFF_STEPS = 512
-EMA = 0.7
+from plait.runtime.tuning import BACKOFF_STEPS, MAX_BACKOFF_STEPS, MIN_MEAN_ACCEPTED
+from plait.runtime.tuning import SPECULATION_GATE_EMA as EMA
 
 
 class Drafter(ABC):

@@ -1,0 +1,49 @@
+"""The kernels' tuning constants: each is a crossover between two implementations of the same
+result, set where measurements on SmolLM2's shapes put it. None changes what is computed beyond
+float rounding; each changes which path computes it. The modules that use them import them from
+here (tests patch them there, on the module that reads them).
+
+Constants the native library fixes at build time (its formats, the rows it rounds to int8) are
+not here: the library reports them (`quant_matmul.q8_max_rows`).
+"""
+
+from __future__ import annotations
+
+# Quantized and dense matmuls (quant_matmul.py) ----------------------------------------------------
+
+# From this many rows of x (prefill chunks), a quantized matrix is dequantized once for torch's
+# float32 GEMM, which is compute-bound there, instead of the native kernel; fewer rows (decode
+# batches, short extends) stay native, where reading the weights once as int8/int4 wins. It sits
+# right past the most rows the AVX2 kernel rounds to int8 (47, exported by the library), and the
+# native decode stack takes batches below it.
+DEQUANT_GEMM_MIN_ROWS = 48
+# Matrices with more elements than this (an LM head) stay on the native tile kernel at any row
+# count: a dequantized float32 copy would cost more memory traffic than the GEMM saves.
+DEQUANT_GEMM_MAX_ELEMENTS = 8 << 20
+# From this many rows of x, where torch's bfloat16 GEMM runs on AMX tiles, prefill-shaped
+# quantized matmuls run there (`bf16_matmul`): faster, at bfloat16 rounding of x and the weights.
+BF16_GEMM_MIN_ROWS = DEQUANT_GEMM_MIN_ROWS
+# Weight elements dequantized to bfloat16 at a time by `bf16_matmul` (8 MB of scratch): smaller
+# slices cost more GEMM calls, larger ones a bigger copy for an LM head.
+BF16_GEMM_SLICE = 4 << 20
+
+# Attention on the CPU (attention_cpu.py, attention.py) --------------------------------------------
+
+# An extend with at most this many new tokens (speculative verification, jump-forward) runs as
+# attention rows over its slots in place; longer ones gather their context for blocked kernels,
+# whose matmuls win once a sequence brings many query tokens.
+MAX_ROW_EXTEND = 16
+# Where the model runs its prefill in bfloat16 (quantized weights on AMX CPUs), an extend attends in
+# bfloat16 from this many new tokens, once new tokens x keys reach BF16_EXTEND_MIN_WORK; below,
+# converting the operands costs more than the tiles save and the float32 kernel is faster.
+BF16_EXTEND_MIN_Q = 16
+BF16_EXTEND_MIN_WORK = 20_000
+
+# Triton (constraint_mask.py, sampling_triton.py) --------------------------------------------------
+
+# Vocabulary entries per program of the bitmask kernel: one load of 32 mask words per 1,024 logits.
+MASK_BLOCK_SIZE = 1024
+# Vocabulary entries per program of the sampling kernel, and the pivots its top-k / top-p
+# threshold search tries per pass (more pivots: fewer passes over the logits, more work per pass).
+SAMPLE_BLOCK_V = 1024
+SAMPLE_NUM_PIVOTS = 8

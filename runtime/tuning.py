@@ -1,0 +1,94 @@
+"""The runtime's tuning constants, in one place, each with what it trades.
+
+None of them is a user setting (those are the frozen dataclasses of `config.py`): each is a
+trade-off measured once and fixed, which changes how fast or how smoothly the engine runs, never
+what a request produces. The modules that use them import them from here; tests that patch one
+patch it on the module that reads it. The kernels' own crossovers are in `kernels/tuning.py`.
+"""
+
+from __future__ import annotations
+
+# Tokenizing (tokenizer.py, engine.py) -------------------------------------------------------------
+
+# From this many characters on, `encode` goes through the backend's batch call, which releases the
+# GIL while it works (its single-text call holds it: ~75 ms for 100K characters, during which the
+# engine loop and the HTTP server's event loop stood still), and the engine tokenizes off the
+# event loop. Below it, the thread hop costs more than the encode.
+GIL_FREE_CHARS = 4096
+
+# Detokenizing (detokenizer.py) --------------------------------------------------------------------
+
+# Prompt tokens decoded ahead of the first output token, so that its text (a leading space, a
+# merged byte sequence) comes out as the tokenizer would write it in context.
+PROMPT_CONTEXT_TOKENS = 5
+# Ids in a row that each end inside a UTF-8 sequence before the text is emitted anyway (with
+# replacement characters): a stream never stalls on invalid bytes, at the price of showing them.
+MAX_PENDING_TOKENS = 32
+
+# Scheduling (scheduler.py, schedule_policy.py) ----------------------------------------------------
+
+# The share of each running request's remaining `max_new_tokens` the scheduler reserves KV for when
+# admitting new work: it starts high (few retractions), decays per step down to the minimum while
+# nothing is retracted (more requests admitted), and resets on a retraction (as SGLang does).
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = 0.1
+NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
+# A waiting request that shares at least this many uncached tokens with a request admitted in the
+# same step waits one step, so it reuses that prefix from the cache instead of recomputing it.
+IN_BATCH_PREFIX_THRESHOLD = 32
+# Beyond this many waiting requests, prefix matching costs more than ordering saves (SGLang: 128):
+# the queue is taken first come, first served.
+MAX_MATCHED_WAITING = 128
+
+# Governors (governor.py, speculative/governor.py) -------------------------------------------------
+
+# Weight of the old value in each way's moving average of work per second: higher is steadier,
+# lower notices a change sooner.
+GOVERNOR_EMA = 0.8
+# Every EXPLORE_EVERY steps of a bucket, the way not chosen runs for EXPLORE_STEPS steps, so that a
+# change of workload or of load on the machine is noticed; each such step may be the slower way.
+EXPLORE_EVERY = 96
+EXPLORE_STEPS = 2
+
+# Speculative decoding's per-request gate (speculative/base.py) ------------------------------------
+
+# Below this running mean of accepted drafts per proposal, a request stops speculating for a while
+# (drafts that are rejected cost a verification each); each failed retry doubles the pause, from
+# BACKOFF_STEPS up to MAX_BACKOFF_STEPS, and a success resets it.
+MIN_MEAN_ACCEPTED = 0.6
+BACKOFF_STEPS = 16
+MAX_BACKOFF_STEPS = 512
+# Weight of the old value in that running mean.
+SPECULATION_GATE_EMA = 0.7
+
+# Decode bursts (engine.py) ------------------------------------------------------------------------
+
+# A decode burst (`num_continuous_decode_steps`) lasts about this long at most: longer bursts save
+# per-step overhead, but streams get their tokens in groups, and a group should not take much
+# longer than a screen refresh or two.
+BURST_SECONDS = 0.05
+# With speculative decoding on, a step whose drafter found nothing to propose still runs as a short
+# burst: the drafter looks again after this many steps (a copy that starts mid-burst waits for it).
+SPECULATIVE_BURST_STEPS = 4
+
+# Budget-aware closing (engine.py, output_processor.py) --------------------------------------------
+
+# Tokens of room kept beyond what a step adds, for what that step's tokens may open (each needs its
+# own closing token).
+CLOSING_GROWTH = 3
+# At submit, the longest shortest-output looked for, and the time that search may take (off the
+# engine loop): a larger probe rejects fewer requests as unclosable, at a slower submit.
+CLOSING_PROBE_TOKENS = 4096
+CLOSING_PROBE_SECONDS = 0.25
+# Tokens of room beyond twice the last closing length before the engine looks again; the time one
+# search may take on the engine loop (every running request waits for it); and the searches that
+# found nothing before a request stops looking.
+CLOSING_MARGIN = 8
+CLOSING_STEP_SECONDS = 0.02
+CLOSING_MAX_MISSES = 4
+
+# Models (models/llama.py) -------------------------------------------------------------------------
+
+# Rows of x per block of the MLP on the CPU: long prefills run it block by block so that the
+# [rows, 2 x intermediate] activations stay small (memory, cache), at one more call per block.
+CPU_MLP_ROWS = 2048
