@@ -82,6 +82,7 @@ class MockBackend(Backend):
         self.aborted: list[str] = []
         self.max_concurrency = 0
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self._next = 0
         self._active = 0
         self._aborts: dict[str, threading.Event] = {}
@@ -99,6 +100,17 @@ class MockBackend(Backend):
             event = self._aborts.get(rid)
         if event is not None:
             event.set()
+
+    def wait_for_active(self, n: int, timeout: float = 30.0) -> bool:
+        """Blocks until at least `n` calls are in flight at once (False after `timeout`, a hang
+        guard): a test's way to know its calls are running, without sleeping."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._active >= n, timeout)
+
+    def wait_for_idle(self, timeout: float = 30.0) -> bool:
+        """Blocks until no call is in flight (False after `timeout`, a hang guard)."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._active == 0, timeout)
 
     @property
     def generate_calls(self) -> list[MockCall]:
@@ -159,11 +171,15 @@ class MockBackend(Backend):
             self.calls.append(call)
             self._active += 1
             self.max_concurrency = max(self.max_concurrency, self._active)
+            self._changed.notify_all()
 
     def _wait(self, rids: list[str], latency: float) -> set[str]:
         events = {r: threading.Event() for r in rids}
         with self._lock:
             self._aborts.update(events)
+            for r, event in events.items():
+                if r in self.aborted:  # aborted before the call got here
+                    event.set()
         deadline = time.monotonic() + latency
         while latency and time.monotonic() < deadline:
             if any(e.is_set() for e in events.values()):
@@ -174,6 +190,7 @@ class MockBackend(Backend):
     def _finish(self, rids: list[str]) -> None:
         with self._lock:
             self._active -= 1
+            self._changed.notify_all()
             for r in rids:
                 self._aborts.pop(r, None)
 

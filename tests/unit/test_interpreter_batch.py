@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import threading
 
 import pytest
 
@@ -35,11 +35,19 @@ def test_results_come_back_in_input_order():
 
 
 def test_programs_run_concurrently():
-    backend = MockBackend("x", latency=0.1)
-    start = time.monotonic()
-    classify.run_batch([{"text": str(i)} for i in range(16)], backend=backend, num_threads=16)
-    assert time.monotonic() - start < 0.1 * 16 / 2
-    assert backend.max_concurrency >= 8
+    # every call waits for all 16 to be in flight: run one at a time, the barrier breaks
+    barrier = threading.Barrier(16, timeout=30)
+
+    def meet(prompt: str, params: dict) -> str:
+        barrier.wait()
+        return "x"
+
+    backend = MockBackend(meet)
+    states = classify.run_batch(
+        [{"text": str(i)} for i in range(16)], backend=backend, num_threads=16
+    )
+    assert [s["label"] for s in states] == ["x"] * 16
+    assert backend.max_concurrency == 16
 
 
 def test_constant_prefix_is_prefilled_once_before_fanning_out():
@@ -70,17 +78,28 @@ def test_batch_defaults_and_progress_bar(capsys):
 
 
 def test_first_failure_is_raised_and_the_rest_cancelled():
-    def fail_on_bad(prompt: str, params: dict) -> str:
-        if "bad" in prompt:
-            raise RuntimeError("bad input")
-        return "x"
+    reasons: list[str] = []
 
-    backend = MockBackend(fail_on_bad, latency=0.05)
+    class FailsOnBad(MockBackend):
+        """"bad" fails once another program's call is in flight; other calls run until aborted."""
+
+        def generate(self, text, sampling_params, **kwargs):
+            if "bad" in text:
+                assert self.wait_for_active(1)
+                raise RuntimeError("bad input")
+            out = super().generate(text, sampling_params, **kwargs)
+            if sampling_params.get("max_new_tokens") != 0:  # not the prefix warm-up
+                reasons.append(out["meta_info"]["finish_reason"]["type"])
+            return out
+
+    backend = FailsOnBad("x", latency=60.0)
     batch = [{"text": "bad"}] + [{"text": f"ok {i}"} for i in range(30)]
-    start = time.monotonic()
     with pytest.raises(RuntimeError, match="bad input"):
         classify.run_batch(batch, backend=backend, num_threads=2)
-    assert time.monotonic() - start < 0.05 * 30 / 2
+    assert backend.wait_for_idle()
+    # the call in flight was aborted, and the programs still queued never called the model
+    assert reasons and set(reasons) == {"abort"}
+    assert len(backend.generate_calls) < len(batch) - 1
 
 
 def test_batch_argument_checks():

@@ -16,22 +16,37 @@ class Boom(Exception):
     pass
 
 
+class FinishReasons(MockBackend):
+    """Records how each generating call finished."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.reasons: list[str] = []
+
+    def generate(self, text, sampling_params, **kwargs):
+        out = super().generate(text, sampling_params, **kwargs)
+        outs = out if isinstance(out, list) else [out]
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params]
+        if any(p.get("max_new_tokens") != 0 for p in params):  # not a prefix warm-up
+            self.reasons += [o["meta_info"]["finish_reason"]["type"] for o in outs]
+        return out
+
+
 def test_user_exception_shows_the_program_frame_and_aborts_running_calls():
-    backend = MockBackend("slow", latency=5.0)
+    backend = FinishReasons("slow", latency=60.0)  # only an abort ends it early
 
     @program
     def failing(s):
         s += "start " + gen("x")
-        time.sleep(0.05)  # the gen is now in flight on the worker thread
+        assert backend.wait_for_active(1)  # the gen is now in flight on the worker thread
         raise Boom("program bug")
 
-    start = time.monotonic()
     with pytest.raises(Boom) as info:
         failing.run(backend=backend)
-    assert time.monotonic() - start < 2.0  # the 5 s call was aborted, not waited for
     frames = [f.name for f in traceback.extract_tb(info.value.__traceback__)]
     assert "failing" in frames
     assert len(backend.aborted) == 1 and backend.aborted[0] == backend.calls[0].rid
+    assert backend.wait_for_idle() and backend.reasons == ["abort"]
 
 
 def test_backend_error_names_the_program_line():
@@ -60,13 +75,15 @@ def test_a_failed_node_stops_the_program_at_its_next_step():
     @program
     def loop(s):
         for i in range(100):
-            s += gen(f"x{i}")
-            time.sleep(0.01)
+            s += gen(f"x{i}")  # runs on the worker thread; the body goes on
+            deadline = time.monotonic() + 30  # a hang guard, not a measurement
+            while s.error is None and time.monotonic() < deadline:
+                time.sleep(0.001)
             reached.append(i)
 
     with pytest.raises(ValueError, match="bad output") as info:
         loop.run(backend=MockBackend(broken))
-    assert len(reached) < 10
+    assert reached == [0]  # the step after the failed gen raised
     assert "loop" in [f.name for f in traceback.extract_tb(info.value.__traceback__)]
 
 
@@ -86,21 +103,20 @@ def test_aborted_request_is_a_generation_error():
 
 
 def test_fork_branches_are_aborted_when_the_program_fails():
-    backend = MockBackend("slow", latency=5.0)
+    backend = FinishReasons("slow", latency=60.0)
 
     @program
     def p(s):
         s += "root"
         forks = s.fork(3)
         forks += gen("x")
-        time.sleep(0.05)
+        assert backend.wait_for_active(3)  # all three branches' calls are in flight
         raise Boom("stop")
 
-    start = time.monotonic()
     with pytest.raises(Boom):
         p.run(backend=backend)
-    assert time.monotonic() - start < 2.0
     assert len(backend.aborted) == 3
+    assert backend.wait_for_idle() and backend.reasons == ["abort"] * 3
 
 
 def test_a_cancelled_state_refuses_more_work():
