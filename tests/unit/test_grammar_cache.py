@@ -32,13 +32,16 @@ class FakeCompiled(CompiledGrammar):
 class SlowBackend(GrammarBackend):
     name = "slow"
 
-    def __init__(self, delay: float = 0.2) -> None:
+    def __init__(self, delay: float = 0.2, gated: bool = False) -> None:
         self.delay = delay
         self.calls: list[GrammarKey] = []
-        self.release = threading.Event()
+        self.gated = gated
+        self.release = threading.Event()  # a gated compile waits for it
 
     def compile(self, key: GrammarKey) -> CompiledGrammar:
         self.calls.append(key)
+        if self.gated:
+            assert self.release.wait(timeout=30)  # a hang guard
         time.sleep(self.delay)
         if key.pattern == "bad":
             raise GrammarError("regex: bad")
@@ -71,11 +74,13 @@ def test_concurrent_requests_share_one_compilation():
 
 
 def test_get_future_never_blocks():
-    cache = GrammarCache(SlowBackend(delay=0.5))
-    start = time.perf_counter()
-    future = cache.get_future(GrammarKey("regex", "a"))
-    assert time.perf_counter() - start < 0.25 and not future.done()  # the build takes 0.5 s
-    assert future.result(timeout=5).regex == "a"
+    backend = SlowBackend(delay=0.0, gated=True)
+    cache = GrammarCache(backend)
+    future = cache.get_future(GrammarKey("regex", "a"))  # the build cannot finish yet
+    assert not future.done()
+    backend.release.set()
+    assert future.result(timeout=30).regex == "a"
+    assert cache.stats.num_compiles == 1
     cache.shutdown()
 
 

@@ -1,38 +1,38 @@
 """Compile limits of constraints, fuzzed: any regex or schema either passes the static checks or
-is rejected with a `GrammarError`, quickly, whatever its shape; nothing else escapes."""
+is rejected with a `GrammarError`, whatever its shape; nothing else escapes, and what passes is
+within the size the compilers are bounded for."""
 
 from __future__ import annotations
 
 import json
-import time
+import threading
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from plait.runtime.constrained import GrammarError, make_grammar_key
-from plait.runtime.constrained.limits import DEFAULT_LIMITS, check_regex
+from plait.runtime.constrained.limits import DEFAULT_LIMITS, check_regex, regex_cost
 from tests.reliability.strategies import regexes, schemas
 
 
 def checked(fn, *args, **kwargs) -> bool:
     """True when accepted, False when rejected with a GrammarError; anything else fails."""
-    start = time.perf_counter()
     try:
         fn(*args, **kwargs)
-        ok = True
+        return True
     except GrammarError as e:
         assert str(e).split(":")[0] in ("regex", "json_schema", "constraint"), e
-        ok = False
-    assert time.perf_counter() - start < 1.0
-    return ok
+        return False
 
 
 @settings(max_examples=300, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
 @given(regexes())
-def test_any_regex_is_checked_quickly(regex):
-    checked(check_regex, regex)
+def test_any_regex_is_checked_and_what_passes_is_bounded(regex):
+    if checked(check_regex, regex):
+        cost = regex_cost(regex)  # None: Python cannot parse it, the compiler will say why
+        assert cost is None or cost <= DEFAULT_LIMITS.max_cost, (regex, cost)
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
@@ -44,7 +44,7 @@ def test_garbage_regexes_never_escape(regex):
 @settings(max_examples=120, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
 @given(schemas())
-def test_any_schema_is_checked_quickly(schema):
+def test_any_schema_is_checked(schema):
     checked(make_grammar_key, json_schema=json.dumps(schema))
 
 
@@ -69,14 +69,19 @@ def test_compile_timeout_is_a_grammar_error(tiny_engine, monkeypatch):
     backend = tiny_engine._grammar_cache().backend
     real = backend.compile
 
-    def slow(key):
-        time.sleep(1.0)
+    release = threading.Event()
+
+    def stuck(key):  # a compile that cannot finish before the request gives up on it
+        release.wait(timeout=30)
         return real(key)
 
-    monkeypatch.setattr(backend, "compile", slow)
+    monkeypatch.setattr(backend, "compile", stuck)
     monkeypatch.setattr(tiny_engine, "config", _with(tiny_engine.config, grammar_compile_timeout=0.2))
-    with pytest.raises(GrammarError, match="regex: compiling the constraint took longer"):
-        tiny_engine.generate(text="x", sampling_params={"regex": "[0-9]{7}", "max_new_tokens": 2})
+    try:
+        with pytest.raises(GrammarError, match="regex: compiling the constraint took longer"):
+            tiny_engine.generate(text="x", sampling_params={"regex": "[0-9]{7}", "max_new_tokens": 2})
+    finally:
+        release.set()
 
 
 def _with(config, **changes):
@@ -101,10 +106,8 @@ def test_sandbox_stops_what_the_static_limits_miss(sandboxed):
     assert sandboxed.sandbox is not None
     ok = sandboxed.compile(GrammarKey("regex", "[0-9]{3}"))
     assert ok.new_grammar() is not None
-    start = time.perf_counter()
     with pytest.raises(GrammarError, match="regex: compiling the constraint took longer than 1.5 s"):
         sandboxed.compile(GrammarKey("regex", "[^x]{1,300}\\w+"))
-    assert time.perf_counter() - start < 5
     with pytest.raises(GrammarError, match="regex: .*(MB|longer|the limit is)"):
         sandboxed.compile(GrammarKey("regex", ".{0,400}"))
     with pytest.raises(GrammarError, match="invalid pattern"):
