@@ -84,7 +84,7 @@ def test_weight_tensors_are_what_a_step_reads_and_read_back(engines, mode):
             assert {t.data_ptr() for t in (m.qweight, m.scales, m.qw.mins) if t is not None} <= ptrs
     seconds = read_seconds(tensors, repeats=2)
     if seconds is not None:  # the native kernels built
-        assert 0 < seconds < 10
+        assert seconds > 0
         with pytest.raises(ValueError, match=r"tensors\[1\]"):
             read_seconds([tensors[0], torch.ones(4, 4).t()])
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 
 import httpx
 import pytest
@@ -102,25 +101,29 @@ def dfa_client(tiny_llama_dir):
             yield c
 
 
+COMPILE_TIMEOUT = "compiling the constraint took longer"
+
+
 @pytest.mark.parametrize("regex", PATHOLOGICAL, ids=range(len(PATHOLOGICAL)))
-def test_pathological_regex_is_answered_fast(client, regex):
+def test_pathological_regex_is_answered(client, regex):
     """llguidance builds its lexer lazily: these are ordinary requests (or too small a budget
-    for the shortest match), answered at once, and the server stays healthy."""
-    start = time.perf_counter()
+    for the shortest match), never a compilation that runs out of time, and the server stays
+    healthy."""
     r = gen(client, regex=regex)
     assert r.status_code == 200 or (
         r.status_code == 400 and r.json()["error"]["param"] in ("regex", "max_new_tokens")
     ), r.text
-    assert time.perf_counter() - start < 2
+    assert COMPILE_TIMEOUT not in r.text
     assert client.get("/health").status_code == 200
 
 
 @pytest.mark.parametrize("regex", PATHOLOGICAL, ids=range(len(PATHOLOGICAL)))
-def test_pathological_regex_is_a_fast_400_for_the_automaton(dfa_client, regex):
-    start = time.perf_counter()
+def test_pathological_regex_is_refused_before_compiling_for_the_automaton(dfa_client, regex):
+    """The static limits name the limit; no automaton is built and timed out."""
     r = gen(dfa_client, regex=regex)
     assert r.status_code == 400 and r.json()["error"]["param"] == "regex", r.text
-    assert time.perf_counter() - start < 2
+    message = r.json()["error"]["message"]
+    assert "the limit" in message and COMPILE_TIMEOUT not in message, message
 
 
 def test_pathological_schemas_are_answered(client, dfa_client):

@@ -120,31 +120,33 @@ def test_long_texts_release_the_gil_while_encoding(tok: Tokenizer) -> None:
     text = " ".join(TEXTS) * (40 * GIL_FREE_CHARS // len(" ".join(TEXTS)) + 1)
     assert tok.encode(text) == tok.backend.encode(text, add_special_tokens=False).ids
 
-    def ticks_per_second(encode) -> float:
-        """How often another Python thread gets to run while `encode(text)` does."""
-        done = threading.Event()
+    def ticks_during(encode) -> int:
+        """How many times another Python thread gets to run while `encode(text)` does."""
+        running, done = threading.Event(), threading.Event()
         ticks = 0
 
         def count() -> None:
             nonlocal ticks
+            running.set()
             while not done.is_set():
                 ticks += 1
                 time.sleep(0)
 
         counter = threading.Thread(target=count)
         counter.start()
-        start = time.perf_counter()
+        assert running.wait(timeout=30)
+        before = ticks
         encode(text)
-        elapsed = time.perf_counter() - start
+        during = ticks - before
         done.set()
         counter.join()
-        return ticks / elapsed
+        return during
 
-    # the backend's single call holds the GIL for its whole length: the counter barely moves;
-    # ours lets it run. A contrast, not an absolute rate, so a loaded 2-core CI machine passes.
-    held = ticks_per_second(lambda t: tok.backend.encode(t, add_special_tokens=False))
-    free = ticks_per_second(tok.encode)
-    assert free > 5 * held + 200, (free, held)
+    # the backend's single call holds the GIL for its whole length: the counter gets a turn or
+    # two at its edges; ours lets it run throughout. Counts, not rates: a loaded machine passes.
+    held = ticks_during(lambda t: tok.backend.encode(t, add_special_tokens=False))
+    free = ticks_during(tok.encode)
+    assert free > 10 * (held + 10), (free, held)
 
 
 def test_token_bytes_spell_the_text(tok: Tokenizer) -> None:
