@@ -156,7 +156,7 @@ def test_json_schema_response_is_valid(client):
     for choice in resp.choices:
         jsonschema.validate(json.loads(choice.message.content), PERSON)
     # any object: the random model may never close a key, so only the start is certain here
-    # (test_server_default_model checks whole objects on a real model)
+    # (tests/e2e/test_server_default_model.py checks whole objects on a real model)
     obj = client.chat.completions.create(
         model="tiny", messages=MESSAGES, max_tokens=8, response_format={"type": "json_object"}
     )

@@ -133,7 +133,8 @@ def _example(name: str):
     return module
 
 
-# json_extraction runs in test_server_default_model: a random model never closes its strings.
+# json_extraction runs in tests/e2e/test_server_default_model.py: a random model never closes
+# its strings.
 @pytest.mark.parametrize(
     "name", ["fewshot_select", "multi_turn_chat", "tree_of_thought", "react_agent"]
 )
