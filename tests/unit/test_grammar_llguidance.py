@@ -49,6 +49,58 @@ COVERAGE = {
         "properties": {"card": {"type": "integer"}, "billing": {"type": "string", "maxLength": 5}},
         "dependencies": {"card": ["billing"]},
     },
+    "properties beside anyOf branches": {
+        "type": "object",
+        "properties": {"ast": {"enum": ["BUILD", "SKIP"]}, "type": {"type": "string"}},
+        "required": ["ast", "type"],
+        "anyOf": [
+            {"properties": {"type": {"const": "RULE"}, "data": {"type": "integer"}}},
+            {"properties": {"type": {"const": "WILDCARD"}}},
+        ],
+    },
+    "a definition combined with properties": {
+        "type": "object",
+        "properties": {"k": {"type": "string", "maxLength": 3}},
+        "required": ["k"],
+        "anyOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}],
+        "$defs": {
+            "A": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]},
+            "B": {"type": "object", "properties": {"y": {"type": "boolean"}}, "required": ["y"]},
+        },
+    },
+    "allOf beside properties": {
+        "type": "object",
+        "properties": {"k": {"type": "boolean"}},
+        "required": ["k"],
+        "allOf": [{"properties": {"x": {"type": "integer"}}, "required": ["x"]}],
+    },
+    "required but not listed": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"],
+    },
+    "schema dependencies": {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"}, "c": {"type": "integer"}},
+        "required": ["c"],
+        "dependencies": {"a": {"required": ["b"]}, "c": {"properties": {"b": {"const": True}}}},
+    },
+    "not required": {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "not": {"required": ["b"]},
+    },
+    "not a type": {"anyOf": [{"type": "string", "maxLength": 3}, {"type": "array"}], "not": {"type": "array"}},
+    "a property that never validates": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"not": {}}},
+    },
+    "discriminated oneOf": {
+        "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+        "$defs": {
+            "Cat": {"type": "object", "properties": {"pet": {"const": "cat"}, "lives": {"type": "integer"}},
+                    "required": ["pet"]},
+            "Dog": {"type": "object", "properties": {"pet": {"const": "dog"}, "lives": {"type": "integer"}},
+                    "required": ["pet"]},
+        },
+    },
     "big schema": {
         "type": "object",
         "properties": {f"field_{i}_{'x' * 40}": {"type": "integer"} for i in range(700)},
@@ -156,7 +208,7 @@ def test_context_free_grammars(backend, closing, grammar, language):
     "spec,message",
     [
         (
-            {"json_schema": {"type": "object", "properties": {"x": {"not": {"type": "string"}}}}},
+            {"json_schema": {"type": "object", "properties": {"x": {"not": {"pattern": "^a"}}}}},
             "'not' at #/properties/x is not supported",
         ),
         (
