@@ -1,4 +1,4 @@
-"""The device check (issue 8): one command, under 8 minutes on one GPU. Run it as
+"""The GPU device check: one command, under 8 minutes on one GPU. Run it as
 `benchmarks/gpu_check.sh` (or `python -m plait.benchmarks.gpu_check --out FILE.json`).
 
 1. tests: every kernel test marked `gpu` (full sizes, CUDA) in a pytest subprocess;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU device check for plait's kernels (issue 8): one command, under 8 minutes on one GPU.
+# The GPU device check for plait's kernels: one command, under 8 minutes on one GPU.
 # Runs the `gpu` kernel tests, times every kernel against its torch reference, reports decode
 # attention bandwidth against device copy bandwidth at 32k contexts, and an end-to-end decode
 # benchmark with CUDA graphs on and off. Prints tables; writes JSON (default

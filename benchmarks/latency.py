@@ -130,7 +130,7 @@ def measure_plait(
             check_decoded(last, decode_len)
             return (decode_len - 1) / elapsed
 
-        # NOTE: this VM's memory reads drift by tens of percent within seconds, so each decode run
+        # NOTE: a virtual machine's memory reads can drift by tens of percent within seconds, so each decode run
         # is paired with reads of the weights just before and after it, and its share of the
         # roofline is taken against the faster of the two.
         # The sampled runs alternate with the greedy ones, so that both see the same memory phases.

@@ -100,7 +100,7 @@ def run_speculative_bench(args: argparse.Namespace) -> int:
                 runs: dict[str, list[dict]] = {name: [] for name in names}
                 for name in names:
                     engines[name].generate(prompts[0], {"max_new_tokens": 4})  # warm up
-                # NOTE: this VM's speed drifts by tens of percent between minutes, so the engines
+                # NOTE: a shared machine's speed can drift by tens of percent between minutes, so the engines
                 # take turns batch by batch, in alternating order, and their runs are pooled.
                 for r in range(rounds):
                     for g, group in enumerate(groups):

@@ -66,8 +66,8 @@ class ThreadGovernor:
 
     On an idle machine two threads win (a decode step reads its weights twice as fast). When
     other processes take cores, the OpenMP team of a parallel region waits at each barrier for a
-    thread the OS has descheduled; a decode step runs ~300 such regions, and on this 2-core
-    machine, busy with a test suite, a 2-thread int4 step took 60 ms where one thread took 9 ms.
+    thread the OS has descheduled; a decode step runs ~300 such regions, and on a 2-core machine
+    busy with a test suite a 2-thread int4 step took 60 ms where one thread took 9 ms.
     Steps of `MAX_TOKENS` tokens or more (prefill chunks: few barriers per unit of work) always use
     every thread.
     """

@@ -6,7 +6,7 @@ positions, attention layout, layer count) to the other ranks; each of those runs
 over its shard of the weights and of the KV pool (sharded by head, same page numbering), and the
 row-parallel layers' all-reduces keep every rank in lock step. Only rank 0 computes logits.
 
-Ranks start either here (`start_tensor_parallel` spawns ranks 1..N-1 on this machine) or under
+Ranks start either here (`start_tensor_parallel` spawns ranks 1..N-1 on the same host) or under
 `torchrun` (each rank is its own process; ranks other than 0 call `run_worker`).
 
     torchrun --nproc-per-node 2 -m plait.server.cli --tp 2      # one machine, two ranks

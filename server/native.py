@@ -1,4 +1,5 @@
-"""SGLang's native protocol (ARCHITECTURE.md §8), as `sglang.RuntimeEndpoint` uses it."""
+"""SGLang's native protocol, as `sglang.RuntimeEndpoint` uses it (docs/server.md; its place in
+the layers: docs/architecture.md, "Protocols")."""
 
 from __future__ import annotations
 

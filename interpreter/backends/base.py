@@ -19,7 +19,8 @@ FEATURES = frozenset({"stream", "logprobs", "abort", "regex", "json_schema", "eb
 
 
 class Backend(ABC):
-    """Runs model calls in the native protocol (ARCHITECTURE.md §8) for the interpreter.
+    """Runs model calls in the native protocol (docs/server.md; docs/architecture.md, "Protocols")
+    for the interpreter.
 
     - `generate` takes the full text every time (the runtime's prefix cache makes resending
       free) and returns the native response dict `{text, output_ids, meta_info}`; a list of

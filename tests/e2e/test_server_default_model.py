@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_server_doc_examples_run(default_engine, monkeypatch):
     import plait
 
-    # the doc builds its own Engine; hand it the session's to save a model load
+    # the doc builds its own Engine; hand it the shared fixture's to save a model load
     monkeypatch.setattr(plait, "Engine", lambda *a, **k: default_engine)
     monkeypatch.setattr(default_engine, "shutdown", lambda: None)
     blocks = re.findall(

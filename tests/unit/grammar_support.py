@@ -1,5 +1,5 @@
 """Shared helpers for the grammar tests: the corpora, one backend and cache per tokenizer for the
-whole session, and a random walk that drives a grammar through its masks."""
+whole test run, and a random walk that drives a grammar through its masks."""
 
 from __future__ import annotations
 
