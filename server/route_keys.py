@@ -54,9 +54,8 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(
-            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
-        )
+        texts = (p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        return "".join(t for t in texts if isinstance(t, str))  # the replica says what is wrong
     return ""
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from plait.server import route_keys
 from plait.server.prefix_tree import PrefixTree
@@ -61,6 +63,25 @@ def test_route_keys_keep_prompt_order():
                                             {"role": "user", "content": [{"type": "text", "text": "Q"}]}]})  # fmt: skip
     assert two.startswith(one) and two.endswith("<user>Q")
     assert route_keys.generate_key({"text": 3}) == ""  # the replica answers the 400
+    odd = {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}, {"type": "text", "text": None}]}]}
+    assert route_keys.chat_key(odd) == "<user>"
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=12,
+)
+_fields = st.sampled_from(["text", "input_ids", "prompt", "messages", "tools", "content", "type", "role"])
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.dictionaries(_fields, _json | st.lists(st.dictionaries(_fields, _json, max_size=3), max_size=3), max_size=4))
+def test_route_keys_of_any_body_are_strings(body):
+    """Malformed bodies reach the replica, which answers the 400 naming the field: the router's
+    key never raises."""
+    for key in (route_keys.generate_key, route_keys.completion_key, route_keys.chat_key):
+        assert isinstance(key(body), str)
 
 
 def test_cache_aware_follows_the_prefix_then_balances():
