@@ -69,6 +69,9 @@ class SamplingParams:
             self.stop = [self.stop]
         if isinstance(self.stop_token_ids, int):
             self.stop_token_ids = [self.stop_token_ids]
+        for name in ("stop", "stop_token_ids"):
+            if not isinstance(getattr(self, name), (list, tuple)):
+                raise ValueError(f"{name}: expected a list, got {getattr(self, name)!r}"[:200])
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
         _check_int("max_new_tokens", self.max_new_tokens, 0, _MAX_NEW_TOKENS_LIMIT)
