@@ -92,19 +92,22 @@ class LLGuidanceBackend(GrammarBackend):
         return self._executor
 
     def compile(self, key: GrammarKey) -> LLGuidanceCompiledGrammar:
-        if key.kind == "regex":
-            grammar = LLMatcher.grammar_from_regex(key.pattern)
-        elif key.kind == "grammar":
-            grammar = _grammar_from_text(key.pattern)
+        if key.kind == "json_schema":
+            grammar, matcher = self._json_matcher(key)
         else:
-            grammar = self._json_grammar(key)
-        if key.prefix:
-            grammar = _with_prefix(grammar, key.prefix)
-        matcher = self._matcher(key, grammar)
+            if key.kind == "regex":
+                grammar = LLMatcher.grammar_from_regex(key.pattern)
+            else:
+                grammar = _grammar_from_text(key.pattern)
+            if key.prefix:
+                grammar = _with_prefix(grammar, key.prefix)
+            matcher = self._matcher(key, grammar)
         bounded = key.kind == "json_schema"
         return LLGuidanceCompiledGrammar(key, grammar, matcher, self, bounded)
 
-    def _json_grammar(self, key: GrammarKey) -> str:
+    def _json_matcher(self, key: GrammarKey) -> tuple[str, LLMatcher]:
+        """The schema's grammar and its pristine matcher: built once, again only for each
+        unknown format the parser names (or the token-healing prefix)."""
         schema = json.loads(key.pattern)
         options = _json_options(key.whitespace_pattern)
         dropped_formats: set[str] = set()
@@ -112,15 +115,21 @@ class LLGuidanceBackend(GrammarBackend):
             grammar = LLMatcher.grammar_from_json_schema(
                 prepare_schema(schema, dropped_formats), overrides=options
             )
-            error = LLMatcher.validate_grammar(grammar, self.lltokenizer, limits=self.limits)
+            matcher = LLMatcher(self.lltokenizer, grammar, log_level=0, limits=self.limits)
+            if not matcher.is_error():
+                break
+            error = matcher.get_error()
             unknown = _UNKNOWN_FORMAT.search(error)
             if not unknown or unknown.group(1) in dropped_formats:
-                break
+                raise _schema_error(schema, error)
             # NOTE: Draft 2020-12: a format a validator does not know is an annotation
             dropped_formats.add(unknown.group(1).strip("\"'`,."))
-        if error and not error.startswith("WARNING"):
-            raise _schema_error(schema, error)
-        return grammar
+        else:
+            raise _schema_error(schema, matcher.get_error())
+        if key.prefix:
+            grammar = _with_prefix(grammar, key.prefix)
+            matcher = self._matcher(key, grammar)
+        return grammar, matcher
 
     def _matcher(self, key: GrammarKey, grammar: str) -> LLMatcher:
         matcher = LLMatcher(self.lltokenizer, grammar, log_level=0, limits=self.limits)
