@@ -31,6 +31,7 @@ class Budget:
     body_examples: int = 400  # hostile body shapes per generation route
     constraint_examples: int = 150
     constraint_seconds: float = 90.0
+    constraint_rss_mb: float = 256.0  # growth of the server process over the constraint fuzz
     exhaustion_requests: int = 12
     fuzz_timeout: float = 10.0  # the fuzzed server's default request deadline
     replica_requests: int = 24  # non-streamed requests when one of two replicas is killed
@@ -62,7 +63,7 @@ def run(budget: Budget, model: Any, only: set[str], log: Any = print) -> list[Ta
                 done(fuzz.fuzz_http(server, budget.fuzz_examples))
                 done(fuzz.fuzz_bodies(server, budget.body_examples))
                 done(fuzz.fuzz_constraints(server.engine, budget.constraint_examples,
-                                           budget.constraint_seconds))  # fmt: skip
+                                           budget.constraint_seconds, budget.constraint_rss_mb))  # fmt: skip
         if "chaos" in only:
             done(chaos.pool_exhaustion(model, budget.exhaustion_requests))
     if only & {"chaos", "replicas"} and budget.replica_requests:

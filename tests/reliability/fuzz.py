@@ -161,9 +161,11 @@ def _shown(body: Any) -> str:
         return repr(body)[:300]
 
 
-def fuzz_constraints(engine: Any, examples: int, budget_s: float) -> Tally:
+def fuzz_constraints(engine: Any, examples: int, budget_s: float, rss_limit_mb: float) -> Tally:
     """Compiles hostile regexes and schemas on the engine's grammar backend: each is compiled
-    or rejected with a GrammarError (a 400 on the server), within the compile timeout."""
+    or rejected with a GrammarError (a 400 on the server), within the compile timeout; the
+    process grows by at most `rss_limit_mb` (refused and timed-out grammars give theirs back,
+    the cache holds a bounded number of compiled ones)."""
     from plait.runtime.constrained import GrammarError, make_grammar_key
     from tests.reliability.strategies import regexes, schemas
 
@@ -199,6 +201,10 @@ def fuzz_constraints(engine: Any, examples: int, budget_s: float) -> Tally:
     settings(**common)(given(st.text(alphabet="()[]{}*+?|\\^$.,0123456789ab-", max_size=120))(
         lambda r: compile_one("regex", r)))()  # fmt: skip
     tally.extra["slowest_compile_s"] = round(worst, 2)
-    tally.extra["rss_growth_mb"] = round(rss_mb() - before, 1)
+    growth = rss_mb() - before
+    tally.extra["rss_growth_mb"] = round(growth, 1)
+    if growth > rss_limit_mb:
+        tally.leaks += 1
+        tally.note(f"resident memory grew {growth:.0f} MB compiling constraints (limit {rss_limit_mb:g} MB)")
     tally.seconds = time.perf_counter() - start
     return tally
