@@ -1,6 +1,6 @@
 """What the engine loop does besides stepping, so that every submitted request ends with a final
 result: deadlines (`timeout`), recovery from a step that raised outside the forward pass, and
-failing what is left when the engine shuts down. Each ends requests through the engine's own
+failing what is left when the engine shuts down. Each ends requests through the core's own
 finish-and-deliver path, with an abort that carries the HTTP status it stands for."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from plait.runtime.protocol import FinishReason
 
 if TYPE_CHECKING:
-    from plait.runtime.engine import Engine
+    from plait.runtime.engine_core import EngineCore
     from plait.runtime.request import Request
 
 logger = logging.getLogger("plait.engine")
@@ -33,42 +33,42 @@ def check_timeout(timeout: Any) -> float | None:
     return float(timeout)
 
 
-def end(engine: Engine, req: Request, message: str, status: int, keep: bool = True) -> None:
+def end(core: EngineCore, req: Request, message: str, status: int, keep: bool = True) -> None:
     """Takes `req` out of the scheduler (freeing its pages) and delivers it as aborted."""
-    engine.scheduler.abort(req.rid, keep=keep)
+    core.scheduler.abort(req.rid, keep=keep)
     if not req.finished:
-        engine.processor.finish(req, FinishReason("abort", message=message, status_code=status))
-        engine._deliver(req)
+        core.processor.finish(req, FinishReason("abort", message=message, status_code=status))
+        core.deliver(req)
 
 
-def expire(engine: Engine) -> None:
+def expire(core: EngineCore) -> None:
     """Aborts every request whose deadline has passed (HTTP 504)."""
     now = time.perf_counter()
-    for req in engine.scheduler.all_requests():
+    for req in core.scheduler.all_requests():
         if req.deadline is not None and now >= req.deadline:
             waited = now - req.arrival_time
-            end(engine, req, f"timeout: the request did not finish within its deadline "
+            end(core, req, f"timeout: the request did not finish within its deadline "
                              f"({waited:.1f} s since it arrived)", 504)  # fmt: skip
 
 
-def recover(engine: Engine, exc: BaseException) -> None:
+def recover(core: EngineCore, exc: BaseException) -> None:
     """A step raised outside the forward pass: its scheduling state cannot be trusted, so every
     request in it fails (500) and the engine carries on with an empty scheduler."""
     logger.exception("engine step failed; failing every running and waiting request")
     message = f"internal error: the engine step failed: {type(exc).__name__}: {exc}"
-    for req in engine.scheduler.all_requests():
+    for req in core.scheduler.all_requests():
         try:
-            end(engine, req, message, 500, keep=False)
+            end(core, req, message, 500, keep=False)
         except Exception:  # keep failing the others
             logger.exception("could not fail request %s", req.rid)
     try:
-        engine.scheduler.check()
+        core.scheduler.check()
     except AssertionError:
         logger.critical("page accounting broken after a failed step; resetting the prefix cache")
-        engine.cache.reset()
+        core.cache.reset()
 
 
-def drain(engine: Engine, inbox: queue.Queue[tuple[str, Any]]) -> None:
+def drain(core: EngineCore, inbox: queue.Queue[tuple[str, Any]]) -> None:
     """At shutdown: fails queued, waiting and running requests (503) instead of leaving their
     callers waiting forever."""
     message = "the engine shut down before the request finished"
@@ -80,11 +80,11 @@ def drain(engine: Engine, inbox: queue.Queue[tuple[str, Any]]) -> None:
         if kind == "add":
             for req in item:
                 if not req.finished:
-                    engine.processor.finish(req, FinishReason("abort", message=message, status_code=503))
-                    engine._deliver(req)
+                    core.processor.finish(req, FinishReason("abort", message=message, status_code=503))
+                    core.deliver(req)
         elif kind == "flush":
             done, outcome = item
             outcome.append(False)
             done.set()
-    for req in engine.scheduler.all_requests():
-        end(engine, req, message, 503, keep=False)
+    for req in core.scheduler.all_requests():
+        end(core, req, message, 503, keep=False)

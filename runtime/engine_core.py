@@ -1,0 +1,517 @@
+"""`EngineCore`: what the engine loop owns and runs: the model, its KV pool, the scheduler and the
+runner; the loop's inbox, each `step`, and the delivery of results to each request's sink.
+
+The loop thread holds this object, never the `Engine` in front of it, so an `Engine` that is
+dropped can be collected: its finalizer stops the loop (`shutdown`), and the loop's last act is to
+let go of the model, the KV pool and the runner."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from plait.kernels.kv_cache import resolve_kv_dtype
+from plait.radix_cache import PageAllocator, RadixCache
+from plait.runtime import lifecycle
+from plait.runtime.config import EngineConfig
+from plait.runtime.governor import ThreadGovernor
+from plait.runtime.kv_pool import KVPool
+from plait.runtime.model_loader import load_model
+from plait.runtime.model_runner import ModelRunner, ScheduleBatch
+from plait.runtime.models.quantized import weight_bytes
+from plait.runtime.output_processor import OutputProcessor
+from plait.runtime.outputs import build_output
+from plait.runtime.protocol import FinishReason
+from plait.runtime.request import Request
+from plait.runtime.scheduler import Scheduler
+from plait.runtime.speculative.governor import SpeculationGovernor
+from plait.runtime.tuning import BURST_SECONDS, CLOSING_GROWTH, SPECULATIVE_BURST_STEPS
+
+logger = logging.getLogger("plait.engine")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        # NOTE: CPUs without native bf16 run bf16 matmuls ~170x slower than float32.
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name == "float16" and device.type == "cpu":
+        raise ValueError("dtype: float16 is only supported on GPUs; use float32 or bfloat16")
+    return _DTYPES[name]
+
+
+class EngineCore:
+    """Built from a validated `EngineConfig`; starts the loop thread (`plait-engine`) at once.
+    Other threads talk to the loop only through `post` (an inbox message) and the sinks of the
+    requests they submit; `shutdown` stops it."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        mc = self.config.model
+        self.device = resolve_device(mc.device)
+        self.dtype = resolve_dtype(mc.dtype, self.device)
+        loaded = off_main_thread(load_model, mc.model_path, self.dtype, self.device, mc.quantization)
+        self.model, self.args, self.tokenizer = loaded.model, loaded.args, loaded.tokenizer
+        self.tp: Any = None
+        if self.config.tp_size > 1:
+            from plait.runtime.tensor_parallel import start_tensor_parallel
+
+            self.tp = start_tensor_parallel(self.model, self.config, self.device)
+            self.model, self.args = self.tp.model, self.tp.args  # args: this rank's heads
+        self.model_path = loaded.location.path
+        self.context_len = mc.context_length or self.args.max_position_embeddings
+        self.weight_bytes = weight_bytes(self.model)  # read by one decode step: the roofline
+        cc = self.config.cache
+        self.page_size = cc.page_size
+        self.kv_dtype = resolve_kv_dtype(cc.kv_cache_dtype, self.dtype, self.device, mc.quantization is not None)
+        num_pages = self._num_pages()
+        self.kv_pool = KVPool(
+            num_pages, cc.page_size, self.args.num_layers, self.args.num_kv_heads,
+            self.args.head_dim, self.kv_dtype, self.device,
+        )
+        if self.tp is not None:
+            self.tp.start_workers(num_pages, cc.page_size)
+        self.allocator = PageAllocator(num_pages)
+        self.cache = RadixCache(cc.page_size, self.allocator, disable=cc.disable_radix_cache)
+        self.scheduler = Scheduler(
+            self.config.scheduler, self.allocator, self.cache, cc.page_size, self.context_len
+        )
+        self.generator = torch.Generator(device=self.device).manual_seed(self.config.random_seed)
+        self.runner = ModelRunner(
+            self.model, self.kv_pool, self.device, self.tokenizer.eos_token_ids, self.generator
+        )
+        self.processor = OutputProcessor(self.tokenizer, self.context_len)
+        self.drafter = self._make_drafter()
+        self.governor = SpeculationGovernor()
+        threads = torch.get_num_threads()
+        # NOTE: on GPUs the CPU threads only feed kernel launches; nothing to tune there.
+        self.thread_governor = ThreadGovernor(threads) if self.device.type == "cpu" and threads > 1 else None
+        self._spec_totals = {"steps": 0, "proposed": 0, "accepted": 0}
+        self.grammars: Any = None  # the frontend's GrammarCache, shut down with the loop
+        self._closing: Any = None  # ClosingSearch, made with the first closing request
+        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        # set by `post` from any thread: a running decode burst ends after its current step
+        self._interrupt = ctypes.c_int32(0)
+        self._decode_step_s: float | None = None  # the last decode-only step's forward time
+        self._stopped = threading.Event()
+        self._totals = {"requests": 0, "prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "burst_steps": 0}
+        self._thread = threading.Thread(target=self._loop, name="plait-engine", daemon=True)
+        self._thread.start()
+
+    def _num_pages(self) -> int:
+        cc = self.config.cache
+        if cc.max_total_tokens is not None:
+            return cc.max_total_tokens // cc.page_size
+        per_token = KVPool.bytes_per_token(
+            self.args.num_layers, self.args.num_kv_heads, self.args.head_dim, self.kv_dtype
+        )
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = free * (cc.mem_fraction_static or 0.8)
+        else:
+            import os
+
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            budget = total * (cc.mem_fraction_static or 0.1)
+        tokens = int(budget // per_token)
+        tokens = max(min(tokens, 64 * self.context_len), self.context_len)
+        return tokens // cc.page_size
+
+    # speculative decoding ------------------------------------------------------------------------
+
+    def _make_drafter(self) -> Any:
+        algo = self.config.speculative_algorithm
+        if algo is None:
+            return None
+        from plait.runtime.speculative import create_drafter
+
+        return create_drafter(algo, engine=self)
+
+    def _propose_drafts(self, batch: ScheduleBatch) -> None:
+        candidates = [r for r in batch.decodes if self.drafter.wants(r)]
+        if not candidates:
+            return
+        k = self.config.num_draft_tokens
+        drafts: dict[int, list[int]] = {}
+        for req, draft in zip(candidates, self.drafter.propose(candidates, k)):
+            room = min(
+                req.params.max_new_tokens - len(req.output_ids) - 1,
+                self.context_len - req.num_tokens - 1,
+            )
+            draft = draft[: max(room, 0)]
+            if draft and req.grammar is not None:
+                grammar = req.grammar.copy()
+                allowed = 0
+                while allowed < len(draft) and grammar.try_advance(draft[allowed]):
+                    allowed += 1
+                draft = draft[:allowed]
+            if draft:
+                drafts[id(req)] = draft
+        self.scheduler.add_drafts(batch, drafts)
+
+    def _observe_speculation(self, req: Request, proposed: int, accepted: int) -> None:
+        self.drafter.observe(req, proposed, accepted)
+        req.spec.num_steps += 1
+        req.spec.num_proposed += proposed
+        req.spec.num_accepted += accepted
+        self._spec_totals["steps"] += 1
+        self._spec_totals["proposed"] += proposed
+        self._spec_totals["accepted"] += accepted
+
+    def closing_search(self) -> Any:
+        if self._closing is None:
+            from plait.runtime.constrained.closing import ClosingSearch
+
+            self._closing = ClosingSearch(
+                self.tokenizer.vocab_bytes(), (self.args.vocab_size + 31) // 32,
+                excluded=self.tokenizer.special_token_ids | self.tokenizer.eos_token_ids,
+            )  # fmt: skip
+        return self._closing
+
+    @property
+    def _closing_slack(self) -> int:
+        """Tokens one step may add to a constrained request, plus a few for what they may open."""
+        drafts = self.config.num_draft_tokens if self.drafter is not None else 0
+        return 1 + drafts + CLOSING_GROWTH
+
+    # the loop --------------------------------------------------------------------------------
+
+    def post(self, kind: str, item: Any) -> None:
+        """Hands the loop a message (`add`, `abort`, `flush`, `stop`); ends a running burst."""
+        self._inbox.put((kind, item))
+        self._interrupt.value = 1
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
+
+    def _loop(self) -> None:
+        try:
+            self._run_loop()
+        finally:
+            if self.thread_governor is not None:  # the thread count is the process's: give it back
+                torch.set_num_threads(self.thread_governor.threads)
+            self._release()
+
+    def _release(self) -> None:
+        """After the loop's last step: lets go of the weights, the KV pool and what holds them
+        (tensor parallelism's workers, if any, are stopped by `shutdown`)."""
+        self.model = self.kv_pool = self.runner = self.drafter = None  # type: ignore[assignment]
+
+    def _run_loop(self) -> None:
+        while not self._stopped.is_set():
+            block = not self.scheduler.has_work()
+            self._interrupt.value = 0  # before draining: a message posted after this ends a burst
+            try:
+                kind, item = self._inbox.get(block=block, timeout=0.5 if block else None)
+            except queue.Empty:
+                kind = None
+            # NOTE: nothing may escape this loop: a dead engine thread would leave every caller
+            # waiting forever. A failed step fails the requests it held, then the loop goes on.
+            try:
+                while kind is not None:
+                    self._handle(kind, item)
+                    try:
+                        kind, item = self._inbox.get_nowait()
+                    except queue.Empty:
+                        kind = None
+                lifecycle.expire(self)
+                if self.scheduler.has_work():
+                    self.step()
+            except Exception as exc:
+                lifecycle.recover(self, exc)
+        lifecycle.drain(self, self._inbox)
+
+    def _handle(self, kind: str, item: Any) -> None:
+        if kind == "add":
+            for req in item:
+                self._totals["requests"] += 1
+                self._totals["prompt_tokens"] += len(req.prompt_ids)
+                try:
+                    self.processor.start(req)
+                    self.scheduler.add(req)
+                except Exception as exc:
+                    status = 400 if isinstance(exc, ValueError) else 500
+                    self.processor.finish(
+                        req, FinishReason("abort", message=str(exc), status_code=status)
+                    )
+                    self.deliver(req)
+        elif kind == "abort":
+            req = self.scheduler.abort(item)
+            if req is not None and not req.finished:
+                self.processor.finish(req, FinishReason("abort", message="aborted by the client"))
+                self.deliver(req)
+        elif kind == "flush":
+            done, outcome = item
+            ok = not self.scheduler.has_work()
+            if ok:
+                self.cache.reset()
+            outcome.append(ok)
+            done.set()
+        elif kind == "stop":
+            self._stopped.set()
+
+    def step(self) -> None:
+        """One forward pass over the scheduler's next batch, then bookkeeping and delivery."""
+        batch = self.scheduler.schedule()
+        started = time.perf_counter()
+        plain_decode = not batch.extends  # a step the speculation governor can learn from
+        speculating = (
+            self.drafter is not None and bool(batch.decodes) and self.governor.speculate(len(batch.decodes))
+        )
+        if speculating:
+            self._propose_drafts(batch)
+        if not batch:
+            return
+        num_tokens = batch.num_tokens
+        threads = self._choose_threads(num_tokens)
+        forward_started = time.perf_counter()
+        try:
+            burst = self._burst_steps(batch, speculating)
+            if burst > 1:
+                results = self.runner.decode_burst(batch, burst, self._interrupt)
+                batch.decode_steps = max(len(r.tokens) for r in results)
+                self._totals["burst_steps"] += batch.decode_steps
+            else:
+                results = self.runner.forward(batch)
+        except Exception as exc:  # a failing batch must not take the engine down
+            logger.error("forward pass failed: %s", traceback.format_exc())
+            reqs = [e.req for e in batch.extends] + batch.decodes
+            if len({id(r) for r in reqs}) > 1:
+                self.scheduler.quarantine(reqs)  # retried one by one: only the culprit fails
+            else:
+                self._fail(batch, f"internal error: {type(exc).__name__}: {exc}")
+            return
+        step_s = (time.perf_counter() - forward_started) / batch.decode_steps
+        if not batch.extends:
+            self._decode_step_s = step_s
+        if threads:
+            self.thread_governor.record(num_tokens, threads, step_s)
+        self._totals["steps"] += batch.decode_steps
+        entries = [e.req for e in batch.extends] + batch.decodes
+        last_chunk = [e.is_last_chunk for e in batch.extends] + [True] * len(batch.decodes)
+        updated: list[Request] = []
+        if self.drafter is not None and plain_decode and entries:
+            # verifying drafts against bursts: a step the drafter found nothing for counts as a
+            # plain one (a short burst), whoever chose it
+            verified = any(e.draft_ids for e in batch.extends)
+            tokens = sum(len(r.tokens) for r in results)
+            self.governor.record(
+                len(entries), verified, tokens, time.perf_counter() - started, steps=batch.decode_steps
+            )
+        for entry, req, result, done_prompt in zip(
+            [*batch.extends, *[None] * len(batch.decodes)], entries, results, last_chunk
+        ):
+            if req.finished:
+                continue
+            self.processor.record_input_logprobs(req, result)
+            if result.tokens:
+                if req.first_token_time is None:
+                    req.first_token_time = time.perf_counter()
+                added = self.processor.append_tokens(req, result)
+                self._totals["generated_tokens"] += added
+                if entry is not None and entry.draft_ids:
+                    entry.num_accepted = min(len(result.tokens) - 1, added)
+                    self._observe_speculation(req, len(entry.draft_ids), len(result.tokens) - 1)
+                updated.append(req)
+            elif done_prompt:
+                self.processor.finish(req, FinishReason("length", length=len(req.output_ids)))
+                updated.append(req)
+        # NOTE: pages are released before results are delivered, so a caller that got its
+        # result sees the pool without that request.
+        self.scheduler.after_step(batch)
+        for req in updated:
+            self._close_or_jump(req)
+        if self.config.check_invariants:
+            self.scheduler.check()
+        for req in updated:
+            self.deliver(req)
+
+    def _burst_steps(self, batch: ScheduleBatch, speculating: bool = False) -> int:
+        """Decode steps to run back to back in one native call (`num_continuous_decode_steps`):
+        only while nothing waits to be scheduled, and no longer than ~`BURST_SECONDS` (by the last
+        decode step's time), so streams still update often. With speculative decoding, a batch
+        the drafter found nothing for runs `SPECULATIVE_BURST_STEPS` at most while the governor
+        speculates (so that a draft is looked for again soon), and whole bursts while it does not:
+        so the governor weighs drafts against bursts, not against single steps."""
+        limit = self.config.scheduler.num_continuous_decode_steps
+        if speculating:
+            limit = min(limit, SPECULATIVE_BURST_STEPS)
+        sched = self.scheduler
+        if (
+            limit <= 1 or self._decode_step_s is None
+            or sched.waiting or sched.prefilling or sched.suspects or not self._inbox.empty()
+            or not self.runner.can_burst(batch)
+        ):  # fmt: skip
+            return 1
+        limit = min(limit, max(1, int(BURST_SECONDS / max(self._decode_step_s, 1e-6))))
+        return sched.grow_for_burst(batch.decodes, limit) if limit > 1 else 1
+
+    def _close_or_jump(self, req: Request) -> None:
+        """After a step: a constrained request near its budget closes (`try_close`); others
+        jump over the text their grammar forces."""
+        if req.grammar is None or req.finished or req not in self.scheduler.running:
+            return
+        if req.closing:
+            before = req.num_tokens
+            if self.processor.try_close(req, self.closing_search(), self._closing_slack):
+                self.scheduler.rewind(req, num_valid=before)  # finished: its pages go back
+                return
+        # NOTE: not over the healed text alone: that would re-append the very token healing
+        # backed up over, instead of letting the model choose the merged one
+        if not self.config.disable_jump_forward and not _healing(req):
+            self._jump_forward(req)
+
+    def _jump_forward(self, req: Request) -> None:
+        before = req.num_tokens
+        replaced = self.processor.try_jump_forward(
+            req, min_kept_tokens=req.num_cached_pages * self.page_size
+        )
+        if replaced is not None:
+            self.scheduler.rewind(req, num_valid=before - replaced)
+
+    def _choose_threads(self, num_tokens: int) -> int | None:
+        """Sets this step's CPU threads (see `governor.ThreadGovernor`); None when not governed."""
+        if self.thread_governor is None:
+            return None
+        threads = self.thread_governor.choose(num_tokens)
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
+        return threads
+
+    def _fail(self, batch: ScheduleBatch, message: str) -> None:
+        for req in [e.req for e in batch.extends] + batch.decodes:
+            self.scheduler.abort(req.rid, keep=False)  # its KV may be half written
+            if not req.finished:
+                self.processor.finish(
+                    req, FinishReason("abort", message=message, status_code=500)
+                )
+                self.deliver(req)
+
+    def deliver(self, req: Request) -> None:
+        if req.sink is None:
+            return
+        out = build_output(req, self.tokenizer, self.processor.stream_text(req))
+        try:
+            req.sink(out, req.finished)
+        except Exception:
+            logger.error("delivering request %s failed: %s", req.rid, traceback.format_exc())
+
+    # introspection and shutdown ----------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        sched = self.scheduler
+        total = self.allocator.num_total
+        free = self.allocator.num_free
+        cached = self.cache.total_size()
+        return {
+            "kv_pages_total": total,
+            "kv_pages_free": free,
+            "kv_pages_cached": cached,
+            "kv_pages_evictable": self.cache.evictable_size(),
+            "kv_pages_in_use": total - free - cached,
+            "page_size": self.page_size,
+            "num_running": len(sched.running) + len(sched.prefilling),
+            "num_waiting": len(sched.all_requests()) - len(sched.running) - len(sched.prefilling),
+            "cache_hit_rate": sched.cached_prompt_tokens / sched.prompt_tokens if sched.prompt_tokens else 0.0,
+            "num_retracted": sched.num_retracted,
+            "total_computed_tokens": sched.computed_tokens,
+            **self._spec_stats(),
+            "new_token_ratio": sched.new_token_ratio,
+            "quantization": self.config.model.quantization,
+            "cpu_threads": torch.get_num_threads() if self.device.type == "cpu" else None,
+            "weight_bytes": self.weight_bytes,
+            "kv_cache_dtype": str(self.kv_dtype).removeprefix("torch."),
+            "kv_bytes_per_token": KVPool.bytes_per_token(
+                self.args.num_layers, self.args.num_kv_heads, self.args.head_dim, self.kv_dtype
+            ),
+            **{f"total_{k}": v for k, v in self._totals.items()},
+        }
+
+    def _spec_stats(self) -> dict[str, Any]:
+        if self.drafter is None:
+            return {}
+        t = self._spec_totals
+        return {
+            "spec_algorithm": self.config.speculative_algorithm,
+            "spec_verify_steps": t["steps"],
+            "spec_proposed_tokens": t["proposed"],
+            "spec_accepted_tokens": t["accepted"],
+            "spec_acceptance_rate": t["accepted"] / t["proposed"] if t["proposed"] else 0.0,
+            "spec_mean_accept_length": (t["accepted"] + t["steps"]) / t["steps"] if t["steps"] else 0.0,
+        }
+
+    def flush_cache(self) -> bool:
+        """Empties the prefix cache; refused (False) while requests are running or waiting."""
+        done = threading.Event()
+        outcome: list[bool] = []
+        self.post("flush", (done, outcome))
+        done.wait()
+        return outcome[0]
+
+    def shutdown(self) -> None:
+        """Stops the loop: queued and running requests end as aborted (503), the thread exits and
+        the model and KV pool are let go. Idempotent; callable from any thread, the loop's own
+        included (a finalizer may run there), which then does not wait for itself."""
+        if self.grammars is not None:
+            self.grammars.shutdown(wait=False)
+        if not self._stopped.is_set():
+            self.post("stop", None)
+            if threading.current_thread() is not self._thread:
+                self._thread.join(timeout=10)
+            self._stopped.set()
+            if self.tp is not None:
+                self.tp.shutdown()
+                self.tp = None
+        if not self._thread.is_alive():  # what raced in after the loop's own drain
+            lifecycle.drain(self, self._inbox)
+
+
+def _healing(req: Request) -> bool:
+    """Whether the output has yet to cover the text token healing backed up over, and what the
+    grammar forces does not reach past it (then the jump retokenizes across the boundary, which
+    is what healing is for)."""
+    if not req.healed_text or len(req.text) >= len(req.healed_text):
+        return False
+    forced = req.grammar.try_jump_forward() if req.grammar is not None else None
+    return forced is None or len(req.text) + len(forced) <= len(req.healed_text)
+
+
+def off_main_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """Runs `fn(*args)` on a short-lived thread and returns its result (or raises its error).
+
+    NOTE: libgomp throttles its spin-wait to ~100 iterations once it manages more threads than
+    there are CPUs, and the main thread's OpenMP team counts even while it sleeps. Loading a model
+    runs parallel torch ops; on the main thread that would leave a team behind and make every
+    parallel op of the engine thread pay a futex wake-up (4x slower for a 200k-element add on 2
+    cores). A helper thread's team is freed when the thread exits.
+    """
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn(*args)
+        except BaseException as exc:  # re-raised on the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="plait-load")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
