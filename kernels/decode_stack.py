@@ -3,7 +3,8 @@
 The caller (`runtime/models/native_decode.py`) describes each layer once, as pointers to its
 norms, quantized projections and KV pages (`DecodeLayer`); each step then passes the shapes, the
 attention rows, positions and slots, and the hidden states, which the kernel updates in place.
-The structures mirror the C++ ones field for field.
+The structures mirror the C++ ones of `csrc/plait_kernels.h` field for field;
+`tests/unit/test_native_abi.py` checks them against the sizes and offsets the library reports.
 
 `run_burst` runs whole decode steps back to back in one call (embedding, layers, final norm, LM
 head, then the argmax or, for sampled rows, the draw of `sampling_cpu`): the engine's continuous

@@ -53,9 +53,14 @@ FLAGS = [
 # library name -> its sources (every header in csrc/ is part of each build's cache key)
 LIBRARIES = {
     "cpu_kernels": (
+        "cpu_abi.cpp",
         "cpu_attention.cpp",
         "cpu_extend_attention.cpp",
         "cpu_quant_matmul.cpp",
+        "quant_matmul_float.cpp",
+        "quant_matmul_avx2.cpp",
+        "quant_matmul_vnni.cpp",
+        "dense_gemv.cpp",
         "cpu_fused.cpp",
         "cpu_decode.cpp",
         "cpu_memory.cpp",
@@ -157,3 +162,34 @@ def function(library: str, symbol: str, argtypes: Sequence[Any], restype: Any = 
     fn.argtypes = list(argtypes)
     fn.restype = restype
     return fn
+
+
+def _abi_function(symbol: str, nargs: int) -> Any:
+    return function("cpu_kernels", symbol, [ctypes.c_char_p] * nargs, ctypes.c_int64)
+
+
+def abi_constant(name: str) -> int | None:
+    """A code or limit the library defines (`csrc/plait_kernels.h`, reported by `csrc/cpu_abi.cpp`):
+    `format_int8`, `kv_bfloat16`, `q8_block`, `avx2_max_q8_rows`, ...; None without the library.
+    Raises KeyError for a name the library does not define."""
+    fn = _abi_function("plait_abi_constant", 1)
+    if fn is None:
+        return None
+    value = fn(name.encode())
+    if value < 0:
+        raise KeyError(f"native ABI: no constant {name!r}")
+    return int(value)
+
+
+def abi_layout(struct: str, fields: Sequence[str]) -> tuple[int, dict[str, int]] | None:
+    """The library's `sizeof(struct)` and `offsetof(struct, field)` for each field, as its compiler
+    laid them out; None without the library. Raises KeyError for a name it does not know."""
+    size_fn, offset_fn = _abi_function("plait_abi_struct_size", 1), _abi_function("plait_abi_field_offset", 2)
+    if size_fn is None or offset_fn is None:
+        return None
+    size = size_fn(struct.encode())
+    offsets = {f: offset_fn(struct.encode(), f.encode()) for f in fields}
+    missing = [f for f, o in offsets.items() if o < 0] + ([struct] if size < 0 else [])
+    if missing:
+        raise KeyError(f"native ABI: {struct} has no {', '.join(missing)}")
+    return int(size), {f: int(o) for f, o in offsets.items()}

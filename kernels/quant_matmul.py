@@ -1,5 +1,6 @@
 """Weight-only quantized linear layers: formats, quantizers, the torch reference and the native
-CPU kernel (`csrc/cpu_quant_matmul.cpp`).
+CPU kernel (`csrc/cpu_quant_matmul.cpp`, which picks among its ISA tiers, `csrc/quant_matmul_*.cpp`,
+and the float32 GEMV, `csrc/dense_gemv.cpp`).
 
 Two formats, both grouped along the input dimension K, with float16 scales (and minimums), as
 GGUF stores them:
@@ -203,8 +204,9 @@ def _kernels() -> tuple | None:
 
 
 def q8_max_rows() -> int:
-    """The most rows of x the native kernel rounds to int8: 47 on AVX2 (decode batches and short
-    extends), every row count with AVX-512 VNNI (prefill chunks too), 0 without the kernels."""
+    """The most rows of x the native kernel rounds to int8, as the library reports it: 47 on AVX2
+    (decode batches and short extends; `native.abi_constant("avx2_max_q8_rows")`), every row count
+    with AVX-512 VNNI (prefill chunks too), 0 without the kernels."""
     return _kernels()[3] if native_quant_available() else 0
 
 

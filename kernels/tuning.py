@@ -4,7 +4,7 @@ float rounding; each changes which path computes it. The modules that use them i
 here (tests patch them there, on the module that reads them).
 
 Constants the native library fixes at build time (its formats, the rows it rounds to int8) are
-not here: the library reports them (`quant_matmul.q8_max_rows`).
+not here: the library exports them (`native.abi_constant`, `quant_matmul.q8_max_rows`).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@
 #include <algorithm>
 
 #include "parallel.h"
+#include "plait_kernels.h"
 #include "vec_math.h"
 #ifdef __AVX2__
 #include <immintrin.h>

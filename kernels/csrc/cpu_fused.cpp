@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "parallel.h"
+#include "plait_kernels.h"
 #include "vec_math.h"
 
 namespace {

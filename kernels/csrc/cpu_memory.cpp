@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "parallel.h"
+#include "plait_kernels.h"
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "parallel.h"
+#include "plait_kernels.h"
 #include "vec_math.h"
 
 namespace {

@@ -1,0 +1,147 @@
+// The native kernels' ABI: every function the library exports, the structures passed to them,
+// and the codes and limits shared with Python. Every .cpp of the library includes this header, so
+// a kernel that calls another (the decode stack calls most of them) sees the one declaration the
+// definition is checked against.
+//
+// Python calls these through ctypes (kernels/*.py). The structures are mirrored there by ctypes
+// Structures; `plait_abi_struct_size` / `plait_abi_field_offset` report this side's layout and
+// `plait_abi_constant` the codes and limits, and tests/unit/test_native_abi.py compares the two.
+// Plain C types only: the library includes nothing from torch.
+#pragma once
+
+#include <cstdint>
+
+// Weight formats of plait_qmatmul_f32 and PlaitQLinear.format (kernels/quant_matmul.py: FORMAT_CODE).
+enum PlaitWeightFormat : int { PLAIT_FORMAT_INT8 = 0, PLAIT_FORMAT_INT4 = 1, PLAIT_FORMAT_FLOAT32 = 2 };
+// KV cache storage types (kernels/kv_cache.py: kv_type_code).
+enum PlaitKVType : int { PLAIT_KV_FLOAT32 = 0, PLAIT_KV_BFLOAT16 = 1, PLAIT_KV_INT8 = 2 };
+// Activations round to int8 in blocks of this many values (kernels/quant_matmul.py: Q8_BLOCK).
+constexpr int64_t PLAIT_Q8_BLOCK = 32;
+// On AVX2 (no VNNI), up to this many rows of x round to int8; more keep float32 activations
+// (see cpu_quant_matmul.cpp). kernels/tuning.py's DEQUANT_GEMM_MIN_ROWS starts right after it.
+constexpr int64_t PLAIT_AVX2_MAX_Q8_ROWS = 47;
+
+// A linear layer's weight: quantized (int8, int4) or plain float32 [out_features, in_features].
+struct PlaitQLinear {  // kernels/decode_stack.py: QLinear
+    const void* qweight;
+    const uint16_t* scales;  // float16
+    const uint16_t* mins;    // float16, int4 only
+    const float* bias;       // may be null
+    int64_t out_features, in_features, group;
+    int64_t format;  // PlaitWeightFormat
+};
+
+struct PlaitDecodeLayer {  // kernels/decode_stack.py: DecodeLayer
+    const float* input_norm;
+    const float* post_norm;
+    PlaitQLinear qkv, o, gate_up, down;
+    void* k_cache;
+    void* v_cache;
+    float* k_scale;  // int8 caches only
+    float* v_scale;
+};
+
+struct PlaitDecodeShape {  // kernels/decode_stack.py: DecodeShape
+    int64_t tokens, hidden, num_heads, num_kv_heads, head_dim, intermediate;
+    float eps, attn_scale;
+    int64_t kv_type;    // PlaitKVType
+    int64_t num_slots;  // the KV pool's slots per layer
+};
+
+struct PlaitDecodeBurst {  // kernels/decode_stack.py: DecodeBurst
+    const float* embed;       // [embed_rows, hidden] float32
+    int64_t embed_rows;
+    const float* final_norm;  // [hidden]
+    PlaitQLinear head;        // [vocab, hidden]
+    const int64_t* tables;    // [rows, table_width]: each row's slots, positions [0, len + steps - 1)
+    int64_t table_width;
+    const int64_t* lens;      // [rows]: tokens before the burst; the first fed token sits at len - 1
+    const int64_t* stop_ids;  // row r stops at any of stop_ids[stop_offsets[r], stop_offsets[r + 1])
+    const int64_t* stop_offsets;
+    int64_t sliding_window;   // 0: none
+    const int32_t* interrupt; // may be null; once another thread sets it non-zero, the burst ends
+    // Sampling, all null when every row is greedy. Row r with temperature[r] > 0 draws its token
+    // at step s with uniforms[r * steps + s] (plait_sample_row); the others take the argmax.
+    const float* temperature;  // [rows]
+    const int64_t* top_k;      // [rows]
+    const float* top_p;        // [rows]
+    const float* min_p;        // [rows]
+    const float* uniforms;     // [rows, steps]
+};
+
+struct PlaitDecodeRows {  // the attention rows (kernels/decode_stack.py: DecodeRows)
+    const int64_t* tables;
+    int64_t table_width;
+    const int64_t* q_index;
+    const int64_t* table_index;
+    const int64_t* first;
+    const int64_t* kv_len;
+    int64_t num_rows;
+};
+
+extern "C" {
+
+// cpu_abi.cpp: this side's layout and constants, by name; -1 for a name it does not know.
+int64_t plait_abi_struct_size(const char* name);
+int64_t plait_abi_field_offset(const char* name, const char* field);
+int64_t plait_abi_constant(const char* name);
+
+// cpu_attention.cpp
+void plait_paged_attention_rows(const float* q, const void* k, const void* v, const float* k_scale,
+                                const float* v_scale, int kv_type, const int64_t* tables, int64_t table_width,
+                                const int64_t* q_index, const int64_t* table_index, const int64_t* first,
+                                const int64_t* kv_len, float* out, int64_t num_rows, int64_t num_heads,
+                                int64_t num_kv_heads, int64_t head_dim, float scale, int num_threads);
+int64_t plait_first_bad_slot(const int64_t* slots, int64_t num_tokens, int64_t num_slots);
+int64_t plait_store_kv(const float* k, const float* v, int64_t row_stride, const int64_t* slots, int64_t num_tokens,
+                       int64_t num_kv_heads, int64_t head_dim, int kv_type, void* k_cache, void* v_cache,
+                       float* k_scale, float* v_scale, int64_t num_slots);
+
+// cpu_extend_attention.cpp
+int plait_extend_attention_f32(const float* q, const float* k, const float* v, float* out, int64_t q_len,
+                               int64_t prefix_len, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                               float scale, int64_t window, int num_threads);
+
+// cpu_fused.cpp
+void plait_rms_norm_f32(const float* x, const float* w, float* out, int64_t rows, int64_t d, float eps,
+                        int num_threads);
+void plait_add_rms_norm_f32(const float* x, float* residual, const float* w, float* out, int64_t rows, int64_t d,
+                            float eps, int num_threads);
+void plait_rope_f32(float* q, float* k, const int64_t* positions, const float* inv_freq, int64_t tokens, int64_t hq,
+                    int64_t hk, int64_t head_dim, int64_t q_stride, int64_t k_stride, int num_threads);
+void plait_silu_mul_f32(const float* gate_up, float* out, int64_t rows, int64_t inter, int num_threads);
+
+// cpu_quant_matmul.cpp (its ISA tiers in quant_matmul_*.cpp, the float32 GEMV in dense_gemv.cpp)
+void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t N, const void* qweight, int format,
+                       int64_t group, const uint16_t* scales, const uint16_t* mins, const float* bias, float* y,
+                       int num_threads);
+void plait_dequantize_f32(const void* qweight, int format, int64_t N, int64_t K, int64_t group,
+                          const uint16_t* scales, const uint16_t* mins, float* out, int num_threads);
+void plait_dequantize_bf16(const void* qweight, int format, int64_t N, int64_t K, int64_t group,
+                           const uint16_t* scales, const uint16_t* mins, uint16_t* out, int num_threads);
+int64_t plait_qmatmul_max_q8_rows();
+int plait_qmatmul_isa();
+int plait_qmatmul_q8_rows(int64_t K, int format, int64_t group);
+
+// cpu_decode.cpp
+int64_t plait_decode_layers(const PlaitDecodeLayer* layers, int64_t num_layers, const PlaitDecodeShape* s,
+                            const PlaitDecodeRows* rows, const int64_t* positions, const float* inv_freq,
+                            const int64_t* slots, float* x, float* residual, int has_residual, float* scratch,
+                            int num_threads);
+int64_t plait_decode_burst(const PlaitDecodeLayer* layers, int64_t num_layers, const PlaitDecodeShape* s,
+                           const PlaitDecodeBurst* g, const int64_t* ids, int64_t steps, const float* inv_freq,
+                           int64_t* out, float* scratch, int64_t scratch_floats, int num_threads);
+
+// cpu_sampling.cpp
+int64_t plait_sample_row(const float* logits, int64_t vocab, float temperature, int64_t top_k, float top_p,
+                         float min_p, float uniform);
+int64_t plait_filtered_probs_row(const float* logits, int64_t vocab, float temperature, int64_t top_k,
+                                 float top_p, float min_p, float* out);
+void plait_sample_rows(const float* logits, int64_t rows, int64_t vocab, const float* temperature,
+                       const int64_t* top_k, const float* top_p, const float* min_p, const float* uniform,
+                       int64_t* out, int num_threads);
+
+// cpu_memory.cpp
+uint64_t plait_read_buffers(const void* const* ptrs, const int64_t* bytes, int64_t n, int num_threads);
+
+}  // extern "C"
