@@ -126,7 +126,9 @@ def generate_all(engine: Any, items: list[tuple[Any, Any]], max_tokens: int) -> 
     outs = engine.generate(prompts, params)
     seconds = time.perf_counter() - start
     kinds = [classify(o, schema) for o, (schema, _) in zip(outs, items)]
-    return kinds, seconds, sum(o["meta_info"]["completion_tokens"] for o in outs)
+    for out, kind in zip(outs, kinds):  # each schema's outcome, for the JSON report
+        out["kind"] = kind
+    return kinds, seconds, sum(o["meta_info"]["completion_tokens"] for o in outs), outs
 
 
 def decode_speed(engine: Any, batch: int, tokens: int) -> dict[str, float]:
@@ -181,12 +183,19 @@ def run_jsonschema_bench(args: argparse.Namespace) -> int:
             coverage_rows.append([backend, f"{len(ok)}/{len(schemas)}", entry["compile_p50_ms"],
                                   entry["compile_p99_ms"], entry["mask_mean_us"], entry["mask_p99_us"]])  # fmt: skip
             for budget in budgets:
-                kinds, secs, tokens = generate_all(engine, ok, budget)
+                kinds, secs, tokens, outs = generate_all(engine, ok, budget)
                 counts = {k: kinds.count(k) for k in ("valid", "closed_valid", "finished_invalid",
                                                        "truncated", "closed_invalid", "unvalidated")}  # fmt: skip
                 counts["valid_share_of_all"] = (counts["valid"] + counts["closed_valid"]) / len(schemas)
                 counts["tok_per_s"] = tokens / secs
                 entry["by_budget"][budget] = counts
+                names = [f"{cat}/{name}" for (cat, name, _), (c, _) in zip(schemas, compiled)
+                         if not isinstance(c, str)]  # fmt: skip
+                entry.setdefault("outcomes", {})[budget] = [
+                    {"schema": n, "kind": o["kind"], "completion_tokens": o["meta_info"]["completion_tokens"],
+                     "text": o["text"][-200:]}
+                    for n, o in zip(names, outs)
+                ]  # fmt: skip
                 outcome_rows.append([backend, budget, f"{counts['valid'] + counts['closed_valid']}/{len(schemas)}",
                                      counts["closed_valid"], counts["finished_invalid"], counts["truncated"],
                                      counts["closed_invalid"], counts["unvalidated"], counts["tok_per_s"]])  # fmt: skip
