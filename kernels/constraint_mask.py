@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from plait.kernels.dispatch import use_triton
 from plait.kernels.tuning import MASK_BLOCK_SIZE
 
 BITS_PER_WORD = 32
@@ -206,8 +207,9 @@ def apply_token_bitmask_cpu(
 def apply_token_bitmask(
     logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | Sequence[int] | None = None
 ) -> None:
-    """Mask the constrained rows of `logits` in place: Triton on CUDA tensors, numpy on CPU."""
-    if logits.is_cuda and triton is not None:
+    """Mask the constrained rows of `logits` in place: Triton on CUDA tensors (`dispatch.use_triton`),
+    numpy on CPU."""
+    if use_triton(logits):
         apply_token_bitmask_triton(logits, bitmask, indices)
     elif logits.is_cuda:
         apply_token_bitmask_ref(logits, bitmask, indices)

@@ -12,7 +12,9 @@ import numpy as np
 import torch
 
 from plait.kernels import sampling_cpu
+from plait.kernels.dispatch import use_triton
 from plait.kernels.sampling_triton import filter_probs_ref as filter_probs
+from plait.kernels.sampling_triton import sample_triton
 from plait.runtime.protocol import SamplingParams
 
 
@@ -75,8 +77,9 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     """logits [B, V] float32 (modified in place) -> next token ids [B] long.
 
     On the CPU each sampled row draws one uniform from its generator and picks by inverse CDF
-    (`kernels/sampling_cpu.py`: native, else the same draw in torch); elsewhere
-    `torch.multinomial` draws."""
+    (`kernels/sampling_cpu.py`: native, else the same draw in torch). On CUDA with Triton, one
+    kernel filters and draws every sampled row (`sample_triton`, seeded from each row's
+    generator, no host sync); elsewhere `torch.multinomial` draws."""
     apply_penalties(logits, rows)
     greedy = [r.params.is_greedy for r in rows]
     out = argmax(logits)
@@ -85,6 +88,8 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
         return out
     idx = torch.tensor(sampled, dtype=torch.long, device=logits.device)
     temperature, top_k, top_p, min_p = filter_params([rows[i].params for i in sampled], logits.shape[1], logits.device)
+    if use_triton(logits):
+        return _sample_triton(logits, rows, sampled, idx, out, (temperature, top_k, top_p, min_p))
     on_cpu = logits.device.type == "cpu"
     if on_cpu:
         uniforms = torch.cat([torch.rand(1, generator=rows[i].generator) for i in sampled])
@@ -103,4 +108,26 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     for j, i in enumerate(sampled):
         if usable[j]:
             out[i] = picks[j] if on_cpu else torch.multinomial(probs[j], 1, generator=rows[i].generator)[0]
+    return out
+
+
+def _sample_triton(
+    logits: torch.Tensor,
+    rows: Sequence[SamplingRow],
+    sampled: list[int],
+    idx: torch.Tensor,
+    out: torch.Tensor,
+    params: tuple[torch.Tensor, ...],
+) -> torch.Tensor:
+    """The sampled rows `idx` of `out` drawn by `sample_triton`: one seed per row from its generator
+    (on the device: no host sync). A row with no finite distribution (NaN or +inf logits, or all
+    -inf) keeps its argmax, as on the other paths."""
+    seeds = torch.cat([
+        torch.randint(0, 1 << 62, (1,), generator=rows[i].generator, device=logits.device) for i in sampled
+    ])  # fmt: skip
+    rows_logits = logits[idx].contiguous()
+    picks = sample_triton(rows_logits, *params, seeds=seeds)
+    bad = torch.isnan(rows_logits) | (rows_logits == float("inf"))
+    usable = torch.isfinite(rows_logits).any(dim=-1) & ~bad.any(dim=-1)
+    out[idx] = torch.where(usable, picks, out[idx])
     return out

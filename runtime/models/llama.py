@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plait.kernels import attention, cpu_fused
+from plait.kernels import attention, cpu_fused, norm_rope
+from plait.kernels.dispatch import use_triton
 from plait.kernels.quant_matmul import dense_matmul
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.models import native_decode
@@ -92,6 +93,10 @@ class RMSNorm(nn.Module):
             if residual is None:
                 return cpu_fused.rms_norm(x, self.weight, self.eps)
             return cpu_fused.add_rms_norm(x, residual, self.weight, self.eps)
+        if x.dim() == 2 and use_triton(x):  # CUDA: one pass over memory (kernels/norm_rope.py)
+            if residual is None:
+                return norm_rope.rms_norm_triton(x, self.weight, self.eps)
+            return norm_rope.fused_add_rms_norm_triton(x, residual, self.weight, self.eps)
         if residual is not None:
             residual = x + residual
             return self._norm(residual), residual
@@ -185,7 +190,10 @@ class Attention(nn.Module):
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        if rope.cos is not None:
+        if rope.cos is not None and use_triton(q):  # CUDA: in place on the qkv views
+            norm_rope.rotary_triton(q, rope.cos, rope.sin)
+            norm_rope.rotary_triton(k, rope.cos, rope.sin)
+        elif rope.cos is not None:
             q = apply_rotary(q, rope.cos, rope.sin)
             k = apply_rotary(k, rope.cos, rope.sin)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
