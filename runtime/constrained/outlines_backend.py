@@ -113,13 +113,17 @@ class OutlinesBackend(GrammarBackend):
             self.sandbox = IndexSandbox(self.vocabulary, compile_timeout, compile_memory_mb)
 
     def compile(self, key: GrammarKey) -> OutlinesCompiledGrammar:
-        regex = grammar_key_to_regex(key)
-        indexed = regex if self.sentinel is None else f"(?:{regex}){escape(self.sentinel)}"
+        regex = key.pattern  # until the schema's regex is written
         try:
-            if self.sandbox is not None and (key.kind == "json_schema" or _risky(regex)):
-                index = self.sandbox.build(indexed, key.kind)
+            if self.sandbox is not None and key.kind == "json_schema":
+                index, regex = self.sandbox.build_key(key, self.sentinel)
             else:
-                index = Index(indexed, self.vocabulary)
+                regex = grammar_key_to_regex(key)
+                indexed = regex if self.sentinel is None else f"(?:{regex}){escape(self.sentinel)}"
+                if self.sandbox is not None and _risky(regex):
+                    index = self.sandbox.build(indexed, key.kind)
+                else:
+                    index = Index(indexed, self.vocabulary)
         except GrammarError:
             raise
         # NOTE: Rust panics surface as pyo3's PanicException, a BaseException
@@ -145,9 +149,9 @@ class OutlinesBackend(GrammarBackend):
 def _risky(regex: str) -> bool:
     """Worth a child process: the static cost is above a few atoms, or unknown. The cost model
     misses products (`[^x]{1,50}\\w+`: 7 s), so only patterns too small for them stay in
-    process, where short regexes (dates, numbers, choices) skip the round trip. A JSON schema's
-    regex always goes to the child: nested objects multiply states that the cost model counts
-    once (a JSON Schema Store config of cost below the bar grew past 20 GB in process)."""
+    process, where short regexes (dates, numbers, choices) skip the round trip. A JSON schema
+    always goes to the child, which writes its regex too (`IndexSandbox.build_key`): a schema
+    Store config's regex alone grew past 20 GB in process."""
     cost = regex_cost(regex)
     return cost is None or cost > SANDBOX_ABOVE_COST
 

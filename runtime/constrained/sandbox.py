@@ -6,7 +6,8 @@ reject the obvious cases before this; the sandbox bounds what they miss (product
 
 One child per compiling thread, started on first use (`python -m` this module, so nothing of the
 parent's `__main__` runs again) with the vocabulary; it answers pickled `Index` objects over
-its stdout. Linux and macOS only; elsewhere indexes are built in process.
+its stdout. For a JSON schema the child also writes the regex, whose size can explode before
+any index is built. Linux and macOS only; elsewhere indexes are built in process.
 """
 
 from __future__ import annotations
@@ -39,9 +40,19 @@ class IndexSandbox:
     def build(self, regex: str, name: str) -> Any:
         """The `Index` of `regex`; `GrammarError` naming `name` past the time or memory limit.
         Other build errors are re-raised as `RuntimeError` with the child's message."""
+        index, _ = self._ask(("regex", regex), name)
+        return index
+
+    def build_key(self, key: Any, sentinel: str | None) -> tuple[Any, str]:
+        """The `Index` and regex of a JSON-schema `GrammarKey`: the child writes the regex too,
+        since a schema's regex can itself outgrow memory (deep `$ref` chains unrolled). The
+        regex is wrapped as `(?:regex)sentinel` for the index when `sentinel` is given."""
+        return self._ask(("key", key, sentinel), key.kind)
+
+    def _ask(self, request: tuple, name: str) -> tuple[Any, str]:
         child = self._child()
         try:
-            _write(child.stdin, regex.encode())
+            _write(child.stdin, pickle.dumps(request))
             ready, _, _ = select.select([child.stdout], [], [], self.timeout)
             if not ready:
                 self._kill(child)
@@ -49,20 +60,23 @@ class IndexSandbox:
                     f"{name}: compiling the constraint took longer than {self.timeout:g} s; "
                     f"simplify it"
                 )
-            status, payload = pickle.loads(_read(child.stdout))
+            reply = pickle.loads(_read(child.stdout))
         except (EOFError, BrokenPipeError, OSError, pickle.UnpicklingError):
             self._kill(child)
             raise GrammarError(
                 f"{name}: compiling the constraint needs more than {self.memory_mb} MB; simplify it"
             ) from None
-        if status != "ok":
-            raise RuntimeError(payload)
+        if reply[0] == "refused":  # the child's GrammarError, of the same class
+            raise reply[1]
+        if reply[0] != "ok":
+            raise RuntimeError(reply[1])
+        _, payload, regex = reply
         if len(payload) > MAX_INDEX_BYTES:  # it would stay in the parent's grammar cache
             raise GrammarError(
                 f"{name}: the compiled constraint takes {len(payload) >> 20} MB; the limit is "
                 f"{MAX_INDEX_BYTES >> 20} MB; simplify it"
             )
-        return pickle.loads(payload)
+        return pickle.loads(payload), regex
 
     def _child(self) -> subprocess.Popen:
         child = getattr(self._local, "child", None)
@@ -110,7 +124,8 @@ def _read(stream: Any) -> bytes:
 
 
 def _serve(memory_mb: int) -> None:
-    """The child: reads the vocabulary, then answers one index per regex until stdin closes."""
+    """The child: reads the vocabulary, then answers one index per request until stdin closes.
+    A request is `("regex", regex)` or `("key", GrammarKey, sentinel)`."""
     import resource
 
     if memory_mb:
@@ -118,16 +133,27 @@ def _serve(memory_mb: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     from outlines_core import Index
 
+    from .patterns import escape
+    from .spec import grammar_key_to_regex
+
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # stray prints must not corrupt the frames
     vocabulary = pickle.loads(_read(inp))
     while True:
         try:
-            regex = _read(inp).decode()
+            request = pickle.loads(_read(inp))
         except EOFError:
             return
         try:
-            reply = ("ok", pickle.dumps(Index(regex, vocabulary)))
+            if request[0] == "regex":
+                regex = indexed = request[1]
+            else:
+                _, key, sentinel = request
+                regex = grammar_key_to_regex(key)
+                indexed = regex if sentinel is None else f"(?:{regex}){escape(sentinel)}"
+            reply: tuple = ("ok", pickle.dumps(Index(indexed, vocabulary)), regex)
+        except GrammarError as e:
+            reply = ("refused", e)
         except BaseException as e:  # Rust panics are BaseExceptions (pyo3's PanicException)
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
