@@ -162,6 +162,7 @@ class CompiledGrammar(ABC):
 
     key: GrammarKey
     regex: str
+    nbytes: int = 0  # memory it holds, where the backend knows it (the cache's byte budget)
 
     @abstractmethod
     def new_grammar(self) -> Grammar:

@@ -2,7 +2,10 @@
 
 Compilation runs on a small thread pool (outlines-core releases the GIL while it builds an index),
 so the engine loop only polls futures. Concurrent requests for the same key share one future;
-failed compilations are cached too (an invalid pattern fails the same way every time).
+failed compilations are cached too (an invalid pattern fails the same way every time). The cache
+keeps at most `max_entries` grammars and `max_bytes` of them (outlines indexes can take hundreds
+of MB each); the least recently used finished ones go first, and a grammar in use by a request
+lives on with it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from dataclasses import dataclass
 from .base import CompiledGrammar, GrammarBackend, GrammarError, GrammarKey
 
 
+MAX_CACHED_BYTES = 1 << 30  # compiled grammars kept for reuse, beyond those requests hold
+
+
 @dataclass
 class GrammarCacheStats:
     num_compiles: int = 0  # compilations started
@@ -24,12 +30,15 @@ class GrammarCacheStats:
 
 class GrammarCache:
     def __init__(
-        self, backend: GrammarBackend, *, max_workers: int = 2, max_entries: int = 64
-    ) -> None:
-        if max_workers < 1 or max_entries < 1:
-            raise ValueError(f"GrammarCache: max_workers={max_workers}, max_entries={max_entries}")
+        self, backend: GrammarBackend, *, max_workers: int = 2, max_entries: int = 64,
+        max_bytes: int = MAX_CACHED_BYTES,
+    ) -> None:  # fmt: skip
+        if max_workers < 1 or max_entries < 1 or max_bytes < 1:
+            raise ValueError(f"GrammarCache: max_workers={max_workers}, max_entries={max_entries}, "
+                             f"max_bytes={max_bytes}")  # fmt: skip
         self.backend = backend
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
         self.stats = GrammarCacheStats()
         self._futures: OrderedDict[GrammarKey, Future[CompiledGrammar]] = OrderedDict()
         self._lock = threading.Lock()
@@ -62,9 +71,19 @@ class GrammarCache:
         """Blocking `get_future(key).result(timeout)`."""
         return self.get_future(key).result(timeout)
 
+    @property
+    def nbytes(self) -> int:
+        """What the finished grammars in the cache hold, as their backends count it."""
+        with self._lock:
+            return sum(_size(f) for f in self._futures.values())
+
     def _compile(self, key: GrammarKey) -> CompiledGrammar:
         try:
-            return self.backend.compile(key)
+            compiled = self.backend.compile(key)
+            if compiled.nbytes:
+                with self._lock:
+                    self._evict(keep=key, adding=compiled.nbytes)
+            return compiled
         except GrammarError:
             with self._lock:
                 self.stats.num_errors += 1
@@ -74,12 +93,17 @@ class GrammarCache:
                 self._futures.pop(key, None)
             raise
 
-    def _evict(self) -> None:
-        # Only finished entries go; in-flight ones stay so their waiters keep sharing them.
+    def _evict(self, keep: GrammarKey | None = None, adding: int = 0) -> None:
+        """Least recently used first, until both bounds hold (`adding`: bytes of `keep`, whose
+        compilation is finishing). Only finished entries go; in-flight ones stay so their
+        waiters keep sharing them."""
+        total = adding + sum(_size(f) for f in self._futures.values())
         for key in list(self._futures):
-            if len(self._futures) <= self.max_entries:
+            if len(self._futures) <= self.max_entries and total <= self.max_bytes:
                 break
-            if self._futures[key].done():
+            future = self._futures[key]
+            if key != keep and future.done():
+                total -= _size(future)
                 del self._futures[key]
 
     def clear(self) -> None:
@@ -92,3 +116,9 @@ class GrammarCache:
         close = getattr(self.backend, "close", None)
         if close is not None:
             close()
+
+
+def _size(future: Future[CompiledGrammar]) -> int:
+    if not future.done() or future.cancelled() or future.exception() is not None:
+        return 0
+    return future.result().nbytes

@@ -114,14 +114,15 @@ class OutlinesBackend(GrammarBackend):
 
     def compile(self, key: GrammarKey) -> OutlinesCompiledGrammar:
         regex = key.pattern  # until the schema's regex is written
+        nbytes = 0  # an index built in process is a small one
         try:
             if self.sandbox is not None and key.kind == "json_schema":
-                index, regex = self.sandbox.build_key(key, self.sentinel)
+                index, regex, nbytes = self.sandbox.build_key(key, self.sentinel)
             else:
                 regex = grammar_key_to_regex(key)
                 indexed = regex if self.sentinel is None else f"(?:{regex}){escape(self.sentinel)}"
                 if self.sandbox is not None and _risky(regex):
-                    index = self.sandbox.build(indexed, key.kind)
+                    index, nbytes = self.sandbox.build(indexed, key.kind)
                 else:
                     index = Index(indexed, self.vocabulary)
         except GrammarError:
@@ -132,6 +133,7 @@ class OutlinesBackend(GrammarBackend):
                 raise
             raise _compile_error(key, regex, e) from e
         compiled = OutlinesCompiledGrammar(key, regex, index, self)
+        compiled.nbytes = nbytes
         initial = index.get_initial_state()
         startable = set(index.get_allowed_tokens(initial)) - {self.sentinel_id}
         if not compiled.accepts(initial) and not startable:

@@ -37,19 +37,21 @@ class IndexSandbox:
         self._children: list[subprocess.Popen] = []
         self._lock = threading.Lock()
 
-    def build(self, regex: str, name: str) -> Any:
-        """The `Index` of `regex`; `GrammarError` naming `name` past the time or memory limit.
-        Other build errors are re-raised as `RuntimeError` with the child's message."""
-        index, _ = self._ask(("regex", regex), name)
-        return index
+    def build(self, regex: str, name: str) -> tuple[Any, int]:
+        """The `Index` of `regex` and its size in bytes (as sent); `GrammarError` naming `name`
+        past the time or memory limit. Other build errors are re-raised as `RuntimeError` with
+        the child's message."""
+        index, _, nbytes = self._ask(("regex", regex), name)
+        return index, nbytes
 
-    def build_key(self, key: Any, sentinel: str | None) -> tuple[Any, str]:
-        """The `Index` and regex of a JSON-schema `GrammarKey`: the child writes the regex too,
-        since a schema's regex can itself outgrow memory (deep `$ref` chains unrolled). The
-        regex is wrapped as `(?:regex)sentinel` for the index when `sentinel` is given."""
+    def build_key(self, key: Any, sentinel: str | None) -> tuple[Any, str, int]:
+        """The `Index`, regex and index size of a JSON-schema `GrammarKey`: the child writes the
+        regex too, since a schema's regex can itself outgrow memory (deep `$ref` chains
+        unrolled). The regex is wrapped as `(?:regex)sentinel` for the index when `sentinel` is
+        given."""
         return self._ask(("key", key, sentinel), key.kind)
 
-    def _ask(self, request: tuple, name: str) -> tuple[Any, str]:
+    def _ask(self, request: tuple, name: str) -> tuple[Any, str, int]:
         child = self._child()
         try:
             _write(child.stdin, pickle.dumps(request))
@@ -76,7 +78,7 @@ class IndexSandbox:
                 f"{name}: the compiled constraint takes {len(payload) >> 20} MB; the limit is "
                 f"{MAX_INDEX_BYTES >> 20} MB; simplify it"
             )
-        return pickle.loads(payload), regex
+        return pickle.loads(payload), regex, len(payload)
 
     def _child(self) -> subprocess.Popen:
         child = getattr(self._local, "child", None)

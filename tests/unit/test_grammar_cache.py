@@ -113,6 +113,28 @@ def test_eviction_keeps_the_newest():
     cache.shutdown()
 
 
+class SizedBackend(SlowBackend):
+    def compile(self, key: GrammarKey) -> CompiledGrammar:
+        compiled = super().compile(key)
+        compiled.nbytes = int(key.pattern.split(":")[0])
+        return compiled
+
+
+def test_cached_bytes_are_bounded():
+    """Large compiled grammars (outlines indexes) push older ones out past `max_bytes`; one
+    larger than the budget alone is still handed to its request."""
+    cache = GrammarCache(SizedBackend(delay=0.0), max_bytes=250)
+    keys = [GrammarKey("regex", f"100:{i}") for i in range(4)]
+    for key in keys:
+        assert cache.get(key).nbytes == 100
+        assert cache.nbytes <= 250
+    assert keys[-1] in cache and keys[0] not in cache and cache.nbytes == 200
+    huge = GrammarKey("regex", "1000:x")
+    assert cache.get(huge).nbytes == 1000
+    assert huge in cache and len(cache) == 1
+    cache.shutdown()
+
+
 def test_real_backend_through_the_cache(smollm_tokenizer):
     cache = GrammarCache(backend_for(smollm_tokenizer))
     key = make_grammar_key(
