@@ -20,6 +20,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+# Stream events closer together than this count as one arrival in `spaced_events_per_token`: a
+# client reading them sees them at once (a token streamed on its own arrives a decode step later).
+SPACED_EVENT_S = 0.001
 _WORDS = (
     "time year people way day man thing woman life child world school state family student "
     "group country problem hand part place case week company system program question work "
@@ -44,6 +47,8 @@ class Result:
     ttft: float = 0.0
     latency: float = 0.0
     itls: list[float] = field(default_factory=list)
+    events: int = 0  # stream events that brought new tokens
+    spaced_events: int = 0  # of those, events that came at least SPACED_EVENT_S after the last
     prompt_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int | None = None
@@ -124,6 +129,8 @@ async def _send(
                     result.ttft = now - start
                 else:
                     result.itls.extend([(now - last) / new] * new)
+                result.events += 1
+                result.spaced_events += tokens == 0 or now - last >= SPACED_EVENT_S
                 tokens += new
                 last = now
         result.latency = time.perf_counter() - start
@@ -195,6 +202,9 @@ def summarize(results: list[Result], duration: float) -> dict[str, Any]:
         "cache_hit_rate": sum(cached) / prompt if cached and prompt else None,
         "ttft_ms": _stats([r.ttft for r in ok]), "itl_ms": _stats([x for r in ok for x in r.itls]),
         "tpot_ms": _stats(tpots), "e2e_ms": _stats([r.latency for r in ok]),
+        # how tokens arrived: 1.0 is one event per token, each on its own
+        "events_per_token": sum(r.events for r in ok) / output if output else None,
+        "spaced_events_per_token": sum(r.spaced_events for r in ok) / output if output else None,
         "errors": sorted({r.error for r in results if not r.ok})[:5],
         "samples": {"ttft_ms": _sample([r.ttft for r in ok]),
                     "itl_ms": _sample([x for r in ok for x in r.itls])},  # for --plot's distributions
@@ -275,13 +285,13 @@ def run_serving_bench(args: argparse.Namespace) -> int:
                      summary["ttft_ms"]["mean"], summary["ttft_ms"]["median"], summary["ttft_ms"]["p99"],
                      summary["itl_ms"]["mean"], summary["itl_ms"]["median"], summary["itl_ms"]["p99"],
                      summary["tpot_ms"]["mean"], summary["e2e_ms"]["median"],
-                     summary["cache_hit_rate"]])  # fmt: skip
+                     summary["cache_hit_rate"], summary["spaced_events_per_token"]])  # fmt: skip
         if summary["errors"]:
             print(f"errors at concurrency {level}: {summary['errors']}")
     print_table(["server", "conc", "ok", "fail", "req/s", "out tok/s", "tot tok/s", "TTFT mean",
                  "TTFT med", "TTFT p99", "ITL mean", "ITL med", "ITL p99", "TPOT mean",
-                 "E2E med", "cache hit"], rows)  # fmt: skip
-    print("(latencies in ms)")
+                 "E2E med", "cache hit", "events/tok"], rows)  # fmt: skip
+    print(f"(latencies in ms; events/tok: stream events at least {SPACED_EVENT_S * 1000:g} ms apart per token)")
     _write(args.output, {"label": label, "config": {k: v for k, v in vars(args).items()
                                  if isinstance(v, (str, int, float, bool, type(None)))}, "runs": runs})  # fmt: skip
     return 0

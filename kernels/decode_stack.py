@@ -161,17 +161,21 @@ def run_burst(
     steps: int,
     inv_freq: torch.Tensor,
     scratch: torch.Tensor,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Up to `steps` decode steps for the rows of `ids` (int64 [B], the tokens fed first;
     `shape.tokens` must be B; sampled rows as `burst`'s sampling fields say, the others greedy).
     Returns the picked tokens, int64 [B, steps run]: fewer than `steps`
     when every row picked one of its stop ids or another thread set `burst.interrupt`. A row
     whose slots fall outside the pool or whose token is outside the embedding raises IndexError
-    before any step runs."""
+    before any step runs. `out` (int64 [B, steps], contiguous), when given, receives the tokens
+    as they are picked, a step's column after that step: another thread may read it meanwhile."""
     rows = ids.shape[0]
     assert shape.tokens == rows and ids.dtype == torch.long and ids.is_contiguous()
     assert scratch.numel() >= burst_scratch_floats(rows, shape, burst.head.out_features)
-    out = torch.empty(rows, steps, dtype=torch.long)
+    if out is None:
+        out = torch.empty(rows, steps, dtype=torch.long)
+    assert out.shape == (rows, steps) and out.dtype == torch.long and out.is_contiguous()
     ran = _burst_kernel()(
         layers, num_layers, ctypes.byref(shape), ctypes.byref(burst), ids.data_ptr(), steps, inv_freq.data_ptr(),
         out.data_ptr(), scratch.data_ptr(), scratch.numel(), torch.get_num_threads(),

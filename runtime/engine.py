@@ -334,6 +334,7 @@ class Engine:
         events: queue.Queue[tuple[int, dict, bool]] = queue.Queue()
         for i, req in enumerate(reqs):
             req.sink = _indexed_sink(events.put, i)
+            req.streaming = True
         self._submit(reqs)
         remaining = len(reqs)
         try:
@@ -386,6 +387,7 @@ class Engine:
 
         for i, req in enumerate(reqs):
             req.sink = _indexed_sink(put, i, stream_all=stream)
+            req.streaming = stream
         self._submit(reqs)
         if stream:
             return self._astream(reqs, events, batched)

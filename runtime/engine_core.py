@@ -21,11 +21,12 @@ import torch
 from plait.kernels.kv_cache import resolve_kv_dtype
 from plait.radix_cache import PageAllocator, RadixCache
 from plait.runtime import lifecycle
+from plait.runtime.burst_streams import BurstStreamer, StreamedTokens
 from plait.runtime.config import EngineConfig
 from plait.runtime.governor import ThreadGovernor
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.model_loader import load_model
-from plait.runtime.model_runner import ModelRunner, ScheduleBatch
+from plait.runtime.model_runner import ModelRunner, ScheduleBatch, TokenResult
 from plait.runtime.models.quantized import weight_bytes
 from plait.runtime.output_processor import OutputProcessor
 from plait.runtime.outputs import build_output
@@ -33,7 +34,12 @@ from plait.runtime.protocol import FinishReason
 from plait.runtime.request import Request
 from plait.runtime.scheduler import Scheduler
 from plait.runtime.speculative.governor import SpeculationGovernor
-from plait.runtime.tuning import BURST_SECONDS, CLOSING_GROWTH, SPECULATIVE_BURST_STEPS
+from plait.runtime.tuning import (
+    BURST_SECONDS,
+    CLOSING_GROWTH,
+    SPECULATIVE_BURST_STEPS,
+    STREAM_BURST_MIN_STEP_SECONDS,
+)
 
 logger = logging.getLogger("plait.engine")
 
@@ -108,6 +114,8 @@ class EngineCore:
         # set by `post` from any thread: a running decode burst ends after its current step
         self._interrupt = ctypes.c_int32(0)
         self._decode_step_s: float | None = None  # the last decode-only step's forward time
+        self._burst_step_s: float | None = None  # the same within the last burst
+        self._streamer: BurstStreamer | None = None  # made with the first streaming burst
         self._stopped = threading.Event()
         self._totals = {"requests": 0, "prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "burst_steps": 0}
         self._thread = threading.Thread(target=self._loop, name="plait-engine", daemon=True)
@@ -211,6 +219,8 @@ class EngineCore:
     def _release(self) -> None:
         """After the loop's last step: lets go of the weights, the KV pool and what holds them
         (tensor parallelism's workers, if any, are stopped by `shutdown`)."""
+        if self._streamer is not None:
+            self._streamer.close()
         self.model = self.kv_pool = self.runner = self.drafter = None  # type: ignore[assignment]
 
     def _run_loop(self) -> None:
@@ -281,10 +291,11 @@ class EngineCore:
         num_tokens = batch.num_tokens
         threads = self._choose_threads(num_tokens)
         forward_started = time.perf_counter()
+        streamed: dict[int, StreamedTokens] = {}  # by id(request): tokens handed on mid-burst
         try:
             burst = self._burst_steps(batch, speculating)
             if burst > 1:
-                results = self.runner.decode_burst(batch, burst, self._interrupt)
+                results, streamed = self._decode_burst(batch, burst)
                 batch.decode_steps = max(len(r.tokens) for r in results)
                 self._totals["burst_steps"] += batch.decode_steps
             else:
@@ -300,6 +311,8 @@ class EngineCore:
         step_s = (time.perf_counter() - forward_started) / batch.decode_steps
         if not batch.extends:
             self._decode_step_s = step_s
+            if batch.decode_steps > 1:
+                self._burst_step_s = step_s
         if threads:
             self.thread_governor.record(num_tokens, threads, step_s)
         self._totals["steps"] += batch.decode_steps
@@ -317,6 +330,14 @@ class EngineCore:
         for entry, req, result, done_prompt in zip(
             [*batch.extends, *[None] * len(batch.decodes)], entries, results, last_chunk
         ):
+            got = streamed.get(id(req))
+            if got is not None and got.taken:  # its first `taken` tokens are appended already
+                self._totals["generated_tokens"] += got.added
+                if req.finished or len(result.tokens) == got.taken:
+                    if req.finished:  # by the streamer: delivered below, as final results are
+                        updated.append(req)
+                    continue
+                result = TokenResult(tokens=result.tokens[got.taken :])
             if req.finished:
                 continue
             self.processor.record_input_logprobs(req, result)
@@ -342,13 +363,33 @@ class EngineCore:
         for req in updated:
             self.deliver(req)
 
+    def _decode_burst(
+        self, batch: ScheduleBatch, steps: int
+    ) -> tuple[list[TokenResult], dict[int, StreamedTokens]]:
+        """`runner.decode_burst`; the tokens of streaming requests are handed on while it runs,
+        each as soon as it is picked (`burst_streams.py`)."""
+        rows = [(i, r) for i, r in enumerate(batch.decodes) if r.streaming]
+        if not rows:
+            return self.runner.decode_burst(batch, steps, self._interrupt), {}
+        if self._streamer is None:
+            self._streamer = BurstStreamer(self.processor, self.deliver, self._interrupt)
+        out = torch.full((len(batch.decodes), steps), -1, dtype=torch.long)  # [B, steps]
+        self._streamer.start(rows, out, self._burst_step_s or self._decode_step_s or 0.0)
+        try:
+            results = self.runner.decode_burst(batch, steps, self._interrupt, out=out)
+        finally:
+            streamed = self._streamer.finish()
+        return results, streamed
+
     def _burst_steps(self, batch: ScheduleBatch, speculating: bool = False) -> int:
         """Decode steps to run back to back in one native call (`num_continuous_decode_steps`):
         only while nothing waits to be scheduled, and no longer than ~`BURST_SECONDS` (by the last
-        decode step's time), so streams still update often. With speculative decoding, a batch
-        the drafter found nothing for runs `SPECULATIVE_BURST_STEPS` at most while the governor
-        speculates (so that a draft is looked for again soon), and whole bursts while it does not:
-        so the governor weighs drafts against bursts, not against single steps."""
+        decode step's time). With speculative decoding, a batch the drafter found nothing for
+        runs `SPECULATIVE_BURST_STEPS` at most while the governor speculates (so that a draft is
+        looked for again soon), and whole bursts while it does not: so the governor weighs drafts
+        against bursts, not against single steps. A streamed request gets each token of a burst
+        as it is picked (`burst_streams.py`); with steps too short for that to follow
+        (`STREAM_BURST_MIN_STEP_SECONDS`), a batch holding one runs single steps."""
         limit = self.config.scheduler.num_continuous_decode_steps
         if speculating:
             limit = min(limit, SPECULATIVE_BURST_STEPS)
@@ -358,6 +399,9 @@ class EngineCore:
             or sched.waiting or sched.prefilling or sched.suspects or not self._inbox.empty()
             or not self.runner.can_burst(batch)
         ):  # fmt: skip
+            return 1
+        burst_step_s = self._burst_step_s or self._decode_step_s
+        if burst_step_s < STREAM_BURST_MIN_STEP_SECONDS and any(r.streaming for r in batch.decodes):
             return 1
         limit = min(limit, max(1, int(BURST_SECONDS / max(self._decode_step_s, 1e-6))))
         return sched.grow_for_burst(batch.decodes, limit) if limit > 1 else 1

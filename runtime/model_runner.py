@@ -235,12 +235,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def decode_burst(
-        self, batch: ScheduleBatch, steps: int, interrupt: ctypes.c_int32 | None = None
+        self, batch: ScheduleBatch, steps: int, interrupt: ctypes.c_int32 | None = None,
+        out: torch.Tensor | None = None,
     ) -> list[TokenResult]:
         """Up to `steps` decode steps of `batch.decodes` in one native call (see `can_burst`);
         each request's pages must cover `num_tokens + steps - 1` positions. A request's tokens may
         run past its stop token (when others in the batch go on): the output processor stops at it.
-        `interrupt`: set non-zero by another thread, it ends the burst after a step.
+        `interrupt`: set non-zero by another thread, it ends the burst after a step. `out`
+        (int64 [B, steps]), if given, receives each step's tokens as soon as they are picked.
 
         A sampled request takes one uniform from its generator per step, as `sample` does step by
         step, so a seed gives the same tokens with or without bursts: its `steps` uniforms are
@@ -261,7 +263,7 @@ class ModelRunner:
         try:
             tokens = stack.burst(
                 self.model, torch.tensor([r.last_id for r in reqs], dtype=torch.long), tables,
-                torch.tensor(lens, dtype=torch.long), steps, stop_ids, interrupt, sampling,
+                torch.tensor(lens, dtype=torch.long), steps, stop_ids, interrupt, sampling, out,
             )
             ran = tokens.shape[1]
         finally:

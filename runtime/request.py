@@ -78,6 +78,7 @@ class Request:
     detokenizer: Any = None
     generator: Any = None
     sink: Any = None  # where the engine delivers updates (a queue or callback)
+    streaming: bool = False  # its sink takes every update, not only the final one
 
     @property
     def all_ids(self) -> list[int]:

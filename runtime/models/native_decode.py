@@ -75,11 +75,11 @@ class NativeDecodeStack:
     def burst(
         self, lm: LlamaForCausalLM, ids: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor, steps: int,
         stop_ids: list[list[int]], interrupt: ctypes.c_int32 | None = None,
-        sampling: decode_stack.BurstSampling | None = None,
+        sampling: decode_stack.BurstSampling | None = None, out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Up to `steps` steps from `ids` [B] (see `ModelRunner.decode_burst`), greedy unless
         `sampling` says otherwise; `interrupt`, an int32 another thread may set non-zero, ends the
-        burst after the current step."""
+        burst after the current step; `out` [B, steps], if given, is filled step by step."""
         model = lm.model
         rows = ids.shape[0]
         self.shape.tokens = rows
@@ -102,7 +102,7 @@ class NativeDecodeStack:
         )
         return decode_stack.run_burst(
             self.layers, len(model.layers), self.shape, burst, ids.contiguous(), steps, model.rotary_emb.inv_freq,
-            self.scratch,
+            self.scratch, out,
         )
 
 

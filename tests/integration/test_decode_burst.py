@@ -14,6 +14,7 @@ import torch
 
 from plait import Engine
 from plait.kernels import decode_stack
+from plait.runtime import engine_core
 from plait.runtime.model_runner import ModelRunner
 from tests.conftest import write_tiny_checkpoint
 
@@ -93,14 +94,24 @@ def test_stop_tokens_and_strings_end_requests_inside_a_burst(engines, bursts):
     assert _pool_is_whole(burst)
 
 
-def test_streams_of_bursts_add_up_to_the_text(engines):
+def test_streams_get_each_token_and_add_up_to_the_text(engines, monkeypatch):
     single, burst = engines
     params = {"max_new_tokens": 30, "temperature": 0, "ignore_eos": True}
+    expected = _run(single, [PROMPTS[2]], [params])[0]
+    # steps too short to be watched: a stream's steps run one by one
+    monkeypatch.setattr(engine_core, "STREAM_BURST_MIN_STEP_SECONDS", float("inf"))
     chunks = list(burst.generate(input_ids=PROMPTS[2], sampling_params=params, stream=True))
-    final = chunks[-1]
-    assert final["text"] == _run(single, [PROMPTS[2]], [params])[0][1]
+    assert [len(c["output_ids"]) for c in chunks] == list(range(1, 31)), "one chunk per token"
+    assert chunks[-1]["text"] == expected[1]
+    # bursts whose tokens a watcher hands on as they are written: the same tokens and text
+    monkeypatch.setattr(engine_core, "STREAM_BURST_MIN_STEP_SECONDS", 0.0)
+    steps = burst.stats()["total_burst_steps"]
+    chunks = list(burst.generate(input_ids=PROMPTS[2], sampling_params=params, stream=True))
+    assert burst.stats()["total_burst_steps"] > steps
+    assert chunks[-1]["output_ids"] == expected[0] and chunks[-1]["text"] == expected[1]
     assert all(b["text"].startswith(a["text"]) for a, b in zip(chunks, chunks[1:]))
-    assert len(chunks) < 30, "tokens of a burst arrive together"
+    assert [len(c["output_ids"]) for c in chunks] == sorted({len(c["output_ids"]) for c in chunks})
+    assert _pool_is_whole(burst)
 
 
 def test_a_posted_message_ends_a_burst_after_one_step(engines, monkeypatch):

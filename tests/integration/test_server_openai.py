@@ -227,8 +227,8 @@ def test_tool_messages_and_tool_prompt(server, client):
 
 
 def test_streamed_completion_from_bursts_of_decode_steps(client, server):
-    """Greedy decodes run in bursts of steps (num_continuous_decode_steps): a stream gets their
-    tokens in groups and adds up to the text the same request gets whole."""
+    """Greedy decodes run in bursts of steps (num_continuous_decode_steps); a stream, whose
+    tokens are handed on one by one, adds up to the text the same request gets whole."""
     kwargs = dict(model="tiny", prompt="one two three", max_tokens=40, temperature=0, extra_body={"ignore_eos": True})
     before = server.engine.stats()["total_burst_steps"]
     whole = client.completions.create(**kwargs)
@@ -236,4 +236,3 @@ def test_streamed_completion_from_bursts_of_decode_steps(client, server):
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == whole.choices[0].text and whole.usage.completion_tokens == 40
     assert server.engine.stats()["total_burst_steps"] > before
-    assert len([c for c in chunks if c.choices and c.choices[0].text]) < 40  # tokens came in groups
