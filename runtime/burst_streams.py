@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from plait.runtime.model_runner import TokenResult
+from plait.runtime.batch import TokenResult
 from plait.runtime.output_processor import OutputProcessor
 from plait.runtime.request import Request
 from plait.runtime.tuning import STREAM_POLL_FRACTION, STREAM_POLL_MIN_SECONDS

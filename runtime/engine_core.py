@@ -21,12 +21,13 @@ import torch
 from plait.kernels.kv_cache import resolve_kv_dtype
 from plait.radix_cache import PageAllocator, RadixCache
 from plait.runtime import lifecycle
+from plait.runtime.batch import ScheduleBatch, TokenResult
 from plait.runtime.burst_streams import BurstStreamer, StreamedTokens
 from plait.runtime.config import EngineConfig
 from plait.runtime.governor import ThreadGovernor
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.model_loader import load_model
-from plait.runtime.model_runner import ModelRunner, ScheduleBatch, TokenResult
+from plait.runtime.model_runner import ModelRunner
 from plait.runtime.models.quantized import weight_bytes
 from plait.runtime.output_processor import OutputProcessor
 from plait.runtime.outputs import build_output

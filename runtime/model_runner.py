@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -15,6 +15,7 @@ from plait.kernels.attention import AttentionMetadata
 from plait.kernels.constraint_mask import allocate_token_bitmask, apply_token_bitmask
 from plait.kernels.decode_stack import BurstSampling
 from plait.kernels.dispatch import use_triton
+from plait.runtime.batch import ExtendEntry, ScheduleBatch, TokenResult
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.models import native_decode
@@ -23,44 +24,6 @@ from plait.runtime.models.quantized import QuantLinear
 from plait.runtime.request import Request
 from plait.runtime.sampling import SamplingRow, argmax, filter_params, sample
 from plait.runtime.speculative.verify import verify_draft
-
-
-@dataclass
-class ExtendEntry:
-    """Compute KV for `req.all_ids[start:end]`; positions before `start` are already cached."""
-
-    req: Request
-    start: int
-    end: int
-    is_last_chunk: bool
-    draft_ids: list[int] = field(default_factory=list)  # speculative tokens after all_ids[:end]
-    num_accepted: int = 0  # set after verification
-
-
-@dataclass
-class ScheduleBatch:
-    extends: list[ExtendEntry] = field(default_factory=list)
-    decodes: list[Request] = field(default_factory=list)
-    decode_steps: int = 1  # steps the decodes ran: more than one in a burst (`decode_burst`)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(e.end - e.start for e in self.extends) + len(self.decodes) * self.decode_steps
-
-    def __bool__(self) -> bool:
-        return bool(self.extends or self.decodes)
-
-
-@dataclass
-class TokenResult:
-    """What one forward pass produced for one request: usually one new token, several when a
-    speculative draft was (partly) accepted."""
-
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    tops: list[list[tuple[float, int]]] = field(default_factory=list)
-    input_logprobs: list[tuple[float, int]] = field(default_factory=list)
-    input_top: list[list[tuple[float, int]]] = field(default_factory=list)
 
 
 @dataclass

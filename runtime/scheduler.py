@@ -18,9 +18,9 @@ import itertools
 from collections import deque
 
 from plait.radix_cache import PageAllocator, RadixCache
+from plait.runtime.batch import ExtendEntry, ScheduleBatch
 from plait.runtime.config import SchedulerConfig
 from plait.runtime.kv_cache_manager import KVCacheManager
-from plait.runtime.model_runner import ExtendEntry, ScheduleBatch
 from plait.runtime.request import Request, RequestStatus
 from plait.runtime.schedule_policy import fair_order, order_waiting
 from plait.runtime.tuning import (
