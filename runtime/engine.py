@@ -20,7 +20,8 @@ import torch
 
 from plait.runtime import lifecycle
 from plait.runtime.config import EngineConfig
-from plait.runtime.engine_core import EngineCore, off_main_thread, resolve_device, resolve_dtype
+from plait.runtime.engine_core import EngineCore
+from plait.runtime.engine_setup import off_main_thread, resolve_device, resolve_dtype
 from plait.runtime.protocol import LogprobOptions, SamplingParams
 from plait.runtime.request import Request
 from plait.runtime.tuning import (

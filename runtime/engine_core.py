@@ -13,7 +13,6 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,6 +23,7 @@ from plait.runtime import lifecycle
 from plait.runtime.batch import ScheduleBatch, TokenResult
 from plait.runtime.burst_streams import BurstStreamer, StreamedTokens
 from plait.runtime.config import EngineConfig
+from plait.runtime.engine_setup import num_kv_pages, off_main_thread, resolve_device, resolve_dtype
 from plait.runtime.governor import ThreadGovernor
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.model_loader import load_model
@@ -34,7 +34,7 @@ from plait.runtime.outputs import build_output
 from plait.runtime.protocol import FinishReason
 from plait.runtime.request import Request
 from plait.runtime.scheduler import Scheduler
-from plait.runtime.speculative.governor import SpeculationGovernor
+from plait.runtime.speculation import Speculation
 from plait.runtime.tuning import (
     BURST_SECONDS,
     CLOSING_GROWTH,
@@ -43,23 +43,6 @@ from plait.runtime.tuning import (
 )
 
 logger = logging.getLogger("plait.engine")
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        # NOTE: CPUs without native bf16 run bf16 matmuls ~170x slower than float32.
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if name == "float16" and device.type == "cpu":
-        raise ValueError("dtype: float16 is only supported on GPUs; use float32 or bfloat16")
-    return _DTYPES[name]
 
 
 class EngineCore:
@@ -86,7 +69,7 @@ class EngineCore:
         cc = self.config.cache
         self.page_size = cc.page_size
         self.kv_dtype = resolve_kv_dtype(cc.kv_cache_dtype, self.dtype, self.device, mc.quantization is not None)
-        num_pages = self._num_pages()
+        num_pages = num_kv_pages(cc, self.args, self.kv_dtype, self.device, self.context_len)
         self.kv_pool = KVPool(
             num_pages, cc.page_size, self.args.num_layers, self.args.num_kv_heads,
             self.args.head_dim, self.kv_dtype, self.device,
@@ -103,12 +86,10 @@ class EngineCore:
             self.model, self.kv_pool, self.device, self.tokenizer.eos_token_ids, self.generator
         )
         self.processor = OutputProcessor(self.tokenizer, self.context_len)
-        self.drafter = self._make_drafter()
-        self.governor = SpeculationGovernor()
+        self.speculation = Speculation(config, self)
         threads = torch.get_num_threads()
         # NOTE: on GPUs the CPU threads only feed kernel launches; nothing to tune there.
         self.thread_governor = ThreadGovernor(threads) if self.device.type == "cpu" and threads > 1 else None
-        self._spec_totals = {"steps": 0, "proposed": 0, "accepted": 0}
         self.grammars: Any = None  # the frontend's GrammarCache, shut down with the loop
         self._closing: Any = None  # ClosingSearch, made with the first closing request
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -122,65 +103,13 @@ class EngineCore:
         self._thread = threading.Thread(target=self._loop, name="plait-engine", daemon=True)
         self._thread.start()
 
-    def _num_pages(self) -> int:
-        cc = self.config.cache
-        if cc.max_total_tokens is not None:
-            return cc.max_total_tokens // cc.page_size
-        per_token = KVPool.bytes_per_token(
-            self.args.num_layers, self.args.num_kv_heads, self.args.head_dim, self.kv_dtype
-        )
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            budget = free * (cc.mem_fraction_static or 0.8)
-        else:
-            import os
+    @property
+    def drafter(self) -> Any:
+        return self.speculation.drafter
 
-            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-            budget = total * (cc.mem_fraction_static or 0.1)
-        tokens = int(budget // per_token)
-        tokens = max(min(tokens, 64 * self.context_len), self.context_len)
-        return tokens // cc.page_size
-
-    # speculative decoding ------------------------------------------------------------------------
-
-    def _make_drafter(self) -> Any:
-        algo = self.config.speculative_algorithm
-        if algo is None:
-            return None
-        from plait.runtime.speculative import create_drafter
-
-        return create_drafter(algo, engine=self)
-
-    def _propose_drafts(self, batch: ScheduleBatch) -> None:
-        candidates = [r for r in batch.decodes if self.drafter.wants(r)]
-        if not candidates:
-            return
-        k = self.config.num_draft_tokens
-        drafts: dict[int, list[int]] = {}
-        for req, draft in zip(candidates, self.drafter.propose(candidates, k)):
-            room = min(
-                req.params.max_new_tokens - len(req.output_ids) - 1,
-                self.context_len - req.num_tokens - 1,
-            )
-            draft = draft[: max(room, 0)]
-            if draft and req.grammar is not None:
-                grammar = req.grammar.copy()
-                allowed = 0
-                while allowed < len(draft) and grammar.try_advance(draft[allowed]):
-                    allowed += 1
-                draft = draft[:allowed]
-            if draft:
-                drafts[id(req)] = draft
-        self.scheduler.add_drafts(batch, drafts)
-
-    def _observe_speculation(self, req: Request, proposed: int, accepted: int) -> None:
-        self.drafter.observe(req, proposed, accepted)
-        req.spec.num_steps += 1
-        req.spec.num_proposed += proposed
-        req.spec.num_accepted += accepted
-        self._spec_totals["steps"] += 1
-        self._spec_totals["proposed"] += proposed
-        self._spec_totals["accepted"] += accepted
+    @property
+    def governor(self) -> Any:
+        return self.speculation.governor
 
     def closing_search(self) -> Any:
         if self._closing is None:
@@ -222,7 +151,8 @@ class EngineCore:
         (tensor parallelism's workers, if any, are stopped by `shutdown`)."""
         if self._streamer is not None:
             self._streamer.close()
-        self.model = self.kv_pool = self.runner = self.drafter = None  # type: ignore[assignment]
+        self.model = self.kv_pool = self.runner = None  # type: ignore[assignment]
+        self.speculation.drafter = None
 
     def _run_loop(self) -> None:
         while not self._stopped.is_set():
@@ -286,7 +216,7 @@ class EngineCore:
             self.drafter is not None and bool(batch.decodes) and self.governor.speculate(len(batch.decodes))
         )
         if speculating:
-            self._propose_drafts(batch)
+            self.speculation.propose(batch, self.scheduler, self.context_len)
         if not batch:
             return
         num_tokens = batch.num_tokens
@@ -349,7 +279,7 @@ class EngineCore:
                 self._totals["generated_tokens"] += added
                 if entry is not None and entry.draft_ids:
                     entry.num_accepted = min(len(result.tokens) - 1, added)
-                    self._observe_speculation(req, len(entry.draft_ids), len(result.tokens) - 1)
+                    self.speculation.observe(req, len(entry.draft_ids), len(result.tokens) - 1)
                 updated.append(req)
             elif done_prompt:
                 self.processor.finish(req, FinishReason("length", length=len(req.output_ids)))
@@ -476,7 +406,7 @@ class EngineCore:
             "cache_hit_rate": sched.cached_prompt_tokens / sched.prompt_tokens if sched.prompt_tokens else 0.0,
             "num_retracted": sched.num_retracted,
             "total_computed_tokens": sched.computed_tokens,
-            **self._spec_stats(),
+            **self.speculation.stats(),
             "new_token_ratio": sched.new_token_ratio,
             "quantization": self.config.model.quantization,
             "cpu_threads": torch.get_num_threads() if self.device.type == "cpu" else None,
@@ -486,19 +416,6 @@ class EngineCore:
                 self.args.num_layers, self.args.num_kv_heads, self.args.head_dim, self.kv_dtype
             ),
             **{f"total_{k}": v for k, v in self._totals.items()},
-        }
-
-    def _spec_stats(self) -> dict[str, Any]:
-        if self.drafter is None:
-            return {}
-        t = self._spec_totals
-        return {
-            "spec_algorithm": self.config.speculative_algorithm,
-            "spec_verify_steps": t["steps"],
-            "spec_proposed_tokens": t["proposed"],
-            "spec_accepted_tokens": t["accepted"],
-            "spec_acceptance_rate": t["accepted"] / t["proposed"] if t["proposed"] else 0.0,
-            "spec_mean_accept_length": (t["accepted"] + t["steps"]) / t["steps"] if t["steps"] else 0.0,
         }
 
     def flush_cache(self) -> bool:
@@ -535,28 +452,3 @@ def _healing(req: Request) -> bool:
         return False
     forced = req.grammar.try_jump_forward() if req.grammar is not None else None
     return forced is None or len(req.text) + len(forced) <= len(req.healed_text)
-
-
-def off_main_thread(fn: Callable[..., Any], *args: Any) -> Any:
-    """Runs `fn(*args)` on a short-lived thread and returns its result (or raises its error).
-
-    NOTE: libgomp throttles its spin-wait to ~100 iterations once it manages more threads than
-    there are CPUs, and the main thread's OpenMP team counts even while it sleeps. Loading a model
-    runs parallel torch ops; on the main thread that would leave a team behind and make every
-    parallel op of the engine thread pay a futex wake-up (4x slower for a 200k-element add on 2
-    cores). A helper thread's team is freed when the thread exits.
-    """
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn(*args)
-        except BaseException as exc:  # re-raised on the caller's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name="plait-load")
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]

@@ -1,0 +1,75 @@
+"""What an engine settles before its loop starts: the device and dtype a configuration names, how
+many KV pages fit, and loading off the main thread."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from plait.runtime.config import CacheConfig
+from plait.runtime.kv_pool import KVPool
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        # NOTE: CPUs without native bf16 run bf16 matmuls ~170x slower than float32.
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name == "float16" and device.type == "cpu":
+        raise ValueError("dtype: float16 is only supported on GPUs; use float32 or bfloat16")
+    return _DTYPES[name]
+
+
+def num_kv_pages(
+    cc: CacheConfig, args: Any, kv_dtype: torch.dtype, device: torch.device, context_len: int
+) -> int:
+    """Pages in the KV pool: `max_total_tokens` when given, else a share of the device's free
+    memory (GPU) or of RAM (CPU), between one context and 64 contexts."""
+    if cc.max_total_tokens is not None:
+        return cc.max_total_tokens // cc.page_size
+    per_token = KVPool.bytes_per_token(args.num_layers, args.num_kv_heads, args.head_dim, kv_dtype)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = free * (cc.mem_fraction_static or 0.8)
+    else:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        budget = total * (cc.mem_fraction_static or 0.1)
+    tokens = int(budget // per_token)
+    tokens = max(min(tokens, 64 * context_len), context_len)
+    return tokens // cc.page_size
+
+
+def off_main_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """Runs `fn(*args)` on a short-lived thread and returns its result (or raises its error).
+
+    NOTE: libgomp throttles its spin-wait to ~100 iterations once it manages more threads than
+    there are CPUs, and the main thread's OpenMP team counts even while it sleeps. Loading a model
+    runs parallel torch ops; on the main thread that would leave a team behind and make every
+    parallel op of the engine thread pay a futex wake-up (4x slower for a 200k-element add on 2
+    cores). A helper thread's team is freed when the thread exits.
+    """
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn(*args)
+        except BaseException as exc:  # re-raised on the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="plait-load")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

@@ -1,0 +1,71 @@
+"""Speculative decoding as the engine loop runs it: the drafter (none when it is off), the
+governor that decides each step whether drafts pay, and the totals `stats()` reports. The
+drafters themselves and the verification are in `speculative/`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from plait.runtime.batch import ScheduleBatch
+from plait.runtime.config import EngineConfig
+from plait.runtime.request import Request
+from plait.runtime.speculative.governor import SpeculationGovernor
+
+
+class Speculation:
+    def __init__(self, config: EngineConfig, core: Any) -> None:
+        """`core`: the engine core the drafter reads its runner, pool and scheduler from."""
+        self.config = config
+        self.drafter: Any = None
+        if config.speculative_algorithm is not None:
+            from plait.runtime.speculative import create_drafter
+
+            self.drafter = create_drafter(config.speculative_algorithm, engine=core)
+        self.governor = SpeculationGovernor()
+        self.totals = {"steps": 0, "proposed": 0, "accepted": 0}
+
+    def propose(self, batch: ScheduleBatch, scheduler: Any, context_len: int) -> None:
+        """Adds drafts to `batch`'s decodes, each cut to the request's room and, under a
+        grammar, to the tokens it allows."""
+        candidates = [r for r in batch.decodes if self.drafter.wants(r)]
+        if not candidates:
+            return
+        k = self.config.num_draft_tokens
+        drafts: dict[int, list[int]] = {}
+        for req, draft in zip(candidates, self.drafter.propose(candidates, k)):
+            room = min(
+                req.params.max_new_tokens - len(req.output_ids) - 1,
+                context_len - req.num_tokens - 1,
+            )
+            draft = draft[: max(room, 0)]
+            if draft and req.grammar is not None:
+                grammar = req.grammar.copy()
+                allowed = 0
+                while allowed < len(draft) and grammar.try_advance(draft[allowed]):
+                    allowed += 1
+                draft = draft[:allowed]
+            if draft:
+                drafts[id(req)] = draft
+        scheduler.add_drafts(batch, drafts)
+
+    def observe(self, req: Request, proposed: int, accepted: int) -> None:
+        self.drafter.observe(req, proposed, accepted)
+        req.spec.num_steps += 1
+        req.spec.num_proposed += proposed
+        req.spec.num_accepted += accepted
+        self.totals["steps"] += 1
+        self.totals["proposed"] += proposed
+        self.totals["accepted"] += accepted
+
+    def stats(self) -> dict[str, Any]:
+        if self.config.speculative_algorithm is None:
+            return {}
+        t = self.totals
+        return {
+            "spec_algorithm": self.config.speculative_algorithm,
+            "spec_verify_steps": t["steps"],
+            "spec_proposed_tokens": t["proposed"],
+            "spec_accepted_tokens": t["accepted"],
+            "spec_acceptance_rate": t["accepted"] / t["proposed"] if t["proposed"] else 0.0,
+            "spec_mean_accept_length": (t["accepted"] + t["steps"]) / t["steps"] if t["steps"] else 0.0,
+        }
