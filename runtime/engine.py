@@ -11,19 +11,16 @@ import asyncio
 import concurrent.futures
 import queue
 import threading
-import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-import torch
-
-from plait.runtime import lifecycle
 from plait.runtime.config import EngineConfig
 from plait.runtime.engine_core import EngineCore
 from plait.runtime.engine_setup import off_main_thread, resolve_device, resolve_dtype
-from plait.runtime.protocol import LogprobOptions, SamplingParams
+from plait.runtime.protocol import LogprobOptions
 from plait.runtime.request import Request
+from plait.runtime.request_builder import build_requests
 from plait.runtime.tuning import (
     CLOSING_PROBE_SECONDS,
     CLOSING_PROBE_TOKENS,
@@ -84,103 +81,8 @@ class Engine:
 
     # submitting ------------------------------------------------------------------------------
 
-    def _make_requests(
-        self,
-        text: str | list[str] | None,
-        input_ids: list[int] | list[list[int]] | None,
-        sampling_params: dict | list[dict] | None,
-        logprob: LogprobOptions,
-        rid: str | list[str] | None,
-        timeout: float | None = None,
-        client_id: str | None = None,
-    ) -> tuple[list[Request], bool]:
-        if (text is None) == (input_ids is None):
-            raise ValueError("text, input_ids: pass exactly one of them")
-        logprob.validate()
-        timeout = lifecycle.check_timeout(timeout)
-        # NOTE: every shape is checked before it is indexed or iterated: a JSON object or a number
-        # where a list belongs is the caller's mistake (ValueError naming it), not a KeyError.
-        source = "text" if text is not None else "input_ids"
-        if text is not None:
-            batched = isinstance(text, list)
-            texts = text if batched else [text]
-            if not texts:
-                raise ValueError("text: the list of prompts is empty")
-            wrong = [type(t).__name__ for t in texts if not isinstance(t, str)]
-            if wrong:
-                raise ValueError(f"text: expected a string or a list of strings, got {wrong[0]}")
-            # NOTE: the batch call releases the GIL and spreads the texts over the cores.
-            prompts = self.tokenizer.encode_batch(texts) if len(texts) > 1 else [self.tokenizer.encode(texts[0])]
-        else:
-            if not isinstance(input_ids, list):
-                raise ValueError(
-                    "input_ids: expected a list of token ids or a list of such lists, got "
-                    f"{type(input_ids).__name__}"
-                )
-            batched = bool(input_ids) and isinstance(input_ids[0], list)
-            prompts = input_ids if batched else [input_ids]
-            for p in prompts:
-                if not isinstance(p, list) or not all(
-                    isinstance(t, int) and not isinstance(t, bool) for t in p
-                ):
-                    raise ValueError("input_ids: expected a list of integers or a list of such lists")
-                bad = [t for t in p if not 0 <= t < self.args.vocab_size]
-                if bad:
-                    raise ValueError(
-                        f"input_ids: token id {bad[0]} is outside the vocabulary [0, {self.args.vocab_size})"
-                    )
-        # NOTE: SamplingParams turns `stop` and `stop_token_ids` into lists before it checks them.
-        for p in sampling_params if isinstance(sampling_params, list) else [sampling_params]:
-            for name, item in (("stop", str), ("stop_token_ids", int)):
-                value = p.get(name) if isinstance(p, dict) else None
-                if value is not None and not isinstance(value, (item, list, tuple)):
-                    raise ValueError(
-                        f"{name}: expected a {item.__name__} or a list of them, got {value!r:.80}"
-                    )
-        if isinstance(sampling_params, list):
-            if len(sampling_params) != len(prompts):
-                raise ValueError(
-                    f"sampling_params: got {len(sampling_params)} for {len(prompts)} prompts"
-                )
-            params = [SamplingParams.from_dict(p) for p in sampling_params]
-        else:
-            params = [SamplingParams.from_dict(sampling_params)] * len(prompts)
-        vocab = self.args.vocab_size
-        for sp in params:
-            bad = [t for t in sp.stop_token_ids if not 0 <= t < vocab]
-            if bad:
-                raise ValueError(
-                    f"stop_token_ids: token id {bad[0]} is outside the vocabulary [0, {vocab})"
-                )
-        rids = rid if isinstance(rid, list) else [rid] * len(prompts)
-        if len(rids) != len(prompts):
-            raise ValueError(f"rid: got {len(rids)} ids for {len(prompts)} prompts")
-        reqs: list[Request] = []
-        for prompt, sp, r in zip(prompts, params, rids):
-            if not prompt:
-                raise ValueError(f"{source}: the prompt is empty (no tokens)")
-            if len(prompt) >= self.context_len:
-                raise ValueError(
-                    f"{source}: the prompt has {len(prompt)} tokens, but the model's context length is "
-                    f"{self.context_len} (prompt + output must fit)"
-                )
-            for i in range(sp.n):
-                req_rid = r or uuid.uuid4().hex
-                if sp.n > 1:
-                    req_rid = f"{req_rid}-{i}"
-                req = Request(rid=req_rid, prompt_ids=list(prompt), params=sp, logprob=logprob,
-                              client_id=client_id or "")  # fmt: skip
-                if timeout is not None:
-                    req.deadline = req.arrival_time + timeout
-                if sp.seed is not None:
-                    req.generator = torch.Generator(device=self.device).manual_seed(sp.seed + i)
-                if not self.scheduler.fits_pool(req):
-                    raise ValueError(
-                        f"max_new_tokens: the request needs KV for {self.scheduler.max_tokens(req)} "
-                        f"tokens but the pool holds {self.allocator.num_total * self.page_size}"
-                    )
-                reqs.append(req)
-        return reqs, batched or len(reqs) > 1
+    def _make_requests(self, *args: Any) -> tuple[list[Request], bool]:
+        return build_requests(self, *args)
 
     # constraints -------------------------------------------------------------------------------
 
@@ -321,22 +223,37 @@ class Engine:
         self._attach_grammars(reqs)
         if stream:
             return self._stream(reqs, batched)
-        sinks = [self._attach_queue(r, stream=False) for r in reqs]
-        self._submit(reqs)
+        events: queue.Queue[tuple[int, dict, bool]] = queue.Queue()
+        self._start(reqs, events.put, stream=False)
+        results: list[dict | None] = [None] * len(reqs)
         try:
-            results = [s.get() for s in sinks]
+            for _ in reqs:
+                index, out, _final = events.get()
+                results[index] = out
         except BaseException:
-            for r in reqs:
-                self.abort(r.rid)
+            self._abort_all(reqs)
             raise
         return results if batched else results[0]
 
-    def _stream(self, reqs: list[Request], batched: bool) -> Iterator[dict]:
-        events: queue.Queue[tuple[int, dict, bool]] = queue.Queue()
+    def _start(
+        self, reqs: list[Request], put: Callable[[tuple[int, dict, bool]], None], stream: bool
+    ) -> None:
+        """The one way requests go in, under `generate`, `async_generate` and their streams:
+        each one's updates reach `put` as (index, output, final), every update when streaming,
+        the final one otherwise."""
         for i, req in enumerate(reqs):
-            req.sink = _indexed_sink(events.put, i)
-            req.streaming = True
+            req.sink = _indexed_sink(put, i, stream_all=stream)
+            req.streaming = stream
         self._submit(reqs)
+
+    def _abort_all(self, reqs: list[Request]) -> None:
+        for r in reqs:
+            self.abort(r.rid)
+
+    def _stream(self, reqs: list[Request], batched: bool) -> Iterator[dict]:
+        # NOTE: a generator: the requests go in when the caller starts iterating
+        events: queue.Queue[tuple[int, dict, bool]] = queue.Queue()
+        self._start(reqs, events.put, stream=True)
         remaining = len(reqs)
         try:
             while remaining:
@@ -347,18 +264,7 @@ class Engine:
                 yield out
         finally:
             if remaining:
-                for r in reqs:
-                    self.abort(r.rid)
-
-    def _attach_queue(self, req: Request, stream: bool) -> queue.Queue:
-        q: queue.Queue = queue.Queue()
-
-        def deliver(out: dict, final: bool) -> None:
-            if final or stream:
-                q.put(out)
-
-        req.sink = deliver
-        return q
+                self._abort_all(reqs)
 
     async def async_generate(self, *args: Any, stream: bool = False, **kwargs: Any) -> Any:
         """Like `generate`; with `stream=True` returns an async iterator of chunks."""
@@ -386,10 +292,7 @@ class Engine:
         def put(item: tuple[int, dict, bool]) -> None:
             loop.call_soon_threadsafe(events.put_nowait, item)
 
-        for i, req in enumerate(reqs):
-            req.sink = _indexed_sink(put, i, stream_all=stream)
-            req.streaming = stream
-        self._submit(reqs)
+        self._start(reqs, put, stream)
         if stream:
             return self._astream(reqs, events, batched)
         results: list[dict | None] = [None] * len(reqs)
@@ -398,8 +301,7 @@ class Engine:
                 index, out, _final = await events.get()
                 results[index] = out
         except BaseException:
-            for r in reqs:
-                self.abort(r.rid)
+            self._abort_all(reqs)
             raise
         return results if batched else results[0]
 
@@ -416,8 +318,7 @@ class Engine:
                 yield out
         finally:
             if remaining:
-                for r in reqs:
-                    self.abort(r.rid)
+                self._abort_all(reqs)
 
     # introspection and shutdown ----------------------------------------------------------------
 
@@ -453,7 +354,7 @@ def _compile_timeout(req: Request, limit: float) -> ValueError:
 
 
 def _indexed_sink(
-    put: Callable[[tuple[int, dict, bool]], None], index: int, stream_all: bool = True
+    put: Callable[[tuple[int, dict, bool]], None], index: int, stream_all: bool
 ) -> Callable[[dict, bool], None]:
     def deliver(out: dict, final: bool) -> None:
         if final or stream_all:
