@@ -14,7 +14,12 @@ from plait.runtime.model_runner import TokenResult
 from plait.runtime.protocol import FinishReason
 from plait.runtime.request import Request, RequestStatus
 from plait.runtime.tokenizer import Tokenizer
-from plait.runtime.tuning import CLOSING_MARGIN, CLOSING_MAX_MISSES, CLOSING_STEP_SECONDS
+from plait.runtime.tuning import (
+    CLOSING_GROWTH_PER_TOKEN,
+    CLOSING_MAX_MISSES,
+    CLOSING_MIN_EXPECTED,
+    CLOSING_STEP_SECONDS,
+)
 
 if TYPE_CHECKING:
     from plait.runtime.constrained.closing import ClosingSearch
@@ -146,8 +151,10 @@ class OutputProcessor:
         to the grammar's closing tokens plus `slack` (tokens a step may add), appends them and
         finishes it with `length`, `closed_early` set. True when it closed.
 
-        The closing length is looked for again on every step once the room is within twice the
-        last length found (plus a margin), since each token may open something to close."""
+        The closing length is looked for again once the room is within what it may have grown
+        to since it was last found (`CLOSING_GROWTH_PER_TOKEN` per token sampled): the gap
+        shrinks by a third or more between searches, so a request takes a few, each bounded in
+        time."""
         grammar = req.grammar
         if grammar is None or not req.closing or req.finished:
             return False
@@ -155,7 +162,11 @@ class OutputProcessor:
             req.params.max_new_tokens - len(req.output_ids),
             self.context_len - 1 - req.num_tokens,
         )
-        if room > 2 * req.closing_tokens + CLOSING_MARGIN + slack:
+        since = len(req.output_ids) - req.closing_found_at
+        known = req.closing_tokens or req.closing_found_at  # a search has measured it
+        expected = req.closing_tokens if known else CLOSING_MIN_EXPECTED
+        predicted = expected + CLOSING_GROWTH_PER_TOKEN * since
+        if room > predicted + slack:
             return False
         tokens = closing.shortest_completion(grammar, max(room, 0), time_limit=CLOSING_STEP_SECONDS)
         if tokens is None:  # none within the search's bounds: sampling goes on
@@ -163,6 +174,7 @@ class OutputProcessor:
             req.closing = req.closing_misses < CLOSING_MAX_MISSES
             return False
         req.closing_tokens = len(tokens)
+        req.closing_found_at = len(req.output_ids)
         if room - len(tokens) > slack:
             return False
         for token in tokens:

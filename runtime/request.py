@@ -69,6 +69,7 @@ class Request:
     # budget-aware closing: whether it applies, the last closing length found, whether it closed
     closing: bool = False
     closing_tokens: int = 0
+    closing_found_at: int = 0  # output length when `closing_tokens` was found
     closing_misses: int = 0
     closed_early: bool = False
     # token healing: the text of the prompt token backed up over (the output starts with it, and

@@ -87,10 +87,14 @@ CLOSING_GROWTH = 3
 # engine loop): a larger probe rejects fewer requests as unclosable, at a slower submit.
 CLOSING_PROBE_TOKENS = 4096
 CLOSING_PROBE_SECONDS = 0.25
-# Tokens of room beyond twice the last closing length before the engine looks again; the time one
-# search may take on the engine loop (every running request waits for it); and the searches that
-# found nothing before a request stops looking.
-CLOSING_MARGIN = 8
+# The closing length assumed until a search finds one (the submit probe may find none in its time).
+CLOSING_MIN_EXPECTED = 24
+# How much longer the closing may get per token sampled since it was last found (a token can open
+# a string, an object and an array at once, most open nothing): the engine looks again once the
+# room is within that prediction.
+CLOSING_GROWTH_PER_TOKEN = 2
+# The time one closing search may take on the engine loop (every running request waits for it), and
+# the searches that found nothing before a request stops looking.
 CLOSING_STEP_SECONDS = 0.02
 CLOSING_MAX_MISSES = 4
 

@@ -29,6 +29,7 @@ _NONE = np.iinfo(np.int64).max
 _WINDOW, _REPEATS = 12, 6  # a rank used this often among the last tokens is tried last
 _MAX_EXPANSIONS = 512  # tokens tried per search
 _DEPTHS = (32, 128)  # iterative deepening, then the caller's limit
+_SLICES = ((0, 32), (32, 1024), (1024, None))  # of a rank's best-first tokens, checked in turn
 
 
 class ClosingSearch:
@@ -50,6 +51,14 @@ class ClosingSearch:
                     size = _RANK_STRIDE - 1 if spelled in _SEPARATORS else _RANK_STRIDE - 1 - size
                 order[token_id] = rank * _RANK_STRIDE - size
         self.order = order
+        # each rank's tokens, best first, with where their bits sit in a mask row
+        listed = np.flatnonzero(order != _NONE)
+        ranks = order[listed] // _RANK_STRIDE + 1
+        self._by_rank: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        for rank in range(_NUM_RANKS):
+            ids = listed[ranks == rank]
+            ids = ids[np.argsort(order[ids], kind="stable")]
+            self._by_rank.append((ids, ids >> 5, (ids & 31).astype(np.uint32)))
         self._scratch = np.zeros((1, num_words), dtype=np.int32)
 
     def shortest_completion(
@@ -60,11 +69,16 @@ class ClosingSearch:
         seconds). `grammar` is left unchanged."""
         if grammar.accepts_eos():
             return []
-        budget = [_MAX_EXPANSIONS]
         deadline = time.perf_counter() + time_limit
-        for depth in (*[d for d in _DEPTHS if d < max_tokens], max_tokens):
+        depths = (*[d for d in _DEPTHS if d < max_tokens], max_tokens)
+        left = _MAX_EXPANSIONS
+        for i, depth in enumerate(depths):
+            # NOTE: a shallow pass may not spend what the deeper ones need: a closing longer
+            # than 32 tokens would otherwise be crowded out by the exhaustive short pass
+            budget = [left if i == len(depths) - 1 else left // 3]
             found = self._search(grammar.copy(), depth, budget, deadline)
-            if found is not None or budget[0] <= 0 or time.perf_counter() > deadline:
+            left -= (left if i == len(depths) - 1 else left // 3) - budget[0]
+            if found is not None or left <= 0 or time.perf_counter() > deadline:
                 return found
         return None
 
@@ -99,22 +113,35 @@ class ClosingSearch:
         digit might)."""
         row = self._scratch
         grammar.fill_bitmask(row, 0)
-        allowed = np.flatnonzero(np.unpackbits(row[0].view(np.uint8), bitorder="little"))
-        if allowed.size == 0:
-            return []
-        keys = self.order[allowed]
-        classes = keys // _RANK_STRIDE + 1  # keys are rank * stride - length
+        words = row[0].view(np.uint32)
         recent = [self._rank_of(t) for t in path[-_WINDOW:]]
         worn = {r for r in set(recent) if recent.count(r) >= _REPEATS}
         found: list[tuple[int, int]] = []
         for rank in range(_NUM_RANKS):
-            where = np.flatnonzero(classes == rank)
-            if rank in worn and where.size > 1:
-                where = where[allowed[where] != path[-1]]
-            if where.size:
-                token_id = int(allowed[where[np.argmin(keys[where])]])
+            avoid = path[-1] if rank in worn else -1
+            token_id = self._best_allowed(words, rank, avoid)
+            if token_id >= 0:
                 found.append((rank + (_NUM_RANKS if rank in worn else 0), token_id))
         return [token_id for _, token_id in sorted(found)]
+
+    def _best_allowed(self, words: np.ndarray, rank: int, avoid: int) -> int:
+        """The first token of `rank`'s best-first list that the mask allows, other than
+        `avoid` unless it is the only one; -1 if none. Looked for in growing slices: in a
+        string nearly everything is allowed, elsewhere a few tokens are."""
+        ids, word, shift = self._by_rank[rank]
+        fallback = -1
+        for lo, hi in _SLICES:
+            if lo >= ids.size:
+                break
+            hits = np.flatnonzero((words[word[lo:hi]] >> shift[lo:hi]) & 1)
+            for hit in hits[:2]:
+                token_id = int(ids[lo + hit])
+                if token_id != avoid:
+                    return token_id
+                fallback = token_id
+            if hits.size > 2:
+                return int(ids[lo + hits[2]])
+        return fallback
 
     def _rank_of(self, token_id: int) -> int:
         return int(self.order[token_id] // _RANK_STRIDE + 1)

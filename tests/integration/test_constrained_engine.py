@@ -119,3 +119,31 @@ def test_bad_constraints_are_named_and_engine_survives(tiny_engine, params, matc
         tiny_engine.generate("x", {"max_new_tokens": 4, **params})
     assert tiny_engine.generate("x", {"max_new_tokens": 2, "regex": "[ab]+"})["meta_info"]["completion_tokens"] >= 1
     assert tiny_engine.stats()["kv_pages_in_use"] == 0
+
+
+def test_closing_searches_are_few_per_request(tiny_engine, monkeypatch):
+    """Near its budget a constrained request looks for its closing a few times (the gap to the
+    budget shrinks by a third between looks), not on every step; what it returns validates."""
+    from plait.runtime.constrained import closing
+
+    calls = []
+    search = closing.ClosingSearch.shortest_completion
+
+    def counted(self, grammar, max_tokens, time_limit=0.05):
+        calls.append(max_tokens)
+        return search(self, grammar, max_tokens, time_limit)
+
+    monkeypatch.setattr(closing.ClosingSearch, "shortest_completion", counted)
+    tail = {f"closing_property_number_{i}": {"type": "string"} for i in range(4)}
+    schema = {"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "string"}}, **tail},
+              "required": ["notes", *tail]}  # fmt: skip
+    budget = 160
+    outs = tiny_engine.generate(
+        ["Notes:"] * 3,
+        [{"max_new_tokens": budget, "temperature": 1.0, "seed": s, "json_schema": json.dumps(schema)} for s in range(3)],
+    )
+    for out in outs:
+        jsonschema.validate(json.loads(out["text"]), schema)
+    closed = sum(bool(o["meta_info"]["closed_early"]) for o in outs)
+    assert closed >= 1
+    assert len(calls) <= 3 * 24, calls  # each request: its probe and a few looks near the end

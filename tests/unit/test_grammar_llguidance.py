@@ -172,6 +172,26 @@ def test_budget_closed_corpus_outputs_validate(backend, closing):
     assert closed >= 0.85 * tried, (closed, tried)
 
 
+def test_closings_longer_than_the_first_pass_are_found(backend, closing):
+    """The shallow pass of the search does not spend what the deeper one needs: a closing of
+    40-odd tokens from the start of an envelope-like schema is found."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "commandId": {"type": "string"},
+            "execution": {"type": "object", "properties": {"semantics": {"enum": ["AT_LEAST_ONCE"]},
+                          "timeToLive": {"type": ["integer", "null"]}}, "required": ["semantics", "timeToLive"]},
+            "tags": {"type": "object", "additionalProperties": {"type": "string"}},
+            "whenCreated": {"type": "string"},
+        },
+        "required": ["commandId", "whenCreated", "execution", "tags"],
+    }
+    grammar = backend.compile(make_grammar_key(json_schema=schema)).new_grammar()
+    tail = closing.shortest_completion(grammar, 4096, time_limit=30)
+    assert tail is not None and len(tail) > 32
+    jsonschema.validate(json.loads(backend.tokenizer.decode(tail)), schema)
+
+
 def test_only_declared_properties_by_default(backend, closing):
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     key = make_grammar_key(json_schema=schema)
