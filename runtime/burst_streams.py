@@ -15,6 +15,7 @@ step's pages are released, as it does every final result.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +29,8 @@ from plait.runtime.batch import TokenResult
 from plait.runtime.output_processor import OutputProcessor
 from plait.runtime.request import Request
 from plait.runtime.tuning import STREAM_POLL_FRACTION, STREAM_POLL_MIN_SECONDS
+
+logger = logging.getLogger("plait.engine")
 
 
 @dataclass
@@ -103,7 +106,10 @@ class BurstStreamer:
                 if self._closed:
                     return
                 burst = last = self._burst
-            self._watch(burst)
+            try:
+                self._watch(burst)
+            except Exception:  # the engine thread hands on what is left when the call returns
+                logger.exception("streaming a burst's tokens failed")
 
     def _watch(self, burst: _Burst) -> None:
         step_s = burst.step_s  # then the burst's own pace so far: its steps take alike times
@@ -136,8 +142,10 @@ class BurstStreamer:
             if col == got.taken:
                 continue
             tokens = out[row, got.taken : col].tolist()
-            got.taken = col
+            # NOTE: counted as taken once appended: if appending raises, the engine thread appends
+            # them again after the call, and the failure goes through its own recovery
             got.added += self._processor.append_tokens(req, TokenResult(tokens=tokens))
+            got.taken = col
             if req.finished:
                 finished += 1
             else:
