@@ -24,8 +24,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
             kind = hints[f.name]
             default = f.default
             flags = [flag, "--tp"] if f.name == "tp_size" else [flag]
-            if kind is bool:
-                group.add_argument(*flags, dest=f.name, action="store_true", default=default)
+            if kind is bool:  # a field that defaults on also gets its `--no-...` form
+                action = argparse.BooleanOptionalAction if default is True else "store_true"
+                group.add_argument(*flags, dest=f.name, action=action, default=default)
                 continue
             base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
             group.add_argument(*flags, dest=f.name, type=base, default=default, metavar=f.name.upper())

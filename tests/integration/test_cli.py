@@ -22,6 +22,18 @@ def test_help_lists_commands():
     assert "generate" in out.stdout and "bench" in out.stdout
 
 
+def test_engine_switches_that_default_on_can_be_turned_off():
+    import argparse
+
+    from plait.cli import add_engine_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert parser.parse_args([]).budget_closing is True
+    assert parser.parse_args(["--no-budget-closing"]).budget_closing is False
+    assert parser.parse_args(["--disable-jump-forward"]).disable_jump_forward is True
+
+
 def test_generate_streams_to_stdout(tiny_llama_dir, tiny_engine):
     out = run("generate", "Hello", "--model", str(tiny_llama_dir), "--max-tokens", "6", "--max-total-tokens", "256")
     assert out.returncode == 0, out.stderr
