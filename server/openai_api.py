@@ -96,7 +96,7 @@ def request_constraints(req: _Sampling) -> list[tuple[str, str, Any]]:
         ("guided_regex", "regex", req.guided_regex),
         ("guided_grammar", "ebnf", req.guided_grammar),
         ("guided_choice", "regex", req.guided_choice),
-        ("structured_outputs.json", "json_schema", so and so.json),
+        ("structured_outputs.json", "json_schema", so and so.json_),
         ("structured_outputs.regex", "regex", so and so.regex),
         ("structured_outputs.grammar", "ebnf", so and so.grammar),
         ("structured_outputs.choice", "regex", so and so.choice),

@@ -102,7 +102,7 @@ class StreamOptions(_Strict):
 class StructuredOutputs(_Strict):
     """vLLM's `structured_outputs`: one of a JSON schema, a regex, choices or a grammar."""
 
-    json: str | dict[str, Any] | None = None
+    json_: str | dict[str, Any] | None = Field(default=None, alias="json")
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
