@@ -8,6 +8,7 @@ import torch
 
 from plait.kernels.dispatch import launch
 from plait.kernels.paged_kv_triton import LOG2E, check_cache, dot_options
+from plait.kernels.tuning import DECODE_BLOCK_N
 
 try:
     import triton
@@ -177,7 +178,7 @@ def decode_attention_triton(
     sliding_window: int | None = None,
     num_kv_splits: int = 1,
     out: torch.Tensor | None = None,
-    block_n: int = 64,
+    block_n: int = DECODE_BLOCK_N,
 ) -> torch.Tensor:
     """q [B, H, D] (one token per sequence, at position kv_len - 1) over its pages -> [B, H, D].
 

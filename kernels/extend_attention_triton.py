@@ -8,6 +8,7 @@ import torch
 
 from plait.kernels.dispatch import flash_attn_varlen_func, launch
 from plait.kernels.paged_kv_triton import LOG2E, PagedAttentionTables, check_cache, dot_options
+from plait.kernels.tuning import EXTEND_BLOCK_M, EXTEND_BLOCK_N
 
 try:
     import triton
@@ -124,8 +125,8 @@ def extend_attention_triton(
     scale: float,
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
-    block_m: int = 64,
-    block_n: int = 64,
+    block_m: int = EXTEND_BLOCK_M,
+    block_n: int = EXTEND_BLOCK_N,
 ) -> torch.Tensor:
     """Extend rows of q [T_ext, H, D] (sequence i's rows start at extend_q_starts[i], at positions
     kv_len - q_len ..) attend causally to their pages (prefix and new tokens, already stored)."""

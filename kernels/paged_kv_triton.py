@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from plait.kernels.dispatch import is_interpreted, launch
+from plait.kernels.tuning import DECODE_MAX_SPLITS, DECODE_SPLIT_MIN_TOKENS, DECODE_SPLIT_OCCUPANCY
 
 if TYPE_CHECKING:
     from plait.kernels.attention import AttentionMetadata
@@ -57,10 +58,11 @@ def _num_sms(device: torch.device) -> int:
 def choose_num_kv_splits(
     batch: int, num_kv_heads: int, max_kv_len: int, device: torch.device
 ) -> int:
-    """Enough (batch, kv head, split) programs to fill the GPU twice, at least 256 tokens each."""
-    by_length = math.ceil(max_kv_len / 256)
-    by_occupancy = math.ceil(2 * _num_sms(device) / max(batch * num_kv_heads, 1))
-    return max(1, min(by_length, by_occupancy, 64))
+    """Enough (batch, kv head, split) programs to fill the GPU twice, at least 256 tokens each
+    (`kernels/tuning.py`: DECODE_SPLIT_*)."""
+    by_length = math.ceil(max_kv_len / DECODE_SPLIT_MIN_TOKENS)
+    by_occupancy = math.ceil(DECODE_SPLIT_OCCUPANCY * _num_sms(device) / max(batch * num_kv_heads, 1))
+    return max(1, min(by_length, by_occupancy, DECODE_MAX_SPLITS))
 
 
 def triton_metadata_from(

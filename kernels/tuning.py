@@ -39,6 +39,20 @@ MAX_ROW_EXTEND = 16
 BF16_EXTEND_MIN_Q = 16
 BF16_EXTEND_MIN_WORK = 20_000
 
+# Triton attention (paged_kv_triton.py, decode_attention_triton.py, extend_attention_triton.py) ----
+
+# Decode attention splits each context (split-K) into enough (batch, KV head, split) programs to
+# fill the GPU DECODE_SPLIT_OCCUPANCY times over, but no split shorter than DECODE_SPLIT_MIN_TOKENS
+# (each split adds a partial output to merge) and at most DECODE_MAX_SPLITS.
+DECODE_SPLIT_MIN_TOKENS = 256
+DECODE_SPLIT_OCCUPANCY = 2
+DECODE_MAX_SPLITS = 64
+# Keys per block of the decode kernel, and query x key tiles of the extend kernel: larger tiles
+# reuse each load more, at more registers and shared memory per program.
+DECODE_BLOCK_N = 64
+EXTEND_BLOCK_M = 64
+EXTEND_BLOCK_N = 64
+
 # Triton (constraint_mask.py, sampling_triton.py) --------------------------------------------------
 
 # Vocabulary entries per program of the bitmask kernel: one load of 32 mask words per 1,024 logits.
