@@ -85,7 +85,7 @@ def serve(args: argparse.Namespace) -> int:
     from plait.runtime.engine import Engine
     from plait.server.app import create_app
     from plait.server.dashboard import DashboardConfig
-    from plait.server.limits import UVICORN_HTTP
+    from plait.server.limits import KEEP_ALIVE_SECONDS, UVICORN_HTTP
     from plait.server.programs import load_programs
     from plait.server.state import ServerConfig
 
@@ -122,7 +122,7 @@ def serve(args: argparse.Namespace) -> int:
         show = DashboardConfig(show_prompts=args.dashboard_show_prompts)
         app = create_app(engine, config, registry, show)
         uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, http=UVICORN_HTTP,
-                    timeout_graceful_shutdown=5)  # fmt: skip
+                    timeout_graceful_shutdown=5, timeout_keep_alive=KEEP_ALIVE_SECONDS)  # fmt: skip
     finally:
         engine.shutdown()
     return 0

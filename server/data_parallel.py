@@ -79,7 +79,7 @@ def start_replicas(argv: list[str], dp_size: int, timeout: float = 600.0) -> lis
 def serve_router(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from plait.server.limits import UVICORN_HTTP
+    from plait.server.limits import KEEP_ALIVE_SECONDS, UVICORN_HTTP
     from plait.server.router_app import create_router_app
     from plait.server.routing import Router
 
@@ -101,7 +101,7 @@ def serve_router(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, http=UVICORN_HTTP,
-                    timeout_graceful_shutdown=5)  # fmt: skip
+                    timeout_graceful_shutdown=5, timeout_keep_alive=KEEP_ALIVE_SECONDS)  # fmt: skip
     finally:
         app.state.router.close()
         for p in procs:

@@ -48,12 +48,13 @@ class ServerThread:
                  log_level: str = "warning") -> None:  # fmt: skip
         import uvicorn
 
-        from plait.server.limits import UVICORN_HTTP
+        from plait.server.limits import KEEP_ALIVE_SECONDS, UVICORN_HTTP
 
         self.host = host
         self.port = port or free_port(host)
         config = uvicorn.Config(app, host=host, port=self.port, log_level=log_level, http=UVICORN_HTTP,
-                                lifespan="off", timeout_graceful_shutdown=2)  # fmt: skip
+                                lifespan="off", timeout_graceful_shutdown=2,
+                                timeout_keep_alive=KEEP_ALIVE_SECONDS)  # fmt: skip
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="plait-uvicorn", daemon=True)
 

@@ -16,6 +16,11 @@ MAX_HEADER_BYTES = 32 << 10  # names and values of all headers together
 # httptools (picked automatically once installed, as Ray installs it) a header block that never
 # ends was buffered until the client gave up. Every plait server names h11 explicitly.
 UVICORN_HTTP = "h11"
+# NOTE: how long an idle keep-alive connection stays open. Longer than clients keep theirs
+# (httpx, and so the `openai` client, drop an idle connection after 5 s; uvicorn's own default is
+# also 5 s): otherwise a client may send its next request on a connection the server is closing at
+# that moment and get a reset instead of an answer (seen under load as httpx `ReadError`).
+KEEP_ALIVE_SECONDS = 75
 
 
 class LimitsMiddleware:

@@ -145,6 +145,25 @@ def test_pathological_schemas_are_answered(client, dfa_client):
     assert gen(client, json_schema=json.dumps(recursive)).status_code in (200, 400)
 
 
+def test_idle_connections_outlive_the_clients_keep_alive(server):
+    """A connection idle for longer than httpx (and the `openai` client) keep one is still open
+    on the server, so a client never reuses one the server is closing."""
+    import http.client
+    import time
+
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+    conn.request("GET", "/health")
+    first = conn.getresponse()
+    first.read()
+    assert first.status == 200
+    sock = conn.sock
+    time.sleep(5.5)  # past httpx's 5 s keepalive_expiry, and uvicorn's default keep-alive
+    conn.request("GET", "/health")
+    again = conn.getresponse()
+    assert again.status == 200 and conn.sock is sock  # the same connection answered
+    conn.close()
+
+
 def test_api_key_compares_digests(server, monkeypatch):
     import secrets
 
