@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 from .base import CompiledGrammar, GrammarBackend, GrammarError, GrammarKey
 
-
 MAX_CACHED_BYTES = 1 << 30  # compiled grammars kept for reuse, beyond those requests hold
 
 
