@@ -112,19 +112,26 @@ class BurstStreamer:
                 logger.exception("streaming a burst's tokens failed")
 
     def _watch(self, burst: _Burst) -> None:
-        step_s = burst.step_s  # then the burst's own pace so far: its steps take alike times
+        step_s = burst.step_s
         poll = max(step_s * STREAM_POLL_FRACTION, STREAM_POLL_MIN_SECONDS)
         seen = 0  # steps whose tokens were handed on
+        # when step `anchored` ended, as best known: the burst's start, then a step found by
+        # polling (within a poll of its end). NOTE: a step found on the first look may have ended
+        # long before (the look came late), so it does not move the schedule.
+        anchor, anchored, empty = burst.started, 0, 0
         while not burst.done:
-            due = burst.started + (seen + 1) * step_s
+            due = anchor + (seen + 1 - anchored) * step_s
             time.sleep(max(due - time.perf_counter(), poll))
             with burst.lock:
                 if burst.done:
                     return
                 now_seen = self._take(burst)
             if now_seen > seen:
-                seen = now_seen
-                step_s = (time.perf_counter() - burst.started) / seen
+                if empty:
+                    anchor, anchored = time.perf_counter() - poll / 2, now_seen
+                seen, empty = now_seen, 0
+            else:
+                empty += 1
 
     def _take(self, burst: _Burst) -> int:
         """Hands on every token written since the last look; returns the steps seen so far."""
