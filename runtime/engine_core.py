@@ -22,6 +22,7 @@ from plait.radix_cache import PageAllocator, RadixCache
 from plait.runtime import lifecycle
 from plait.runtime.batch import ScheduleBatch, TokenResult
 from plait.runtime.burst_streams import BurstStreamer, StreamedTokens
+from plait.runtime.closing_jobs import ClosingJobs
 from plait.runtime.config import EngineConfig
 from plait.runtime.engine_setup import num_kv_pages, off_main_thread, resolve_device, resolve_dtype
 from plait.runtime.governor import ThreadGovernor
@@ -38,6 +39,7 @@ from plait.runtime.speculation import Speculation
 from plait.runtime.tuning import (
     BURST_SECONDS,
     CLOSING_GROWTH,
+    CLOSING_WAIT_SECONDS,
     SPECULATIVE_BURST_STEPS,
     STREAM_BURST_MIN_STEP_SECONDS,
 )
@@ -92,6 +94,7 @@ class EngineCore:
         self.thread_governor = ThreadGovernor(threads) if self.device.type == "cpu" and threads > 1 else None
         self.grammars: Any = None  # the frontend's GrammarCache, shut down with the loop
         self._closing: Any = None  # ClosingSearch, made with the first closing request
+        self.closing_jobs = ClosingJobs()  # closing searches off the loop
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         # set by `post` from any thread: a running decode burst ends after its current step
         self._interrupt = ctypes.c_int32(0)
@@ -151,6 +154,7 @@ class EngineCore:
         (tensor parallelism's workers, if any, are stopped by `shutdown`)."""
         if self._streamer is not None:
             self._streamer.close()
+        self.closing_jobs.close()
         self.model = self.kv_pool = self.runner = None  # type: ignore[assignment]
         self.speculation.drafter = None
 
@@ -209,6 +213,9 @@ class EngineCore:
 
     def step(self) -> None:
         """One forward pass over the scheduler's next batch, then bookkeeping and delivery."""
+        held = [r for r in self.scheduler.running if r.closing_job is not None]
+        if held:
+            self._take_closings(held)
         batch = self.scheduler.schedule()
         started = time.perf_counter()
         plain_decode = not batch.extends  # a step the speculation governor can learn from
@@ -218,6 +225,7 @@ class EngineCore:
         if speculating:
             self.speculation.propose(batch, self.scheduler, self.context_len)
         if not batch:
+            ClosingJobs.wait(self.scheduler.running, timeout=CLOSING_WAIT_SECONDS)
             return
         num_tokens = batch.num_tokens
         threads = self._choose_threads(num_tokens)
@@ -344,13 +352,22 @@ class EngineCore:
             return
         if req.closing:
             before = req.num_tokens
-            if self.processor.try_close(req, self.closing_search(), self._closing_slack):
+            if self.processor.try_close(req, self.closing_search(), self._closing_slack, self.closing_jobs):
                 self.scheduler.rewind(req, num_valid=before)  # finished: its pages go back
                 return
         # NOTE: not over the healed text alone: that would re-append the very token healing
         # backed up over, instead of letting the model choose the merged one
         if not self.config.disable_jump_forward and not _healing(req):
             self._jump_forward(req)
+
+    def _take_closings(self, held: list[Request]) -> None:
+        """Requests whose off-loop closing search is done: closed and delivered, or back to
+        decoding."""
+        for req in ClosingJobs.done(held):
+            before = req.num_tokens
+            if self.processor.closing_job_done(req, self._closing_slack):
+                self.scheduler.rewind(req, num_valid=before)  # finished: its pages go back
+                self.deliver(req)
 
     def _jump_forward(self, req: Request) -> None:
         before = req.num_tokens

@@ -16,12 +16,14 @@ from plait.runtime.request import Request, RequestStatus
 from plait.runtime.tokenizer import Tokenizer
 from plait.runtime.tuning import (
     CLOSING_GROWTH_PER_TOKEN,
+    CLOSING_INLINE_MAX_TOKENS,
     CLOSING_MAX_MISSES,
     CLOSING_MIN_EXPECTED,
     CLOSING_STEP_SECONDS,
 )
 
 if TYPE_CHECKING:
+    from plait.runtime.closing_jobs import ClosingJobs
     from plait.runtime.constrained.closing import ClosingSearch
 
 
@@ -146,7 +148,9 @@ class OutputProcessor:
             self.finish(req, FinishReason("stop", matched=self.tokenizer.eos_token_id))
         return edit.num_dropped
 
-    def try_close(self, req: Request, closing: ClosingSearch, slack: int) -> bool:
+    def try_close(
+        self, req: Request, closing: ClosingSearch, slack: int, jobs: ClosingJobs | None = None
+    ) -> bool:
         """Budget-aware closing: once the request's room (`max_new_tokens`, the context) is down
         to the grammar's closing tokens plus `slack` (tokens a step may add), appends them and
         finishes it with `length`, `closed_early` set. True when it closed.
@@ -154,29 +158,63 @@ class OutputProcessor:
         The closing length is looked for again once the room is within what it may have grown
         to since it was last found (`CLOSING_GROWTH_PER_TOKEN` per token sampled): the gap
         shrinks by a third or more between searches, so a request takes a few, each bounded in
-        time."""
+        time. A closing expected to be long, or one a quick search missed, is looked for off the
+        loop (`jobs`); `closing_job_done` takes it from there."""
         grammar = req.grammar
-        if grammar is None or not req.closing or req.finished:
+        if grammar is None or not req.closing or req.finished or req.closing_job is not None:
             return False
-        room = min(
-            req.params.max_new_tokens - len(req.output_ids),
-            self.context_len - 1 - req.num_tokens,
-        )
+        room = self._room(req)
         since = len(req.output_ids) - req.closing_found_at
         known = req.closing_tokens or req.closing_found_at  # a search has measured it
         expected = req.closing_tokens if known else CLOSING_MIN_EXPECTED
         predicted = expected + CLOSING_GROWTH_PER_TOKEN * since
         if room > predicted + slack:
             return False
+        if jobs is not None and (expected > CLOSING_INLINE_MAX_TOKENS or req.closing_misses):
+            jobs.start(req, closing, max(room, 0))
+            return False
         tokens = closing.shortest_completion(grammar, max(room, 0), time_limit=CLOSING_STEP_SECONDS)
-        if tokens is None:  # none within the search's bounds: sampling goes on
-            req.closing_misses += 1
-            req.closing = req.closing_misses < CLOSING_MAX_MISSES
+        return self._found(req, tokens, room, slack)
+
+    def closing_job_done(self, req: Request, slack: int) -> bool:
+        """Takes the finished off-loop search of `req`, as `try_close` takes its own search's
+        result. True when it closed."""
+        job, req.closing_job = req.closing_job, None
+        if req.finished or job is None or len(req.output_ids) != req.closing_job_at:
+            return False
+        try:
+            tokens = job.result()
+        except Exception:  # pragma: no cover - the search raises nothing it does not catch
+            tokens = None
+        return self._found(req, tokens, self._room(req), slack)
+
+    def _found(self, req: Request, tokens: list[int] | None, room: int, slack: int) -> bool:
+        """Closes `req` with `tokens` once the room is down to them (plus `slack`); otherwise
+        records their length for the next look. A search that found nothing counts a miss."""
+        if tokens is None:
+            self._missed(req)
             return False
         req.closing_tokens = len(tokens)
         req.closing_found_at = len(req.output_ids)
         if room - len(tokens) > slack:
             return False
+        return self._close_with(req, tokens)
+
+    def _room(self, req: Request) -> int:
+        return min(
+            req.params.max_new_tokens - len(req.output_ids),
+            self.context_len - 1 - req.num_tokens,
+        )
+
+    @staticmethod
+    def _missed(req: Request) -> None:
+        """A search found nothing: looked for again after some tokens, a few times at most."""
+        req.closing_misses += 1
+        req.closing_found_at = len(req.output_ids)
+        req.closing = req.closing_misses < CLOSING_MAX_MISSES
+
+    def _close_with(self, req: Request, tokens: list[int]) -> bool:
+        grammar = req.grammar
         for token in tokens:
             if not grammar.try_advance(token):  # pragma: no cover - the search advanced a copy
                 return False

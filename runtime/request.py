@@ -70,6 +70,8 @@ class Request:
     closing: bool = False
     closing_tokens: int = 0
     closing_found_at: int = 0  # output length when `closing_tokens` was found
+    closing_job: Any = None  # a closing search off the loop (`closing_jobs.py`); waits meanwhile
+    closing_job_at: int = 0  # output length when it started
     closing_misses: int = 0
     closed_early: bool = False
     # token healing: the text of the prompt token backed up over (the output starts with it, and

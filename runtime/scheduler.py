@@ -193,7 +193,8 @@ class Scheduler:
                 )
             self.retract(victim)
         self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
-        batch.decodes.extend(self.running)
+        # NOTE: a request whose closing is being looked for off the loop waits (closing_jobs.py)
+        batch.decodes.extend(r for r in self.running if r.closing_job is None)
 
     def grow_for_burst(self, reqs: list[Request], limit: int) -> int:
         """How many decode steps the running `reqs` take in one burst: at most `limit`, no more than

@@ -96,6 +96,11 @@ CLOSING_GROWTH_PER_TOKEN = 2
 # The time one closing search may take on the engine loop (every running request waits for it), and
 # the searches that found nothing before a request stops looking.
 CLOSING_STEP_SECONDS = 0.02
+# A closing expected to be longer than this is looked for off the engine loop (`closing_jobs.py`),
+# its request out of the batches meanwhile, with more time: deep documents need a hundred tokens.
+CLOSING_INLINE_MAX_TOKENS = 40
+CLOSING_BACKGROUND_SECONDS = 0.5
+CLOSING_WAIT_SECONDS = 0.01  # the loop's nap when every running request waits for its search
 CLOSING_MAX_MISSES = 4
 
 # Models (models/llama.py) -------------------------------------------------------------------------

@@ -59,7 +59,6 @@ class ClosingSearch:
             ids = listed[ranks == rank]
             ids = ids[np.argsort(order[ids], kind="stable")]
             self._by_rank.append((ids, ids >> 5, (ids & 31).astype(np.uint32)))
-        self._scratch = np.zeros((1, num_words), dtype=np.int32)
 
     def shortest_completion(
         self, grammar: Grammar, max_tokens: int, time_limit: float = 0.05
@@ -70,24 +69,25 @@ class ClosingSearch:
         if grammar.accepts_eos():
             return []
         deadline = time.perf_counter() + time_limit
+        row = np.zeros((1, self.num_words), dtype=np.int32)  # per search: one may run on a thread
         depths = (*[d for d in _DEPTHS if d < max_tokens], max_tokens)
         left = _MAX_EXPANSIONS
         for i, depth in enumerate(depths):
             # NOTE: a shallow pass may not spend what the deeper ones need: a closing longer
             # than 32 tokens would otherwise be crowded out by the exhaustive short pass
             budget = [left if i == len(depths) - 1 else left // 3]
-            found = self._search(grammar.copy(), depth, budget, deadline)
+            found = self._search(grammar.copy(), depth, budget, deadline, row)
             left -= (left if i == len(depths) - 1 else left // 3) - budget[0]
             if found is not None or left <= 0 or time.perf_counter() > deadline:
                 return found
         return None
 
     def _search(
-        self, probe: Grammar, max_depth: int, budget: list[int], deadline: float
+        self, probe: Grammar, max_depth: int, budget: list[int], deadline: float, row: np.ndarray
     ) -> list[int] | None:
         """Depth-first over each state's candidates, at most `max_depth` tokens deep."""
         path: list[int] = []
-        stack: list[list[int]] = [self._candidates(probe, path)]
+        stack: list[list[int]] = [self._candidates(probe, path, row)]
         while stack and budget[0] > 0 and time.perf_counter() < deadline:
             options = stack[-1]
             if not options or len(path) >= max_depth:
@@ -103,15 +103,14 @@ class ClosingSearch:
             path.append(token_id)
             if probe.accepts_eos():
                 return path
-            stack.append(self._candidates(probe, path))
+            stack.append(self._candidates(probe, path, row))
         return None
 
-    def _candidates(self, grammar: Grammar, path: list[int]) -> list[int]:
+    def _candidates(self, grammar: Grammar, path: list[int], row: np.ndarray) -> list[int]:
         """The best allowed token of each rank, best rank first. A rank used `_REPEATS` times
         among the last `_WINDOW` tokens of `path` goes last, with another token than the last
         one (more digits rarely bring the end closer; where only digits may follow, another
         digit might)."""
-        row = self._scratch
         grammar.fill_bitmask(row, 0)
         words = row[0].view(np.uint32)
         recent = [self._rank_of(t) for t in path[-_WINDOW:]]

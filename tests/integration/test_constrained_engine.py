@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from pathlib import Path
 
 import jsonschema
@@ -130,7 +131,7 @@ def test_closing_searches_are_few_per_request(tiny_engine, monkeypatch):
     search = closing.ClosingSearch.shortest_completion
 
     def counted(self, grammar, max_tokens, time_limit=0.05):
-        calls.append(max_tokens)
+        calls.append((max_tokens, threading.current_thread().name))
         return search(self, grammar, max_tokens, 10.0)  # bounded by expansions, not a loaded CPU
 
     monkeypatch.setattr(closing.ClosingSearch, "shortest_completion", counted)
@@ -147,3 +148,6 @@ def test_closing_searches_are_few_per_request(tiny_engine, monkeypatch):
     closed = sum(bool(o["meta_info"]["closed_early"]) for o in outs)
     assert closed >= 1
     assert len(calls) <= 3 * 24, calls  # each request: its probe and a few looks near the end
+    # closings this long are looked for off the engine loop, their request waiting meanwhile
+    assert any(name.startswith("plait-closing") for _, name in calls), calls
+    assert not any(name.startswith("plait-engine") and room > 40 for room, name in calls[3:]), calls
