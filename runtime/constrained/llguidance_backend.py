@@ -84,6 +84,9 @@ class LLGuidanceBackend(GrammarBackend):
         self.eos_row = eos_row
         self.bounds = RunawayBounds(tokenizer.vocab_bytes(), max_digit_run, max_whitespace_run)
         self._executor: LLExecutor | None = None
+        # `format` names llguidance was found to know, or not (each probed once, on a tiny schema)
+        self._known_formats: set[str] = set()
+        self._unknown_formats: set[str] = set()
 
     def executor(self) -> LLExecutor:
         """The thread pool that fills a batch's masks (made on first use)."""
@@ -110,8 +113,8 @@ class LLGuidanceBackend(GrammarBackend):
         unknown format the parser names (or the token-healing prefix)."""
         schema = json.loads(key.pattern)
         options = _json_options(key.whitespace_pattern)
-        dropped_formats: set[str] = set()
-        for _ in range(16):  # each round drops one unknown format name
+        dropped_formats = self._unknown(_format_names(schema))
+        for _ in range(16):  # each round drops one unknown format name the probe missed
             grammar = LLMatcher.grammar_from_json_schema(
                 prepare_schema(schema, dropped_formats), overrides=options
             )
@@ -131,6 +134,16 @@ class LLGuidanceBackend(GrammarBackend):
             matcher = self._matcher(key, grammar)
         return grammar, matcher
 
+    def _unknown(self, names: set[str]) -> set[str]:
+        """Which of `names` llguidance does not know as a `format`: one tiny compile per new
+        name, instead of a whole schema's compile per unknown name."""
+        for name in names - self._known_formats - self._unknown_formats:
+            probe = LLMatcher.grammar_from_json_schema({"type": "string", "format": name})
+            matcher = LLMatcher(self.lltokenizer, probe, log_level=0, limits=self.limits)
+            unknown = matcher.is_error() and _UNKNOWN_FORMAT.search(matcher.get_error())
+            (self._unknown_formats if unknown else self._known_formats).add(name)
+        return names & self._unknown_formats
+
     def _matcher(self, key: GrammarKey, grammar: str) -> LLMatcher:
         matcher = LLMatcher(self.lltokenizer, grammar, log_level=0, limits=self.limits)
         if matcher.is_error():
@@ -141,6 +154,23 @@ class LLGuidanceBackend(GrammarBackend):
                 raise InvalidRegexError(f"regex: cannot compile {_shown(key.pattern)!r}: {error}")
             raise GrammarError(f"grammar: {error}")
         return matcher
+
+
+def _format_names(node: Any) -> set[str]:
+    """Every string a `format` keyword holds in `node` (and some it need not: a `format` key in
+    an example value is probed too, harmlessly)."""
+    found: set[str] = set()
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            value = item.get("format")
+            if isinstance(value, str):
+                found.add(value)
+            stack.extend(v for v in item.values() if isinstance(v, (dict, list)))
+        elif isinstance(item, list):
+            stack.extend(v for v in item if isinstance(v, (dict, list)))
+    return found
 
 
 def _json_options(whitespace_pattern: str | None) -> dict[str, Any]:
