@@ -161,7 +161,8 @@ def run_jsonschema_bench(args: argparse.Namespace) -> int:
         raise SystemExit(f"--data: {data} is not a folder (the data/ folder of jsonschemabench)")
     schemas = sample_schemas(data, args.per_category, args.seed)
     budgets = [int(b) for b in args.max_tokens.split(",")]
-    report: dict[str, Any] = {"cpu": cpu_model(), "seed": args.seed, "per_category": args.per_category,
+    report: dict[str, Any] = {"benchmark": "jsonschema", "cpu": cpu_model(), "seed": args.seed,
+                              "per_category": args.per_category,
                               "num_schemas": len(schemas), "backends": {}}  # fmt: skip
     coverage_rows, outcome_rows, speed_rows = [], [], []
     for backend in args.backends.split(","):

@@ -181,6 +181,37 @@ def plot_json(data: Any, out: str) -> list[str]:
     return written
 
 
+def plot_jsonschema(data: Any, out: str) -> list[str]:
+    """Outcomes per backend and budget (of all schemas sampled), and decode tok/s constrained
+    against free at batch 1 and 16."""
+    plt, written = _pyplot(), []
+    backends = data["backends"]
+    total = data["num_schemas"]
+    labels, groups = [], {"valid": [], "of which closed early": [], "truncated": [], "refused": []}
+    for name, entry in backends.items():
+        for budget, counts in entry["by_budget"].items():
+            labels.append(f"{name} @{budget}")
+            groups["valid"].append(counts["valid"] + counts["closed_valid"])
+            groups["of which closed early"].append(counts["closed_valid"])
+            groups["truncated"].append(counts["truncated"])
+            groups["refused"].append(round(total * (1 - entry["coverage"])))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    _bars(ax, labels, groups, f"schemas (of {total})")
+    ax.set_title("JSONSchemaBench sample: outcomes")
+    _save(fig, out, "jsonschema-outcomes", written)
+    speed = {(n, b): e[f"decode_b{b}"] for n, e in backends.items() for b in (1, 16)
+             if isinstance(e.get(f"decode_b{b}"), dict)}  # fmt: skip
+    if speed:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        keys = list(speed)
+        _bars(ax, [f"{n} b{b}" for n, b in keys],
+              {"free": [speed[k]["free"] for k in keys], "constrained": [speed[k]["constrained"] for k in keys]},
+              "output tok/s")  # fmt: skip
+        ax.set_title("decode: constrained vs free")
+        _save(fig, out, "jsonschema-decode", written)
+    return written
+
+
 def plot_speculative(data: Any, out: str) -> list[str]:
     plt, written = _pyplot(), []
     results = data["results"]
@@ -243,7 +274,8 @@ def plot_dashboard(data: Any, out: str) -> list[str]:
 
 PLOTTERS: dict[str, Callable[[Any, str], list[str]]] = {
     "serving": plot_serving, "throughput": plot_throughput, "latency": plot_latency,
-    "programs": plot_programs, "json": plot_json, "speculative": plot_speculative,
+    "programs": plot_programs, "json": plot_json, "jsonschema": plot_jsonschema,
+    "speculative": plot_speculative,
     "data-parallel": plot_data_parallel, "llama-cpp": plot_llama_cpp, "overhead": plot_overhead,
     "dashboard": plot_dashboard,
 }  # fmt: skip

@@ -3,6 +3,7 @@ compile and mask times, and each schema's outcome in the JSON."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 
@@ -16,11 +17,15 @@ def test_bench_jsonschema_reports_each_schema(tiny_llama_dir, tmp_path):
         {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]}))
     (data / "Hard" / "refused.json").write_text(json.dumps(
         {"type": "string", "not": {"pattern": "^a"}}))
-    out = tmp_path / "jsonschema.json"
+    out, plots = tmp_path / "jsonschema.json", tmp_path / "plots"
     argv = ["bench", "jsonschema", "--model", str(tiny_llama_dir), "--data", str(data),
             "--per-category", "1", "--max-tokens", "24", "--backends", "llguidance",
             "--no-speed", "--output", str(out)]  # fmt: skip
+    if importlib.util.find_spec("matplotlib") is not None:
+        argv += ["--plot", str(plots)]
     assert main(argv) == 0
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert sorted(p.name for p in plots.iterdir()) == ["jsonschema-outcomes.png"]
     report = json.loads(out.read_text())
     entry = report["backends"]["llguidance"]
     assert entry["coverage"] == 0.5

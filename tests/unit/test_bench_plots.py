@@ -42,6 +42,11 @@ RESULTS = {
     "programs": {"benchmark": "programs", "results": [
         {"workload": w, "system": s, "programs_per_s": p} for w in ("select", "agent")
         for s, p in (("plait", 3.0), ("plait (cache off)", 1.0))]},
+    "jsonschema": {"benchmark": "jsonschema", "num_schemas": 10, "backends": {
+        "llguidance": {"coverage": 0.9, "by_budget": {"256": {"valid": 5, "closed_valid": 3, "truncated": 1}},
+                       "decode_b1": {"free": 80.0, "constrained": 60.0}},
+        "outlines": {"coverage": 0.5, "by_budget": {"256": {"valid": 3, "closed_valid": 1, "truncated": 1}},
+                     "decode_b1": "GrammarError: too many states"}}},
     "json": {"benchmark": "json", "results": {
         n: {"seconds": 2.0, "output_tokens": t} for n, t in
         (("unconstrained", 400), ("jump-forward on", 300), ("jump-forward off", 200))}
