@@ -302,7 +302,7 @@ def quant_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
 
 def dense_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear for float32 weights, by the native kernel on the CPU for fewer than
-    `DEQUANT_GEMM_MIN_ROWS` rows of x (torch's GEMV read this machine's weights at 16-36 GB/s where
+    `DEQUANT_GEMM_MIN_ROWS` rows of x (torch's GEMV read the weights at 16-36 GB/s on a 2-core VM where
     the kernel, streaming two weight rows at a time, measured 37-49 GB/s on one thread), and for
     any number of rows of a matrix over `DEQUANT_GEMM_MAX_ELEMENTS` (an LM head scoring a prompt
     or `select` options: 80-85 GMAC/s against torch's 32-72 for SmolLM2's from 48 to 512 rows)."""

@@ -8,7 +8,7 @@ running sum of p exceeds u * sum(p). `draw_ref` is the same draw in torch, which
 the same token (up to float rounding at the edge between two tokens).
 
 torch's own path sorted the whole vocabulary for top-k / top-p (3.4 ms a row over SmolLM2's 49,152
-logits on this machine) and drew with `torch.multinomial` (1 ms); the kernel takes ~0.1 ms.
+logits on a 2-core VM) and drew with `torch.multinomial` (1 ms); the kernel takes ~0.1 ms.
 """
 
 from __future__ import annotations

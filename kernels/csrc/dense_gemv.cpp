@@ -8,7 +8,7 @@ namespace plait::qmm {
 namespace {
 
 // float32 weights (format 2), for the decode stack and the LM head: torch's GEMV for one row of x
-// read the weights at 16-36 GB/s on this machine. Each weight row is read in one sequential pass
+// read the weights at 16-36 GB/s on a 2-core VM. Each weight row is read in one sequential pass
 // against up to 4 rows of x (independent accumulators: 4 for one row of x, 2 per row otherwise),
 // with the row `ahead` rows on prefetched, past this task's end into the next task's (the same
 // thread's under static scheduling). Two rows side by side, prefetched only within the task, read

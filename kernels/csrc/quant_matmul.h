@@ -120,7 +120,7 @@ inline void dequant_int4_row(const uint8_t* q, const half* scales, const half* m
 // changed SmolLM2's greedy tokens against the same weights with float activations, 58% of tokens
 // agreeing over the e2e prompts, and raised its int4 perplexity on our text by 3%; with the
 // second level 100% agreed. It costs int4 single-stream decode ~9% (3.01 -> 3.29 ms a step, in
-// one process), which is close to compute-bound on this machine.
+// one process), which is close to compute-bound on a 2-core VM.
 constexpr int64_t XBLOCK = 32;
 
 // 32 int32 -> 32 int8 in order (packs interleave 128-bit lanes; the permute undoes it)
