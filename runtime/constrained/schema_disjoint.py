@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .json_pointer import MISSING, local_pointer, resolve
+
 _DEPTH = 8  # `$ref` hops followed while proving two branches apart
 _NUMBERS = ("number", "integer")
 _ALL_TYPES = frozenset(("null", "boolean", "object", "array", "number", "integer", "string"))
@@ -129,20 +131,9 @@ def _deref(root: Any, node: Any) -> Any:
 
 
 def _lookup(root: Any, ref: str) -> Any:
-    if ref in ("#", "#/"):
-        return root
-    if not ref.startswith("#/"):
-        return None
-    node = root
-    for token in ref[2:].split("/"):
-        token = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and token in node:
-            node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        else:
-            return None
-    return node
+    pointer = local_pointer(ref)
+    target = MISSING if pointer is None else resolve(root, pointer)
+    return None if target is MISSING else target
 
 
 def _values(node: dict) -> set[str] | None:

@@ -31,8 +31,8 @@ the copy validates against the original):
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import unquote
 
+from .json_pointer import MISSING, escape, local_pointer, resolve
 from .schema_disjoint import relax_disjoint_one_of
 
 # Keywords whose value is a schema, a list of schemas, or a map of names to schemas.
@@ -92,7 +92,7 @@ class _Preparer:
         inner = OPEN if own is OPEN or ctx is OPEN else ctx | own
         out: dict[str, Any] = {}
         for key, value in node.items():
-            where = f"{path}/{_escape(key)}"
+            where = f"{path}/{escape(key)}"
             if key == "format" and isinstance(value, str) and value in self.unknown_formats:
                 continue
             if key in _SCHEMA:
@@ -102,7 +102,7 @@ class _Preparer:
             elif key in _SCHEMA_LISTS and isinstance(value, list):
                 out[key] = [self._walk(c, f"{where}/{i}", Names()) for i, c in enumerate(value)]
             elif key in _SCHEMA_MAPS and isinstance(value, dict):
-                out[key] = {k: self._walk(c, f"{where}/{_escape(k)}", Names()) for k, c in value.items()}
+                out[key] = {k: self._walk(c, f"{where}/{escape(k)}", Names()) for k, c in value.items()}
             else:
                 out[key] = value
         if isinstance(node.get("$ref"), str):
@@ -151,15 +151,15 @@ class _Preparer:
         for key in (*_ANNOTATIONS, "$schema", "deprecated", "readOnly", "writeOnly"):
             out.pop(key, None)
         if "type" in out:
-            pointer = _pointer(out["$ref"])
-            target = _resolve(self.root, pointer) if pointer else _MISSING
+            pointer = local_pointer(out["$ref"])
+            target = resolve(self.root, pointer) if pointer else MISSING
             mine, theirs = _type_set(out["type"]), _type_set(target.get("type")) if isinstance(
                 target, dict) else None  # fmt: skip
             if mine is not None and theirs is not None and theirs <= mine:
                 del out["type"]
 
     def _need(self, ref: str, ctx: Names | None) -> None:
-        pointer = _pointer(ref)
+        pointer = local_pointer(ref)
         if pointer is None:
             return
         if pointer in self._found:
@@ -220,13 +220,13 @@ class _Preparer:
         return result
 
     def _ref_names(self, ref: Any, seen: frozenset[str]) -> Names | None:
-        pointer = _pointer(ref) if isinstance(ref, str) else None
+        pointer = local_pointer(ref) if isinstance(ref, str) else None
         if pointer is None:
             return OPEN
         if pointer in seen:
             return Names()  # a recursive reference adds nothing new
-        target = _resolve(self.root, pointer)
-        if target is _MISSING:
+        target = resolve(self.root, pointer)
+        if target is MISSING:
             return OPEN
         return self._names_of(target, seen | {pointer})
 
@@ -365,36 +365,6 @@ def _union_needs(old: dict[str, Any], found: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-_MISSING = object()
-
-
-def _pointer(ref: str) -> str | None:
-    """A local `$ref` in the form the walk names places; None for other documents."""
-    if not ref.startswith("#"):
-        return None
-    if ref in ("#", "#/"):
-        return "#"
-    if not ref.startswith("#/"):
-        return None  # an anchor name
-    tokens = [unquote(t).replace("~1", "/").replace("~0", "~") for t in ref[2:].split("/")]
-    return "#" + "".join("/" + _escape(t) for t in tokens)
-
-
-def _resolve(root: Any, pointer: str) -> Any:
-    node = root
-    if pointer == "#":
-        return node
-    for token in pointer[2:].split("/"):
-        token = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and token in node:
-            node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        else:
-            return _MISSING
-    return node
-
-
 def _fix_property_counts(node: dict[str, Any]) -> None:
     """`minProperties` / `maxProperties` over a closed set of properties, as required ones: the
     first optional properties (in declared order) become required until the minimum holds, and
@@ -435,16 +405,12 @@ def find_keyword(schema: Any, keyword: str) -> str | None:
             return where
         children: list[tuple[Any, str]] = []
         for key, value in node.items():
-            name = f"{where}/{_escape(key)}"
+            name = f"{where}/{escape(key)}"
             if key in _SCHEMA:
                 children.append((value, name))
             elif key in _SCHEMA_LISTS and isinstance(value, list):
                 children.extend((c, f"{name}/{i}") for i, c in enumerate(value))
             elif key in _SCHEMA_MAPS and isinstance(value, dict):
-                children.extend((c, f"{name}/{_escape(k)}") for k, c in value.items())
+                children.extend((c, f"{name}/{escape(k)}") for k, c in value.items())
         stack.extend(reversed(children))
     return None
-
-
-def _escape(token: str) -> str:
-    return token.replace("~", "~0").replace("/", "~1")
