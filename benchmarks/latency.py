@@ -173,7 +173,9 @@ def measure_plait(
 
 
 def measure_transformers(model_path: str | None, dtype: str, prompt_len: int, decode_len: int, repeats: int) -> dict:
-    import transformers
+    from plait.thirdparty import import_transformers
+
+    transformers = import_transformers()
 
     from plait.runtime.model_loader.locate import locate_checkpoint
     from plait.runtime.tokenizer import Tokenizer

@@ -237,7 +237,9 @@ class TransformersLM:
 def load_transformers_lm(model_path: str | None, dtype: Any) -> TransformersLM:
     import os
 
-    import transformers
+    from plait.thirdparty import import_transformers
+
+    transformers = import_transformers()
 
     from plait.benchmarks.throughput import load_transformers
     from plait.runtime.model_loader.locate import locate_checkpoint

@@ -114,7 +114,9 @@ def run_transformers(
 def load_transformers(model_path: str | None, dtype: torch.dtype) -> Any:
     import os
 
-    import transformers
+    from plait.thirdparty import import_transformers
+
+    transformers = import_transformers()
 
     from plait.runtime.model_loader.locate import locate_checkpoint
 

@@ -414,8 +414,10 @@ def _merges_from_scores(
 
 
 def _backend_from_transformers(root: Path) -> BackendTokenizer:
+    from plait.thirdparty import import_transformers
+
     try:
-        from transformers import AutoTokenizer
+        AutoTokenizer = import_transformers().AutoTokenizer
     except ImportError as e:
         raise ImportError(
             f"tokenizer: {root} has only tokenizer.model; reading it needs `transformers` and "
