@@ -8,6 +8,7 @@ rows that are constrained, every other row is left untouched. Tokens at or past 
 
 from __future__ import annotations
 
+import ctypes
 import sys
 from collections.abc import Sequence
 from functools import cache
@@ -177,11 +178,37 @@ def apply_token_bitmask_triton(
 _NUMPY_DTYPES = (torch.float32, torch.float16, torch.float64)
 
 
+@cache
+def _native_rows() -> Any:
+    from plait.kernels import native
+
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    return native.function("cpu_kernels", "plait_apply_bitmask_rows", [p, i64, i64, p, i64, p, i64, ctypes.c_int])
+
+
 def apply_token_bitmask_cpu(
     logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | Sequence[int] | None = None
 ) -> None:
-    """Same contract on CPU tensors, through numpy (`unpackbits` is ~3x faster than torch shifts)."""
+    """Same contract on CPU tensors: the native kernel for float32 rows (`csrc/cpu_sampling.cpp`,
+    which skips the all-allowed words: ~10x faster than numpy over 16 rows of 49,152 logits),
+    else numpy (`unpackbits` is ~3x faster than torch shifts)."""
     _check(logits, bitmask)
+    from plait.kernels import native
+
+    fn = None if native.native_disabled() else _native_rows()
+    if (
+        fn is not None and logits.device.type == "cpu" and logits.dtype == torch.float32
+        and logits.stride(1) == 1 and bitmask.device.type == "cpu" and bitmask.is_contiguous()
+    ):  # fmt: skip
+        rows = list(range(logits.shape[0])) if indices is None else [int(i) for i in indices]
+        if not rows:
+            return
+        if min(rows) < 0 or max(rows) >= logits.shape[0]:
+            raise IndexError(f"apply_token_bitmask: row index out of range for {logits.shape[0]} rows")
+        index = torch.tensor(rows, dtype=torch.long)
+        fn(logits.data_ptr(), logits.stride(0), logits.shape[1], bitmask.data_ptr(), bitmask.shape[1],
+           index.data_ptr(), len(rows), min(torch.get_num_threads(), len(rows)))  # fmt: skip
+        return
     if (
         logits.device.type != "cpu"
         or logits.dtype not in _NUMPY_DTYPES

@@ -53,7 +53,8 @@ class DecodeBurst(ctypes.Structure):
     _fields_ = [("embed", _p), ("embed_rows", _i64), ("final_norm", _p), ("head", QLinear), ("tables", _p),
                 ("table_width", _i64), ("lens", _p), ("stop_ids", _p), ("stop_offsets", _p),
                 ("sliding_window", _i64), ("interrupt", _p), ("temperature", _p), ("top_k", _p), ("top_p", _p),
-                ("min_p", _p), ("uniforms", _p)]  # fmt: skip
+                ("min_p", _p), ("uniforms", _p), ("mask_fn", _p), ("bitmask", _p), ("masked", _p),
+                ("mask_words", _i64)]  # fmt: skip
 
 
 @cache
@@ -146,6 +147,29 @@ class BurstSampling:
             if t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous():
                 raise ValueError(f"{name}: expected contiguous {dtype} {shape}, got {t.dtype} {tuple(t.shape)}")
         return tuple(getattr(self, n).data_ptr() for n in ("temperature", "top_k", "top_p", "min_p", "uniforms"))
+
+
+MASK_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int64)
+
+
+@dataclass
+class BurstMasks:
+    """Grammar masks filled between a burst's steps. Before step s, the kernel calls `fill(s)`
+    (a `MASK_FN`; the tokens of the steps before s are in the burst's `out` by then): non-zero
+    ends the burst before step s; otherwise `fill` has set `masked[r]` non-zero for each row
+    constrained at step s and written its allowed tokens into `bitmask[r]`
+    (`kernels/constraint_mask.py`'s layout), which the step applies before it picks."""
+
+    fill: ctypes._CFuncPtr  # MASK_FN: keep a reference for as long as the burst runs
+    bitmask: torch.Tensor  # int32 [rows, words]
+    masked: torch.Tensor  # int32 [rows]
+
+    def pointers(self, rows: int) -> tuple[int, int, int, int]:
+        for name, t in (("bitmask", self.bitmask), ("masked", self.masked)):
+            if t.dtype != torch.int32 or t.shape[0] != rows or not t.is_contiguous() or t.device.type != "cpu":
+                raise ValueError(f"{name}: expected a contiguous CPU int32 tensor of {rows} rows")
+        fill = ctypes.cast(self.fill, ctypes.c_void_p).value
+        return fill, self.bitmask.data_ptr(), self.masked.data_ptr(), self.bitmask.shape[1]
 
 
 def burst_scratch_floats(rows: int, shape: DecodeShape, vocab: int) -> int:

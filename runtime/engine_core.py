@@ -85,7 +85,8 @@ class EngineCore:
         )
         self.generator = torch.Generator(device=self.device).manual_seed(self.config.random_seed)
         self.runner = ModelRunner(
-            self.model, self.kv_pool, self.device, self.tokenizer.eos_token_ids, self.generator
+            self.model, self.kv_pool, self.device, self.tokenizer.eos_token_ids, self.generator,
+            jump_forward=not self.config.disable_jump_forward,
         )
         self.processor = OutputProcessor(self.tokenizer, self.context_len)
         self.speculation = Speculation(config, self)
@@ -343,6 +344,9 @@ class EngineCore:
         if burst_step_s < STREAM_BURST_MIN_STEP_SECONDS and any(r.streaming for r in batch.decodes):
             return 1
         limit = min(limit, max(1, int(BURST_SECONDS / max(self._decode_step_s, 1e-6))))
+        for req in batch.decodes:  # a constrained request near its budget: where it closes
+            closing = self.processor.steps_before_closing(req, self._closing_slack)
+            limit = limit if closing is None else min(limit, closing)
         return sched.grow_for_burst(batch.decodes, limit) if limit > 1 else 1
 
     def _close_or_jump(self, req: Request) -> None:

@@ -4,8 +4,10 @@ computes logprobs and samples."""
 from __future__ import annotations
 
 import ctypes
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 import torch
@@ -16,6 +18,7 @@ from plait.kernels.constraint_mask import allocate_token_bitmask, apply_token_bi
 from plait.kernels.decode_stack import BurstSampling
 from plait.kernels.dispatch import use_triton
 from plait.runtime.batch import ExtendEntry, ScheduleBatch, TokenResult
+from plait.runtime.constrained.burst_masks import GrammarBurst
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.models import native_decode
@@ -42,6 +45,7 @@ class ModelRunner:
         device: torch.device,
         eos_ids: frozenset[int],
         default_generator: torch.Generator,
+        jump_forward: bool = True,
     ) -> None:
         self.model = model
         self.kv_pool = kv_pool
@@ -49,6 +53,7 @@ class ModelRunner:
         self.page_size = kv_pool.page_size
         self.eos_ids = eos_ids
         self.default_generator = default_generator
+        self.jump_forward = jump_forward  # the engine jumps over forced text: bursts end there
         self._mask_pool: ThreadPoolExecutor | None = None  # fills grammar masks beside the forward
         # quantized weights on a CPU whose GEMM has AMX: prefill chunks attend in bfloat16 as well
         # as multiply in it (kernels/quant_matmul.py: bf16_matmul); float32 models stay float32
@@ -179,6 +184,12 @@ class ModelRunner:
         grammars = [r.grammar for r, (_, samples), d in zip(reqs, plans, drafts) if samples and not d]
         if all(g is None for g in grammars):
             return None
+        if self.device.type == "cpu" and torch.get_num_threads() >= _usable_cpus():
+            # NOTE: every core runs the forward: a mask thread beside it preempts one of its
+            # OpenMP threads, which the others then wait for at each barrier (16 masks beside a
+            # 2-thread forward on 2 cores: the forward 32 -> 46 ms, the masks 2.7 -> 9.6 ms);
+            # filled after the forward instead (`_results`)
+            return None
         if self._mask_pool is None:
             self._mask_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plait-masks")
         vocab = self.model.args.vocab_size
@@ -186,11 +197,11 @@ class ModelRunner:
 
     def can_burst(self, batch: ScheduleBatch) -> bool:
         """Whether `decode_burst` can run this batch: decodes only, each one's next token a function
-        of its raw logits (greedy, or sampled with no grammar or penalty), no logprobs, and a model
-        whose whole step runs natively (the CPU kernels)."""
+        of its raw logits and its grammar's mask (greedy, or sampled with no penalty), no
+        logprobs, and a model whose whole step runs natively (the CPU kernels)."""
         if batch.extends or not batch.decodes or not isinstance(self.model, LlamaForCausalLM):
             return False
-        if not all(_plain_logits(r) and not r.logprob.return_logprob for r in batch.decodes):
+        if not all(_burst_logits(r) and not r.logprob.return_logprob for r in batch.decodes):
             return False
         if not all(r.params.is_greedy for r in batch.decodes) and not sampling_cpu.available():
             return False
@@ -206,6 +217,9 @@ class ModelRunner:
         run past its stop token (when others in the batch go on): the output processor stops at it.
         `interrupt`: set non-zero by another thread, it ends the burst after a step. `out`
         (int64 [B, steps]), if given, receives each step's tokens as soon as they are picked.
+        Constrained rows pick among the tokens their grammar allows, masked between steps
+        (`constrained/burst_masks.py`); the burst ends early where a grammar forces text (when
+        `jump_forward`: jump-forward takes it from there) or every row has finished.
 
         A sampled request takes one uniform from its generator per step, as `sample` does step by
         step, so a seed gives the same tokens with or without bursts: its `steps` uniforms are
@@ -222,13 +236,23 @@ class ModelRunner:
         ]
         stack = native_decode.burst_stack_for(self.model, self.kv_pool, len(reqs))
         sampling, rewind = self._burst_sampling(reqs, steps)
+        grammars = None
+        if any(r.grammar is not None for r in reqs):
+            if out is None:
+                out = torch.full((len(reqs), steps), -1, dtype=torch.long)
+            grammars = GrammarBurst(
+                [r.grammar for r in reqs], stop_ids, out, self.model.args.vocab_size, self.jump_forward
+            )
         ran = 0
         try:
             tokens = stack.burst(
                 self.model, torch.tensor([r.last_id for r in reqs], dtype=torch.long), tables,
                 torch.tensor(lens, dtype=torch.long), steps, stop_ids, interrupt, sampling, out,
+                grammars.masks if grammars is not None else None,
             )
             ran = tokens.shape[1]
+            if grammars is not None and grammars.error is not None:
+                raise grammars.error
         finally:
             if ran < steps:  # one uniform per step run, as many as single steps would have taken
                 for generator, state in rewind:
@@ -379,6 +403,14 @@ class ModelRunner:
         apply_token_bitmask(logits, bitmask.to(logits.device), constrained)
 
 
+@cache
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def _fill_masks(grammars: list, vocab_size: int) -> tuple[torch.Tensor, list[int]]:
     from plait.runtime.constrained.base import fill_bitmasks
 
@@ -392,6 +424,16 @@ def _plain_logits(req: Request) -> bool:
     p = req.params
     return (
         req.grammar is None and not p.frequency_penalty and not p.presence_penalty
+        and p.repetition_penalty == 1.0 and len(req.output_ids) >= p.min_new_tokens
+    )  # fmt: skip
+
+
+def _burst_logits(req: Request) -> bool:
+    """Whether a burst can pick the request's tokens: as `_plain_logits`, but a grammar is
+    allowed (masked between the burst's steps), unless token healing may still lift it."""
+    p = req.params
+    return (
+        not req.heal_free and not p.frequency_penalty and not p.presence_penalty
         and p.repetition_penalty == 1.0 and len(req.output_ids) >= p.min_new_tokens
     )  # fmt: skip
 

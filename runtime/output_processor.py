@@ -176,6 +176,16 @@ class OutputProcessor:
         tokens = closing.shortest_completion(grammar, max(room, 0), time_limit=CLOSING_STEP_SECONDS)
         return self._found(req, tokens, room, slack)
 
+    def steps_before_closing(self, req: Request, slack: int) -> int | None:
+        """How many tokens `req` may take before `try_close` would look at it again (None: no
+        limit), so that a decode burst ends where single steps would have looked."""
+        if req.grammar is None or not req.closing or req.closing_job is not None:
+            return None
+        since = len(req.output_ids) - req.closing_found_at
+        expected = req.closing_tokens if (req.closing_tokens or req.closing_found_at) else CLOSING_MIN_EXPECTED
+        gap = self._room(req) - (expected + CLOSING_GROWTH_PER_TOKEN * since) - slack
+        return max(0, -(-gap // (1 + CLOSING_GROWTH_PER_TOKEN)))
+
     def closing_job_done(self, req: Request, slack: int) -> bool:
         """Takes the finished off-loop search of `req`, as `try_close` takes its own search's
         result. True when it closed."""

@@ -39,7 +39,9 @@ constexpr Field FIELDS[] = {
     PLAIT_FIELD(PlaitDecodeBurst, stop_offsets), PLAIT_FIELD(PlaitDecodeBurst, sliding_window),
     PLAIT_FIELD(PlaitDecodeBurst, interrupt), PLAIT_FIELD(PlaitDecodeBurst, temperature),
     PLAIT_FIELD(PlaitDecodeBurst, top_k), PLAIT_FIELD(PlaitDecodeBurst, top_p), PLAIT_FIELD(PlaitDecodeBurst, min_p),
-    PLAIT_FIELD(PlaitDecodeBurst, uniforms),
+    PLAIT_FIELD(PlaitDecodeBurst, uniforms), PLAIT_FIELD(PlaitDecodeBurst, mask_fn),
+    PLAIT_FIELD(PlaitDecodeBurst, bitmask), PLAIT_FIELD(PlaitDecodeBurst, masked),
+    PLAIT_FIELD(PlaitDecodeBurst, mask_words),
 
     PLAIT_FIELD(PlaitDecodeRows, tables), PLAIT_FIELD(PlaitDecodeRows, table_width),
     PLAIT_FIELD(PlaitDecodeRows, q_index), PLAIT_FIELD(PlaitDecodeRows, table_index),

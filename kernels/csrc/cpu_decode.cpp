@@ -99,8 +99,9 @@ extern "C" int64_t plait_decode_layers(const PlaitDecodeLayer* layers, int64_t n
 }
 
 // Up to `steps` decode steps for `s->tokens` rows. ids [rows]: the tokens fed first. out [rows,
-// steps]: the tokens picked (each row's first maximum, or its draw when sampled). Stops early once
-// every row has picked one of its stop ids, or once `interrupt` is set. scratch:
+// steps]: the tokens picked (each row's first maximum, or its draw when sampled, among the tokens
+// its grammar mask allows). Stops early once every row has picked one of its stop ids, once
+// `interrupt` is set, or when `mask_fn` says so before a step. scratch:
 // `plait_decode_layers`' scratch, then rows * (3 * hidden + vocab) floats. Returns the steps run,
 // or -1 - r when row r has a slot outside the pool or a token outside the embedding (then nothing
 // has run).
@@ -125,6 +126,7 @@ extern "C" int64_t plait_decode_burst(const PlaitDecodeLayer* layers, int64_t nu
     const PlaitDecodeRows table{g->tables, g->table_width, rows.data(), rows.data(), first.data(), kv_len.data(), B};
     int64_t step = 0;
     while (step < steps) {
+        if (g->mask_fn != nullptr && g->mask_fn(step) != 0) break;
         for (int64_t r = 0; r < B; ++r) {
             const int64_t pos = g->lens[r] - 1 + step;
             positions[r] = pos;
@@ -140,7 +142,8 @@ extern "C" int64_t plait_decode_burst(const PlaitDecodeLayer* layers, int64_t nu
         linear(g->head, h, B, logits, num_threads);
         bool all_stopped = true;
         for (int64_t r = 0; r < B; ++r) {
-            const float* row = logits + r * V;
+            float* row = logits + r * V;
+            if (g->mask_fn != nullptr && g->masked[r]) plait_apply_bitmask_row(row, V, g->bitmask + r * g->mask_words, g->mask_words);
             int64_t best = -1;
             if (g->temperature != nullptr && g->temperature[r] > 0.0f)
                 best = plait_sample_row(row, V, g->temperature[r], g->top_k[r], g->top_p[r], g->min_p[r],

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -198,5 +199,34 @@ extern "C" void plait_sample_rows(const float* logits, int64_t rows, int64_t voc
                                   const float* uniform, int64_t* out, int num_threads) {
     plait::parallel_for(rows, num_threads, false, [&](int64_t r) {
         out[r] = plait_sample_row(logits + r * vocab, vocab, temperature[r], top_k[r], top_p[r], min_p[r], uniform[r]);
+    });
+}
+
+// Sets row[v] to -inf for each token v whose bit (v % 32 of word v / 32) is 0 in `words`, and for
+// the tokens past the mask's num_words * 32 (kernels/constraint_mask.py's layout).
+extern "C" void plait_apply_bitmask_row(float* row, int64_t vocab, const int32_t* words, int64_t num_words) {
+    const float minus_inf = -std::numeric_limits<float>::infinity();
+    const int64_t covered = std::min<int64_t>(vocab, num_words * 32);
+    for (int64_t w = 0; w * 32 < covered; ++w) {
+        uint32_t blocked = ~static_cast<uint32_t>(words[w]);
+        if (blocked == 0) continue;  // most words of a loose mask: nothing to clear
+        float* base = row + w * 32;
+        const int64_t width = std::min<int64_t>(32, covered - w * 32);
+        if (width < 32) blocked &= (1u << width) - 1u;
+        while (blocked) {
+            base[__builtin_ctz(blocked)] = minus_inf;
+            blocked &= blocked - 1;
+        }
+    }
+    for (int64_t v = covered; v < vocab; ++v) row[v] = minus_inf;
+}
+
+// plait_apply_bitmask_row for rows `indices[0, n)` of logits [.., vocab] (row stride `stride`
+// floats) with bitmask rows of the same index; rows run in parallel.
+extern "C" void plait_apply_bitmask_rows(float* logits, int64_t stride, int64_t vocab, const int32_t* bitmask,
+                                         int64_t num_words, const int64_t* indices, int64_t n, int num_threads) {
+    plait::parallel_for(n, num_threads, false, [&](int64_t i) {
+        const int64_t r = indices[i];
+        plait_apply_bitmask_row(logits + r * stride, vocab, bitmask + r * num_words, num_words);
     });
 }

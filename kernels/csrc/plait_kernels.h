@@ -67,6 +67,15 @@ struct PlaitDecodeBurst {  // kernels/decode_stack.py: DecodeBurst
     const float* top_p;        // [rows]
     const float* min_p;        // [rows]
     const float* uniforms;     // [rows, steps]
+    // Grammar masks, all null when no row is constrained. Before step s runs, mask_fn(s) is
+    // called (the tokens of steps < s are in `out` by then): a non-zero return ends the burst
+    // before step s; otherwise it has set masked[r] (non-zero: row r is constrained at step s)
+    // and, for such rows, the allowed tokens in bitmask[r * mask_words, ...) (bit v % 32 of word
+    // v / 32, as kernels/constraint_mask.py), which the step applies before it picks.
+    int32_t (*mask_fn)(int64_t step);
+    const int32_t* bitmask;    // [rows, mask_words]
+    const int32_t* masked;     // [rows]
+    int64_t mask_words;
 };
 
 struct PlaitDecodeRows {  // the attention rows (kernels/decode_stack.py: DecodeRows)
@@ -140,6 +149,10 @@ int64_t plait_filtered_probs_row(const float* logits, int64_t vocab, float tempe
 void plait_sample_rows(const float* logits, int64_t rows, int64_t vocab, const float* temperature,
                        const int64_t* top_k, const float* top_p, const float* min_p, const float* uniform,
                        int64_t* out, int num_threads);
+
+void plait_apply_bitmask_row(float* row, int64_t vocab, const int32_t* words, int64_t num_words);
+void plait_apply_bitmask_rows(float* logits, int64_t stride, int64_t vocab, const int32_t* bitmask,
+                              int64_t num_words, const int64_t* indices, int64_t n, int num_threads);
 
 // cpu_memory.cpp
 uint64_t plait_read_buffers(const void* const* ptrs, const int64_t* bytes, int64_t n, int num_threads);

@@ -319,3 +319,48 @@ def test_the_native_burst_draws_sampled_rows_with_their_uniforms():
     with pytest.raises(ValueError, match="uniforms"):
         decode_stack.BurstSampling(sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p,
                                    uniforms[:, :3]).pointers(2, steps)  # fmt: skip
+
+
+def test_the_native_burst_applies_the_masks_its_callback_fills_and_ends_when_told():
+    """A mask callback before each step: the picks are the argmax among the allowed tokens, the
+    callback sees the tokens of the steps before, and a non-zero return ends the burst."""
+    from plait.kernels.constraint_mask import allocate_token_bitmask
+
+    embed, head, norm, shape, flat, offsets = _zero_layer_burst()
+    tables, lens = torch.arange(20, dtype=torch.long)[None], torch.tensor([3])
+    steps = 8
+    out = torch.full((1, steps), -1, dtype=torch.long)
+    bitmask, masked = allocate_token_bitmask(1, 50), torch.zeros(1, dtype=torch.int32)
+    allowed_at = {s: sorted({(7 * s + 3 * j) % 50 for j in range(4)}) for s in range(steps)}
+    seen: list[list[int]] = []
+
+    def fill(step):
+        seen.append(out[0, :step].tolist())
+        if step == 6:
+            return 1
+        bitmask.zero_()
+        for t in allowed_at[step]:
+            bitmask[0, t // 32] |= 1 << (t % 32)
+        masked[0] = 1 if step % 2 == 0 else 0  # odd steps are left unconstrained
+        return 0
+
+    callback = decode_stack.MASK_FN(fill)
+    burst = _burst(embed, head, norm, shape, flat, offsets, tables, lens)
+    burst.mask_fn, burst.bitmask, burst.masked, burst.mask_words = decode_stack.BurstMasks(
+        callback, bitmask, masked
+    ).pointers(1)
+    scratch = torch.empty(decode_stack.burst_scratch_floats(1, shape, 50))
+    got = decode_stack.run_burst((decode_stack.DecodeLayer * 0)(), 0, shape, burst, torch.tensor([7]), steps,
+                                 torch.ones(4), scratch, out)  # fmt: skip
+    assert got.shape == (1, 6), "the callback ended the burst before step 6"
+    token = 7
+    for s in range(6):
+        x = embed[token]
+        logits = head @ (x * torch.rsqrt(x.pow(2).mean() + 1e-5) * norm)
+        if s % 2 == 0:
+            keep = torch.full_like(logits, float("-inf"))
+            keep[allowed_at[s]] = logits[allowed_at[s]]
+            logits = keep
+        token = int(logits.argmax())
+        assert got[0, s] == token, s
+        assert seen[s] == got[0, :s].tolist()
