@@ -76,10 +76,12 @@ class NativeDecodeStack:
         self, lm: LlamaForCausalLM, ids: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor, steps: int,
         stop_ids: list[list[int]], interrupt: ctypes.c_int32 | None = None,
         sampling: decode_stack.BurstSampling | None = None, out: torch.Tensor | None = None,
+        masks: decode_stack.BurstMasks | None = None,
     ) -> torch.Tensor:
         """Up to `steps` steps from `ids` [B] (see `ModelRunner.decode_burst`), greedy unless
-        `sampling` says otherwise; `interrupt`, an int32 another thread may set non-zero, ends the
-        burst after the current step; `out` [B, steps], if given, is filled step by step."""
+        `sampling` says otherwise, among the tokens `masks` allows; `interrupt`, an int32 another
+        thread may set non-zero, ends the burst after the current step; `out` [B, steps], if
+        given, is filled step by step (`masks` reads it)."""
         model = lm.model
         rows = ids.shape[0]
         self.shape.tokens = rows
@@ -99,6 +101,7 @@ class NativeDecodeStack:
             tables.shape[1], lens.data_ptr(), flat_stops.data_ptr(), offsets_t.data_ptr(), self.sliding_window or 0,
             None if interrupt is None else ctypes.addressof(interrupt),
             *(sampling.pointers(rows, steps) if sampling is not None else (None,) * 5),
+            *(masks.pointers(rows) if masks is not None else (None, None, None, 0)),
         )
         return decode_stack.run_burst(
             self.layers, len(model.layers), self.shape, burst, ids.contiguous(), steps, model.rotary_emb.inv_freq,
