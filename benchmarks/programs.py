@@ -30,6 +30,7 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 from plait.benchmarks.common import print_table, write_json
+from plait.thirdparty import import_transformers
 
 WORKLOADS = ("fewshot", "tot", "agent")
 DEFAULT_ITEMS = {"fewshot": 64, "tot": 8, "agent": 16}
@@ -236,8 +237,6 @@ class TransformersLM:
 
 def load_transformers_lm(model_path: str | None, dtype: Any) -> TransformersLM:
     import os
-
-    from plait.thirdparty import import_transformers
 
     transformers = import_transformers()
 

@@ -20,6 +20,7 @@ from tokenizers import Tokenizer as BackendTokenizer
 
 from plait.runtime.chat_template import render_chat_template
 from plait.runtime.tuning import GIL_FREE_CHARS
+from plait.thirdparty import import_transformers
 
 # llama.cpp's `tokenizer.ggml.token_type` values.
 TOKEN_TYPE_NORMAL = 1
@@ -414,8 +415,6 @@ def _merges_from_scores(
 
 
 def _backend_from_transformers(root: Path) -> BackendTokenizer:
-    from plait.thirdparty import import_transformers
-
     try:
         AutoTokenizer = import_transformers().AutoTokenizer
     except ImportError as e:
