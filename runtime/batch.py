@@ -16,22 +16,55 @@ class ExtendEntry:
     start: int
     end: int
     is_last_chunk: bool
-    draft_ids: list[int] = field(default_factory=list)  # speculative tokens after all_ids[:end]
-    num_accepted: int = 0  # set after verification
+
+
+@dataclass
+class VerifyEntry:
+    """Speculative verification: compute KV for `req.all_ids[start:end]` followed by `draft_ids`,
+    and score each draft position, in one pass. The scheduler makes one from a decode (`start` is
+    its last token); a draft model catching up on its own KV reads the same shape with an earlier
+    `start` (`speculative/model_drafter.py`)."""
+
+    req: Request
+    start: int
+    end: int
+    draft_ids: list[int]
+    num_accepted: int = 0  # of the draft, set after verification
+    is_last_chunk: bool = True  # the request's tokens are all cached after it (as a decode's)
 
 
 @dataclass
 class ScheduleBatch:
+    """A step's work. The forward's rows and the results come in one order: `extends`, then
+    `verifies`, then `decodes` (`requests()`)."""
+
     extends: list[ExtendEntry] = field(default_factory=list)
+    verifies: list[VerifyEntry] = field(default_factory=list)
     decodes: list[Request] = field(default_factory=list)
     decode_steps: int = 1  # steps the decodes ran: more than one in a burst (`decode_burst`)
 
     @property
+    def queried(self) -> list[ExtendEntry | VerifyEntry]:
+        """The entries with query rows of their own (attention's extends), in order."""
+        return [*self.extends, *self.verifies]
+
+    def requests(self) -> list[Request]:
+        return [e.req for e in self.extends] + [v.req for v in self.verifies] + self.decodes
+
+    def drafts(self) -> list[list[int]]:
+        """Per request in `requests()` order: the draft it verifies, empty for the others."""
+        none: list[int] = []
+        return [none] * len(self.extends) + [v.draft_ids for v in self.verifies] + [none] * len(self.decodes)
+
+    @property
     def num_tokens(self) -> int:
-        return sum(e.end - e.start for e in self.extends) + len(self.decodes) * self.decode_steps
+        """Tokens whose KV the step computes (a verification counts its real token, not its draft)."""
+        return (
+            sum(e.end - e.start for e in self.queried) + len(self.decodes) * self.decode_steps
+        )
 
     def __bool__(self) -> bool:
-        return bool(self.extends or self.decodes)
+        return bool(self.extends or self.verifies or self.decodes)
 
 
 @dataclass

@@ -102,10 +102,12 @@ class EngineConfig:
     json_max_whitespace_run: int = 16  # whitespace characters in a row under a JSON schema; 0: off
     budget_closing: bool = True  # constrained requests near max_new_tokens close to a valid end
     speculative_algorithm: str | None = None  # None, "ngram", "self" or "draft_model"
+    speculation: str = "auto"  # with a drafter: "auto" (measured per batch size), "always", "never"
     num_draft_tokens: int = 4
     draft_model_path: str | None = None
     draft_layers: int | None = None  # "self": draft with the target's first layers
     tp_size: int = 1  # tensor parallelism: ranks (processes) the model is sharded over
+    cpu_threads: int | None = None  # None: every core, small steps may run on one; N: exactly N
 
     def __post_init__(self) -> None:
         algos = (None, "ngram", "self", "draft_model")
@@ -114,6 +116,14 @@ class EngineConfig:
                 f"speculative_algorithm: expected one of None, ngram, self, draft_model, "
                 f"got {self.speculative_algorithm!r}"
             )
+        if self.speculation not in ("auto", "always", "never"):
+            raise ValueError(f"speculation: expected one of auto, always, never, got {self.speculation!r}")
+        if self.speculation == "always" and self.speculative_algorithm is None:
+            raise ValueError("speculation: 'always' needs a speculative_algorithm")
+        if self.cpu_threads is not None and (
+            isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int) or self.cpu_threads < 1
+        ):
+            raise ValueError(f"cpu_threads: must be a positive integer or None, got {self.cpu_threads!r}")
         if not 1 <= self.num_draft_tokens <= 32:
             raise ValueError(f"num_draft_tokens: must be in [1, 32], got {self.num_draft_tokens}")
         if self.speculative_algorithm == "draft_model" and not self.draft_model_path:
@@ -148,8 +158,8 @@ class EngineConfig:
             "grammar_compile_memory_mb",
             "disable_jump_forward",
             "json_whitespace_pattern", "json_max_digit_run", "json_max_whitespace_run",
-            "budget_closing", "speculative_algorithm", "num_draft_tokens",
-            "draft_model_path", "draft_layers", "tp_size",
+            "budget_closing", "speculative_algorithm", "speculation", "num_draft_tokens",
+            "draft_model_path", "draft_layers", "tp_size", "cpu_threads",
         }
         top: dict[str, Any] = {}
         owners = {

@@ -21,28 +21,23 @@ from plait.kernels.kv_cache import resolve_kv_dtype
 from plait.radix_cache import PageAllocator, RadixCache
 from plait.runtime import lifecycle
 from plait.runtime.batch import ScheduleBatch, TokenResult
-from plait.runtime.burst_streams import BurstStreamer, StreamedTokens
+from plait.runtime.burst_streams import StreamedTokens
+from plait.runtime.bursts import Bursts
 from plait.runtime.closing_jobs import ClosingJobs
 from plait.runtime.config import EngineConfig
 from plait.runtime.engine_setup import num_kv_pages, off_main_thread, resolve_device, resolve_dtype
-from plait.runtime.governor import ThreadGovernor
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.model_loader import load_model
 from plait.runtime.model_runner import ModelRunner
 from plait.runtime.models.quantized import weight_bytes
 from plait.runtime.output_processor import OutputProcessor
 from plait.runtime.outputs import build_output
+from plait.runtime.policies import ThreadPolicy
 from plait.runtime.protocol import FinishReason
 from plait.runtime.request import Request
 from plait.runtime.scheduler import Scheduler
 from plait.runtime.speculation import Speculation
-from plait.runtime.tuning import (
-    BURST_SECONDS,
-    CLOSING_GROWTH,
-    CLOSING_WAIT_SECONDS,
-    SPECULATIVE_BURST_STEPS,
-    STREAM_BURST_MIN_STEP_SECONDS,
-)
+from plait.runtime.tuning import CLOSING_GROWTH, CLOSING_WAIT_SECONDS
 
 logger = logging.getLogger("plait.engine")
 
@@ -90,18 +85,16 @@ class EngineCore:
         )
         self.processor = OutputProcessor(self.tokenizer, self.context_len)
         self.speculation = Speculation(config, self)
-        threads = torch.get_num_threads()
-        # NOTE: on GPUs the CPU threads only feed kernel launches; nothing to tune there.
-        self.thread_governor = ThreadGovernor(threads) if self.device.type == "cpu" and threads > 1 else None
+        self.threads = ThreadPolicy(self.device, config.cpu_threads)
         self.grammars: Any = None  # the frontend's GrammarCache, shut down with the loop
         self._closing: Any = None  # ClosingSearch, made with the first closing request
         self.closing_jobs = ClosingJobs()  # closing searches off the loop
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         # set by `post` from any thread: a running decode burst ends after its current step
         self._interrupt = ctypes.c_int32(0)
-        self._decode_step_s: float | None = None  # the last decode-only step's forward time
-        self._burst_step_s: float | None = None  # the same within the last burst
-        self._streamer: BurstStreamer | None = None  # made with the first streaming burst
+        self.bursts = Bursts(
+            config.scheduler.num_continuous_decode_steps, self.processor, self.deliver, self._interrupt
+        )
         self._stopped = threading.Event()
         self._totals = {"requests": 0, "prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "burst_steps": 0}
         self._thread = threading.Thread(target=self._loop, name="plait-engine", daemon=True)
@@ -114,6 +107,10 @@ class EngineCore:
     @property
     def governor(self) -> Any:
         return self.speculation.governor
+
+    @property
+    def thread_governor(self) -> Any:
+        return self.threads.governor
 
     def closing_search(self) -> Any:
         if self._closing is None:
@@ -144,17 +141,16 @@ class EngineCore:
 
     def _loop(self) -> None:
         try:
+            self.threads.start()
             self._run_loop()
         finally:
-            if self.thread_governor is not None:  # the thread count is the process's: give it back
-                torch.set_num_threads(self.thread_governor.threads)
+            self.threads.release()  # the thread count is the process's: give it back
             self._release()
 
     def _release(self) -> None:
         """After the loop's last step: lets go of the weights, the KV pool and what holds them
         (tensor parallelism's workers, if any, are stopped by `shutdown`)."""
-        if self._streamer is not None:
-            self._streamer.close()
+        self.bursts.close()
         self.closing_jobs.close()
         self.model = self.kv_pool = self.runner = None  # type: ignore[assignment]
         self.speculation.drafter = None
@@ -220,55 +216,52 @@ class EngineCore:
         batch = self.scheduler.schedule()
         started = time.perf_counter()
         plain_decode = not batch.extends  # a step the speculation governor can learn from
-        speculating = (
-            self.drafter is not None and bool(batch.decodes) and self.governor.speculate(len(batch.decodes))
-        )
+        speculating = self.speculation.speculate(batch)
         if speculating:
             self.speculation.propose(batch, self.scheduler, self.context_len)
         if not batch:
             ClosingJobs.wait(self.scheduler.running, timeout=CLOSING_WAIT_SECONDS)
             return
         num_tokens = batch.num_tokens
-        threads = self._choose_threads(num_tokens)
+        threads = self.threads.choose(num_tokens)
         forward_started = time.perf_counter()
         streamed: dict[int, StreamedTokens] = {}  # by id(request): tokens handed on mid-burst
         try:
-            burst = self._burst_steps(batch, speculating)
+            burst = self.bursts.steps(
+                batch, self.runner, self.scheduler,
+                idle=self._inbox.empty(), speculating=speculating, closing_slack=self._closing_slack,
+            )  # fmt: skip
             if burst > 1:
-                results, streamed = self._decode_burst(batch, burst)
+                results, streamed = self.bursts.run(batch, self.runner, burst)
                 batch.decode_steps = max(len(r.tokens) for r in results)
                 self._totals["burst_steps"] += batch.decode_steps
             else:
                 results = self.runner.forward(batch)
         except Exception as exc:  # a failing batch must not take the engine down
             logger.error("forward pass failed: %s", traceback.format_exc())
-            reqs = [e.req for e in batch.extends] + batch.decodes
+            reqs = batch.requests()
             if len({id(r) for r in reqs}) > 1:
                 self.scheduler.quarantine(reqs)  # retried one by one: only the culprit fails
             else:
                 self._fail(batch, f"internal error: {type(exc).__name__}: {exc}")
             return
         step_s = (time.perf_counter() - forward_started) / batch.decode_steps
-        if not batch.extends:
-            self._decode_step_s = step_s
-            if batch.decode_steps > 1:
-                self._burst_step_s = step_s
-        if threads:
-            self.thread_governor.record(num_tokens, threads, step_s)
+        self.bursts.record(batch, step_s)
+        self.threads.record(num_tokens, threads, step_s)
         self._totals["steps"] += batch.decode_steps
-        entries = [e.req for e in batch.extends] + batch.decodes
-        last_chunk = [e.is_last_chunk for e in batch.extends] + [True] * len(batch.decodes)
+        entries = batch.requests()
+        last_chunk = [e.is_last_chunk for e in batch.queried] + [True] * len(batch.decodes)
         updated: list[Request] = []
         if self.drafter is not None and plain_decode and entries:
             # verifying drafts against bursts: a step the drafter found nothing for counts as a
             # plain one (a short burst), whoever chose it
-            verified = any(e.draft_ids for e in batch.extends)
+            verified = bool(batch.verifies)
             tokens = sum(len(r.tokens) for r in results)
-            self.governor.record(
+            self.speculation.policy.record(
                 len(entries), verified, tokens, time.perf_counter() - started, steps=batch.decode_steps
             )
         for entry, req, result, done_prompt in zip(
-            [*batch.extends, *[None] * len(batch.decodes)], entries, results, last_chunk
+            [*[None] * len(batch.extends), *batch.verifies, *[None] * len(batch.decodes)], entries, results, last_chunk
         ):
             got = streamed.get(id(req))
             if got is not None and got.taken:  # its first `taken` tokens are appended already
@@ -286,7 +279,7 @@ class EngineCore:
                     req.first_token_time = time.perf_counter()
                 added = self.processor.append_tokens(req, result)
                 self._totals["generated_tokens"] += added
-                if entry is not None and entry.draft_ids:
+                if entry is not None:  # a verification
                     entry.num_accepted = min(len(result.tokens) - 1, added)
                     self.speculation.observe(req, len(entry.draft_ids), len(result.tokens) - 1)
                 updated.append(req)
@@ -302,52 +295,6 @@ class EngineCore:
             self.scheduler.check()
         for req in updated:
             self.deliver(req)
-
-    def _decode_burst(
-        self, batch: ScheduleBatch, steps: int
-    ) -> tuple[list[TokenResult], dict[int, StreamedTokens]]:
-        """`runner.decode_burst`; the tokens of streaming requests are handed on while it runs,
-        each as soon as it is picked (`burst_streams.py`)."""
-        rows = [(i, r) for i, r in enumerate(batch.decodes) if r.streaming]
-        if not rows:
-            return self.runner.decode_burst(batch, steps, self._interrupt), {}
-        if self._streamer is None:
-            self._streamer = BurstStreamer(self.processor, self.deliver, self._interrupt)
-        out = torch.full((len(batch.decodes), steps), -1, dtype=torch.long)  # [B, steps]
-        self._streamer.start(rows, out, self._burst_step_s or self._decode_step_s or 0.0)
-        try:
-            results = self.runner.decode_burst(batch, steps, self._interrupt, out=out)
-        finally:
-            streamed = self._streamer.finish()
-        return results, streamed
-
-    def _burst_steps(self, batch: ScheduleBatch, speculating: bool = False) -> int:
-        """Decode steps to run back to back in one native call (`num_continuous_decode_steps`):
-        only while nothing waits to be scheduled, and no longer than ~`BURST_SECONDS` (by the last
-        decode step's time). With speculative decoding, a batch the drafter found nothing for
-        runs `SPECULATIVE_BURST_STEPS` at most while the governor speculates (so that a draft is
-        looked for again soon), and whole bursts while it does not: so the governor weighs drafts
-        against bursts, not against single steps. A streamed request gets each token of a burst
-        as it is picked (`burst_streams.py`); with steps too short for that to follow
-        (`STREAM_BURST_MIN_STEP_SECONDS`), a batch holding one runs single steps."""
-        limit = self.config.scheduler.num_continuous_decode_steps
-        if speculating:
-            limit = min(limit, SPECULATIVE_BURST_STEPS)
-        sched = self.scheduler
-        if (
-            limit <= 1 or self._decode_step_s is None
-            or sched.waiting or sched.prefilling or sched.suspects or not self._inbox.empty()
-            or not self.runner.can_burst(batch)
-        ):  # fmt: skip
-            return 1
-        burst_step_s = self._burst_step_s or self._decode_step_s
-        if burst_step_s < STREAM_BURST_MIN_STEP_SECONDS and any(r.streaming for r in batch.decodes):
-            return 1
-        limit = min(limit, max(1, int(BURST_SECONDS / max(self._decode_step_s, 1e-6))))
-        for req in batch.decodes:  # a constrained request near its budget: where it closes
-            closing = self.processor.steps_before_closing(req, self._closing_slack)
-            limit = limit if closing is None else min(limit, closing)
-        return sched.grow_for_burst(batch.decodes, limit) if limit > 1 else 1
 
     def _close_or_jump(self, req: Request) -> None:
         """After a step: a constrained request near its budget closes (`try_close`); others
@@ -381,17 +328,8 @@ class EngineCore:
         if replaced is not None:
             self.scheduler.rewind(req, num_valid=before - replaced)
 
-    def _choose_threads(self, num_tokens: int) -> int | None:
-        """Sets this step's CPU threads (see `governor.ThreadGovernor`); None when not governed."""
-        if self.thread_governor is None:
-            return None
-        threads = self.thread_governor.choose(num_tokens)
-        if threads != torch.get_num_threads():
-            torch.set_num_threads(threads)
-        return threads
-
     def _fail(self, batch: ScheduleBatch, message: str) -> None:
-        for req in [e.req for e in batch.extends] + batch.decodes:
+        for req in batch.requests():
             self.scheduler.abort(req.rid, keep=False)  # its KV may be half written
             if not req.finished:
                 self.processor.finish(
@@ -430,7 +368,7 @@ class EngineCore:
             **self.speculation.stats(),
             "new_token_ratio": sched.new_token_ratio,
             "quantization": self.config.model.quantization,
-            "cpu_threads": torch.get_num_threads() if self.device.type == "cpu" else None,
+            "cpu_threads": self.threads.current if self.device.type == "cpu" else None,
             "weight_bytes": self.weight_bytes,
             "kv_cache_dtype": str(self.kv_dtype).removeprefix("torch."),
             "kv_bytes_per_token": KVPool.bytes_per_token(

@@ -17,7 +17,7 @@ from plait.kernels.attention import AttentionMetadata
 from plait.kernels.constraint_mask import allocate_token_bitmask, apply_token_bitmask
 from plait.kernels.decode_stack import BurstSampling
 from plait.kernels.dispatch import use_triton
-from plait.runtime.batch import ExtendEntry, ScheduleBatch, TokenResult
+from plait.runtime.batch import ExtendEntry, ScheduleBatch, TokenResult, VerifyEntry
 from plait.runtime.constrained.burst_masks import GrammarBurst
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.kv_pool import KVPool
@@ -99,12 +99,12 @@ class ModelRunner:
         q_starts, q_lens, kv_lens, kv_slots = [], [], [], []
         logit_rows: list[int] = []
         plans: list[tuple[list[int], bool]] = []
-        for e in batch.extends:
+        for e, draft in zip(batch.queried, batch.drafts()):
             req = e.req
             row0 = len(ids)
-            end = e.end + len(e.draft_ids)
+            end = e.end + len(draft)
             ids.extend(req.ids_between(e.start, e.end))
-            ids.extend(e.draft_ids)
+            ids.extend(draft)
             positions.extend(range(e.start, end))
             all_slots = self.slots(req, 0, end)
             slot_chunks.append(all_slots[e.start :])
@@ -116,7 +116,7 @@ class ModelRunner:
             logit_rows.extend(row0 + r - e.start for r in input_rows)
             samples = e.is_last_chunk and req.params.max_new_tokens > len(req.output_ids)
             if samples:  # the last real token, then one row per draft token
-                logit_rows.extend(row0 + e.end - 1 - e.start + j for j in range(len(e.draft_ids) + 1))
+                logit_rows.extend(row0 + e.end - 1 - e.start + j for j in range(len(draft) + 1))
             plans.append((input_rows, samples))
         decode_slots = decode_lens = None
         if batch.decodes:
@@ -149,7 +149,7 @@ class ModelRunner:
             args = self.model.args
             meta.triton = tables_from_pages(
                 self.page_size, args.num_kv_heads, self.device,
-                extend_pages=[e.req.pages for e in batch.extends], extend_q_lens=q_lens,
+                extend_pages=[e.req.pages for e in batch.queried], extend_q_lens=q_lens,
                 extend_kv_lens=kv_lens, decode_pages=[r.pages for r in batch.decodes],
                 decode_kv_lens=[r.num_tokens for r in batch.decodes],
             )
@@ -167,7 +167,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, batch: ScheduleBatch) -> list[TokenResult]:
-        """Runs one step; results align with `batch.extends + batch.decodes`."""
+        """Runs one step; results align with `batch.requests()`."""
         prepared = self.prepare(batch)
         masks = self._start_masks(batch, prepared.plans)
         logits = self.model(prepared.input_ids, prepared.positions, prepared.forward_batch)
@@ -179,8 +179,7 @@ class ModelRunner:
         """Fills the grammar masks of the step's sampled rows on another thread while the
         forward pass runs (the masks depend on the grammars' states only; llguidance releases
         the GIL). Rows in the order `_results` samples them: one-token entries, no drafts."""
-        reqs = [e.req for e in batch.extends] + batch.decodes
-        drafts = [e.draft_ids for e in batch.extends] + [[] for _ in batch.decodes]
+        reqs, drafts = batch.requests(), batch.drafts()
         grammars = [r.grammar for r, (_, samples), d in zip(reqs, plans, drafts) if samples and not d]
         if all(g is None for g in grammars):
             return None
@@ -199,7 +198,7 @@ class ModelRunner:
         """Whether `decode_burst` can run this batch: decodes only, each one's next token a function
         of its raw logits and its grammar's mask (greedy, or sampled with no penalty), no
         logprobs, and a model whose whole step runs natively (the CPU kernels)."""
-        if batch.extends or not batch.decodes or not isinstance(self.model, LlamaForCausalLM):
+        if batch.queried or not batch.decodes or not isinstance(self.model, LlamaForCausalLM):
             return False
         if not all(_burst_logits(r) and not r.logprob.return_logprob for r in batch.decodes):
             return False
@@ -282,14 +281,14 @@ class ModelRunner:
     @torch.inference_mode()
     def last_logits(self, batch: ScheduleBatch, num_layers: int | None = None) -> torch.Tensor:
         """Logits [num_extends, vocab] of each extend entry's last token, nothing sampled
-        (drafting). Entries' `draft_ids` are part of the input."""
+        (drafting). A verification entry's `draft_ids` are part of its input."""
         prepared = self.prepare(batch)
         meta = prepared.forward_batch.attn
         last = [s + n - 1 for s, n in zip(meta.extend_q_starts, meta.extend_q_lens)]
         prepared.forward_batch.logits_indices = torch.tensor(last, dtype=torch.long, device=self.device)
         return self.model(prepared.input_ids, prepared.positions, prepared.forward_batch, num_layers)
 
-    def _input_logprob_rows(self, e: ExtendEntry) -> list[int]:
+    def _input_logprob_rows(self, e: ExtendEntry | VerifyEntry) -> list[int]:
         """Positions r in [start, end) whose logits score prompt token r + 1 for input logprobs."""
         req = e.req
         if not req.logprob.return_logprob:
@@ -303,8 +302,7 @@ class ModelRunner:
         self, batch: ScheduleBatch, plans: list[tuple[list[int], bool]], logits: torch.Tensor,
         masks: Future[tuple[torch.Tensor, list[int]]] | None = None,
     ) -> list[TokenResult]:  # fmt: skip
-        reqs = [e.req for e in batch.extends] + batch.decodes
-        drafts = [e.draft_ids for e in batch.extends] + [[] for _ in batch.decodes]
+        reqs, drafts = batch.requests(), batch.drafts()
         results = [TokenResult() for _ in reqs]
         want_logprobs = any(r.logprob.return_logprob for r in reqs)
         logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None

@@ -18,7 +18,7 @@ import itertools
 from collections import deque
 
 from plait.radix_cache import PageAllocator, RadixCache
-from plait.runtime.batch import ExtendEntry, ScheduleBatch
+from plait.runtime.batch import ExtendEntry, ScheduleBatch, VerifyEntry
 from plait.runtime.config import SchedulerConfig
 from plait.runtime.kv_cache_manager import KVCacheManager
 from plait.runtime.request import Request, RequestStatus
@@ -228,11 +228,10 @@ class Scheduler:
         and releases finished ones."""
         self.computed_tokens += batch.num_tokens
         for e in batch.extends:
-            if e.draft_ids:  # KV is valid for the last real token and the accepted drafts
-                e.req.num_computed = min(e.end + e.num_accepted, e.req.num_tokens)
-                self.kv.trim(e.req)
-            else:
-                e.req.num_computed = e.end
+            e.req.num_computed = e.end
+        for v in batch.verifies:  # KV is valid for the last real token and the accepted drafts
+            v.req.num_computed = min(v.end + v.num_accepted, v.req.num_tokens)
+            self.kv.trim(v.req)
         for req in batch.decodes:
             req.num_computed = req.num_tokens - 1
             self.kv.trim(req)  # pages a burst grew past the tokens it kept
@@ -241,7 +240,7 @@ class Scheduler:
             req = e.req
             if self.suspects and req is self.suspects[0] and (e.is_last_chunk or req.finished):
                 self.suspects.popleft()  # it ran alone without failing: back with the others
-            if req.finished or e.draft_ids or req not in self.prefilling:
+            if req.finished or req not in self.prefilling:
                 continue
             self.kv.cache_prefix(req)  # later requests share the prompt while this one decodes
             if e.is_last_chunk:
@@ -262,13 +261,13 @@ class Scheduler:
         self.running = alive
 
     def add_drafts(self, batch: ScheduleBatch, drafts: dict[int, list[int]]) -> None:
-        """Turns decode entries into speculative extends (last token + draft) where pages allow."""
+        """Turns decodes into verifications (last token + draft) where pages allow."""
         keep = []
         for req in batch.decodes:
             draft = drafts.get(id(req))
             if draft and self.kv.grow(req, req.num_tokens + len(draft)):
                 n = req.num_tokens
-                batch.extends.append(ExtendEntry(req, n - 1, n, True, draft_ids=draft))
+                batch.verifies.append(VerifyEntry(req, n - 1, n, draft))
             else:
                 keep.append(req)
         batch.decodes = keep

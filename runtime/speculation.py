@@ -1,6 +1,6 @@
-"""Speculative decoding as the engine loop runs it: the drafter (none when it is off), the
-governor that decides each step whether drafts pay, and the totals `stats()` reports. The
-drafters themselves and the verification are in `speculative/`."""
+"""Speculative decoding as the engine loop runs it: the drafter (none when it is off), the policy
+that decides each step whether to draft (`policies.SpeculationPolicy`), and the totals `stats()`
+reports. The drafters themselves and the verification are in `speculative/`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 from plait.runtime.batch import ScheduleBatch
 from plait.runtime.config import EngineConfig
+from plait.runtime.policies import SpeculationPolicy
 from plait.runtime.request import Request
-from plait.runtime.speculative.governor import SpeculationGovernor
 
 
 class Speculation:
@@ -21,8 +21,13 @@ class Speculation:
             from plait.runtime.speculative import create_drafter
 
             self.drafter = create_drafter(config.speculative_algorithm, engine=core)
-        self.governor = SpeculationGovernor()
+        self.policy = SpeculationPolicy(config.speculation)
+        self.governor = self.policy.governor
         self.totals = {"steps": 0, "proposed": 0, "accepted": 0}
+
+    def speculate(self, batch: ScheduleBatch) -> bool:
+        """Whether this step's decodes draft."""
+        return self.drafter is not None and bool(batch.decodes) and self.policy.speculate(len(batch.decodes))
 
     def propose(self, batch: ScheduleBatch, scheduler: Any, context_len: int) -> None:
         """Adds drafts to `batch`'s decodes, each cut to the request's room and, under a
@@ -63,6 +68,7 @@ class Speculation:
         t = self.totals
         return {
             "spec_algorithm": self.config.speculative_algorithm,
+            "spec_mode": self.policy.mode,
             "spec_verify_steps": t["steps"],
             "spec_proposed_tokens": t["proposed"],
             "spec_accepted_tokens": t["accepted"],

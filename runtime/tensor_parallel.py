@@ -179,7 +179,7 @@ def run_worker(rank: int, rendezvous: Rendezvous | None, config: Any) -> None:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
         torch.cuda.set_device(device)
     else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.tp_size))
+        torch.set_num_threads(config.cpu_threads or max(1, (os.cpu_count() or 1) // config.tp_size))
     dtype = resolve_dtype(mc.dtype, device)
     model = load_model(mc.model_path, dtype, device, mc.quantization).model
     group = rendezvous.connect(rank, device)

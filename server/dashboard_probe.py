@@ -137,27 +137,25 @@ class StepProbe:
 
     def _composition(self, batch: Any) -> tuple[int, ...]:
         prefill = verify = accepted = jump = 0
+        for v in batch.verifies:
+            verify += v.end - v.start + len(v.draft_ids)
+            accepted += v.num_accepted
         for e in batch.extends:
             req = e.req
-            if e.draft_ids:
-                verify += e.end - e.start + len(e.draft_ids)
-                accepted += e.num_accepted
-            elif req.grammar is not None and e.start >= len(req.prompt_ids):
+            if req.grammar is not None and e.start >= len(req.prompt_ids):
                 jump += e.end - e.start
             else:
                 prefill += e.end - e.start
         steps = batch.decode_steps
         return (prefill, len(batch.decodes) * steps, verify, accepted, jump, steps,
-                len(batch.extends) + len(batch.decodes))  # fmt: skip
+                len(batch.extends) + len(batch.verifies) + len(batch.decodes))  # fmt: skip
 
     def _finish_step(self, batch: Any, record: tuple[int, ...]) -> None:
         now = time.perf_counter()
         started, self._step_started = self._step_started, None
         wall = time.time()
         self.steps.append(StepRecord(wall, None if started is None else now - started, *record))
-        for e in batch.extends:
-            self._track(e.req, now, wall)
-        for req in batch.decodes:
+        for req in batch.requests():
             self._track(req, now, wall)
 
     def _track(self, req: Any, now: float, wall: float) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from plait.runtime.model_runner import ExtendEntry, ModelRunner, ScheduleBatch
+from plait.runtime.batch import ScheduleBatch, VerifyEntry
+from plait.runtime.model_runner import ModelRunner
 from plait.runtime.request import Request
 from plait.runtime.sampling import argmax
 from plait.runtime.speculative.base import Drafter
@@ -60,8 +61,8 @@ class ModelDrafter(Drafter):
             for r in ready:
                 n = r.num_tokens
                 start = min(r.spec.draft_valid, n - 1) if self.own_kv else n - 1
-                entries.append(ExtendEntry(r, start, n, True, draft_ids=drafts[id(r)]))
-            logits = self.runner.last_logits(ScheduleBatch(extends=entries), self.num_layers)
+                entries.append(VerifyEntry(r, start, n, drafts[id(r)]))
+            logits = self.runner.last_logits(ScheduleBatch(verifies=entries), self.num_layers)
             for r, e, token in zip(ready, entries, argmax(logits).tolist()):
                 if self.own_kv:
                     r.spec.draft_valid = e.end + len(e.draft_ids)

@@ -14,7 +14,7 @@ import torch
 
 from plait import Engine
 from plait.kernels import decode_stack
-from plait.runtime import engine_core
+from plait.runtime import bursts as burst_policy
 from plait.runtime.model_runner import ModelRunner
 from tests.conftest import write_tiny_checkpoint
 
@@ -99,12 +99,12 @@ def test_streams_get_each_token_and_add_up_to_the_text(engines, monkeypatch):
     params = {"max_new_tokens": 30, "temperature": 0, "ignore_eos": True}
     expected = _run(single, [PROMPTS[2]], [params])[0]
     # steps too short to be watched: a stream's steps run one by one
-    monkeypatch.setattr(engine_core, "STREAM_BURST_MIN_STEP_SECONDS", float("inf"))
+    monkeypatch.setattr(burst_policy, "STREAM_BURST_MIN_STEP_SECONDS", float("inf"))
     chunks = list(burst.generate(input_ids=PROMPTS[2], sampling_params=params, stream=True))
     assert [len(c["output_ids"]) for c in chunks] == list(range(1, 31)), "one chunk per token"
     assert chunks[-1]["text"] == expected[1]
     # bursts whose tokens a watcher hands on as they are written: the same tokens and text
-    monkeypatch.setattr(engine_core, "STREAM_BURST_MIN_STEP_SECONDS", 0.0)
+    monkeypatch.setattr(burst_policy, "STREAM_BURST_MIN_STEP_SECONDS", 0.0)
     steps = burst.stats()["total_burst_steps"]
     chunks = list(burst.generate(input_ids=PROMPTS[2], sampling_params=params, stream=True))
     assert burst.stats()["total_burst_steps"] > steps

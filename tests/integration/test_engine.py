@@ -249,3 +249,14 @@ def test_thread_governor_gives_the_thread_count_back(tiny_llama_dir):
     assert len(out["output_ids"]) == 3
     engine.shutdown()
     assert torch.get_num_threads() == before
+
+
+def test_fixed_cpu_threads_run_every_step_on_them(tiny_llama_dir, tiny_engine):
+    from plait import Engine
+
+    params = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+    expected = tiny_engine.generate(input_ids=[5, 6, 7], sampling_params=params)["output_ids"]
+    with Engine(model_path=str(tiny_llama_dir), max_total_tokens=512, cpu_threads=1) as engine:
+        assert engine.thread_governor is None
+        assert engine.generate(input_ids=[5, 6, 7], sampling_params=params)["output_ids"] == expected
+        assert engine.stats()["cpu_threads"] == 1

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from plait.kernels.quant_matmul import DEQUANT_GEMM_MIN_ROWS
+from plait.runtime.batch import ExtendEntry, ScheduleBatch
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.model_loader import load_model
-from plait.runtime.model_runner import ExtendEntry, ModelRunner, ScheduleBatch
+from plait.runtime.model_runner import ModelRunner
 from tests.conftest import write_tiny_checkpoint
 from tests.integration.test_model_parity import all_logits, request
 

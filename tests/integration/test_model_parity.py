@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from plait.runtime.batch import ExtendEntry, ScheduleBatch
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.model_loader import load_model
-from plait.runtime.model_runner import ExtendEntry, ModelRunner, ScheduleBatch
+from plait.runtime.model_runner import ModelRunner
 from plait.runtime.protocol import SamplingParams
 from plait.runtime.request import Request
 from tests.conftest import write_tiny_checkpoint

@@ -31,6 +31,10 @@ PROMPTS = [[5, 17, 300, 4000, 12, 9, 81] * 3, list(range(40, 90)), [7, 8, 9, 7, 
 @pytest.fixture(scope="module", params=list(CASES))
 def engine(request, tmp_path_factory, smollm_tokenizer):
     arch, shapes, kwargs = CASES[request.param]
+    if "speculative_algorithm" in kwargs:
+        # NOTE: speculation always on, not measured: which steps draft decides how many rows each
+        # matmul gets, and decode rows (at most 4) round activations to int8 where taller batches do not.
+        kwargs = {**kwargs, "speculation": "always"}
     path = write_tiny_checkpoint(tmp_path_factory.mktemp(request.param), arch, smollm_tokenizer, seed=2, **shapes)
     with Engine(model_path=str(path), max_total_tokens=4096, check_invariants=True, **kwargs) as made:
         yield made
@@ -44,9 +48,6 @@ def outputs(engine: Engine) -> list[tuple[list[int], list[float]]]:
 
 
 def test_stack_matches_layer_by_layer(engine, monkeypatch):
-    # NOTE: speculation always on, not timed: which steps draft decides how many rows each matmul
-    # gets, and decode rows (at most 4) round activations to int8 where taller batches do not.
-    monkeypatch.setattr(engine.governor, "speculate", lambda batch_size: True)
     calls = []
     real = native_decode.NativeDecodeStack.run
     monkeypatch.setattr(native_decode.NativeDecodeStack, "run", lambda *a: calls.append(1) or real(*a))

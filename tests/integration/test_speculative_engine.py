@@ -26,9 +26,8 @@ def spec_engine(tiny_llama_dir):
     engine = Engine(
         model_path=str(tiny_llama_dir), max_total_tokens=4096, page_size=4,
         speculative_algorithm="ngram", num_draft_tokens=4, check_invariants=True,
+        speculation="always",  # these tests check what drafts do, not whether they pay
     )
-    # these tests check what drafts do, not whether they pay (on this tiny model, bursts win)
-    engine.governor.speculate = lambda batch_size: True
     yield engine
     engine.shutdown()
 
@@ -136,8 +135,19 @@ def test_steps_without_drafts_run_as_bursts(tiny_engine, spec_engine, monkeypatc
     assert spec_engine.generate("x", params)["output_ids"] == expected
     assert bursts and all(2 <= steps <= SPECULATIVE_BURST_STEPS for steps in bursts)
     assert spec_engine.stats()["total_burst_steps"] > before
-    # where the governor finds that drafts do not pay, decodes run as whole bursts
-    monkeypatch.setattr(spec_engine.governor, "speculate", lambda batch_size: False)
+    # where drafts are not tried (`never`, or `auto` once they do not pay), decodes run as whole bursts
+    monkeypatch.setattr(spec_engine.core.speculation.policy, "mode", "never")
     bursts.clear()
     assert spec_engine.generate("x", params)["output_ids"] == expected
     assert max(bursts) > SPECULATIVE_BURST_STEPS
+
+
+def test_speculation_never_keeps_the_drafter_but_verifies_nothing(tiny_llama_dir, tiny_engine):
+    with Engine(
+        model_path=str(tiny_llama_dir), max_total_tokens=2048, speculative_algorithm="ngram", speculation="never",
+    ) as engine:  # fmt: skip
+        assert engine.drafter is not None
+        expected = tiny_engine.generate(PROMPTS[0], GREEDY)["output_ids"]
+        assert engine.generate(PROMPTS[0], GREEDY)["output_ids"] == expected
+        stats = engine.stats()
+        assert stats["spec_mode"] == "never" and stats["spec_verify_steps"] == 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from plait.runtime import engine_core
+from plait.runtime import bursts
 from tests.integration.server_support import sse_events, tiny_server
 
 TOKENS = 48
@@ -20,7 +20,7 @@ TOKENS = 48
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir):
     with pytest.MonkeyPatch.context() as patch, tiny_server(tiny_llama_dir) as srv:
-        patch.setattr(engine_core, "STREAM_BURST_MIN_STEP_SECONDS", float("inf"))
+        patch.setattr(bursts, "STREAM_BURST_MIN_STEP_SECONDS", float("inf"))
         srv.engine.generate("Warm up", {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True})
         assert srv.engine.stats()["total_burst_steps"] > 0, "requests that are not streamed burst"
         yield srv

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from plait.runtime.batch import ExtendEntry, ScheduleBatch
 from plait.server.dashboard_history import History, percentile
 from plait.server.dashboard_probe import StepProbe, StepRecord
 
@@ -97,12 +98,11 @@ def test_probe_wraps_instances_and_takes_itself_off():
     req = SimpleNamespace(rid="r", output_ids=[], prompt_ids=[1, 2], grammar=None, finished=False,
                           first_token_time=time.perf_counter(), arrival_time=time.perf_counter() - 0.5,
                           num_tokens=2, pages=[0])  # fmt: skip
-    entry = SimpleNamespace(req=req, start=0, end=2, draft_ids=[], num_accepted=0)
-    sched.batch = SimpleNamespace(extends=[entry], decodes=[], decode_steps=1)
+    sched.batch = ScheduleBatch(extends=[ExtendEntry(req, 0, 2, True)])
     batch = sched.schedule()
     req.output_ids.append(7)  # the engine appends the step's tokens before `after_step`
     sched.after_step(batch)
-    sched.batch = SimpleNamespace(extends=[], decodes=[req], decode_steps=1)
+    sched.batch = ScheduleBatch(decodes=[req])
     batch = sched.schedule()
     req.output_ids.append(8)
     sched.after_step(batch)
