@@ -12,10 +12,10 @@ from plait.benchmarks.programs import (
     WORKLOADS,
     add_programs_args,
     build_workloads,
-    constrain,
     parse_num_items,
     run_programs_bench,
 )
+from plait.benchmarks.programs_transformers import constrain
 from plait.cli import add_engine_args
 
 
