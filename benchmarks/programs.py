@@ -12,8 +12,8 @@ The transformers versions (`programs_transformers.py`) build the same ChatML tex
 model's template) and call `model.generate` (greedy or sampled, stopping at the same strings) and
 one forward per `select` choice, scored like plait's default `token_length_normalized`.
 `gen(regex=...)` is approximated by a greedy `gen` cut to its longest prefix that matches the
-regex (a fixed fallback when none does); the texts the baselines build are checked against plait's in
-tests/integration/test_bench_programs.py. Each system runs one program of each workload
+regex (a fixed fallback when none does); the texts the baselines build are checked against
+plait's in tests/integration/test_bench_programs.py. Each system runs one program of each workload
 untimed first (grammar compilation, first-call costs); plait then starts from an empty cache.
 """
 
