@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
 from typing import Any
 
 
@@ -59,10 +62,13 @@ def write_json(path: str, payload: dict[str, Any]) -> None:
     from plait.kernels.quant_matmul import bf16_gemm_enabled, native_isa
 
     payload = {
+        "command": command_line(),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": {
             "platform": platform.platform(),
             "cpu": cpu_model(),
             "cpus": os.cpu_count(),
+            "memory_gib": memory_gib(),
             "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(),
             "native_isa": native_isa(),
@@ -74,6 +80,23 @@ def write_json(path: str, payload: dict[str, Any]) -> None:
     with open(path, "w") as f:
         json.dump(payload, f, indent=2)
     print(f"\nwrote {path}")
+
+
+def command_line() -> str | None:
+    """The `plait bench …` command this process runs, as typed (None outside the CLI)."""
+    args = sys.argv[1:]
+    return "plait " + shlex.join(args) if args[:1] == ["bench"] else None
+
+
+def memory_gib() -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
 
 
 def check_decoded(last: dict, decode_len: int) -> None:
