@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,10 @@ from plait.kernels import native
 from plait.kernels.dispatch import use_triton
 from plait.kernels.kv_cache import flat_scales, read_kv, store_kv
 from plait.kernels.tuning import BF16_EXTEND_MIN_Q, BF16_EXTEND_MIN_WORK
+
+if TYPE_CHECKING:
+    from plait.kernels.attention_cpu import CpuRows
+    from plait.kernels.paged_kv_triton import PagedAttentionTables
 
 KVScales = tuple[torch.Tensor, torch.Tensor] | None  # int8 caches: (k_scale, v_scale) [pages, page_size, Hkv]
 
@@ -36,8 +40,8 @@ class AttentionMetadata:
     decode_kv_lens: torch.Tensor | None = None  # [B] long
     decode_mask: torch.Tensor | None = None  # [B, 1, 1, max_kv_len] bool, True = attend (None: from the lens)
     bf16_extends: bool = False  # long CPU extends attend in bfloat16 (`bf16_extend_attention`)
-    triton: Any = None  # PagedAttentionTables for the CUDA kernels, built once per forward
-    cpu: Any = None  # attention_cpu.CpuRows for the native CPU kernel, built by its first layer
+    triton: PagedAttentionTables | None = None  # the CUDA kernels' page tables (the runner builds them)
+    cpu: CpuRows | None = None  # the native CPU kernels' rows (the runner builds them)
 
     @property
     def num_extend_tokens(self) -> int:
@@ -60,7 +64,7 @@ def write_kv(
     return store_kv(k, v, k_cache, v_cache, slots, kv_scales)
 
 
-def extend_attention_ref(
+def extend_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -69,11 +73,12 @@ def extend_attention_ref(
     sliding_window: int | None = None,
     bf16: bool = False,
 ) -> torch.Tensor:
-    """One sequence: q [q_len, H, D] at positions prefix_len.., k/v [kv_len, Hkv, D] from 0. With
-    `bf16`, on the CPU, where `takes_bf16_extend` says so: `bf16_extend_attention`."""
-    q_len, kv_len = q.shape[0], k.shape[0]
+    """One sequence: q [q_len, H, D] at positions prefix_len.., k/v [kv_len, Hkv, D] from 0. The
+    dispatch point: on the CPU, with `bf16` where `takes_bf16_extend` says so,
+    `bf16_extend_attention`; else the native kernel; else `blocked_extend_attention`. Elsewhere
+    the reference."""
     if q.device.type == "cpu":
-        if bf16 and sliding_window is None and takes_bf16_extend(q_len, prefix_len):
+        if bf16 and sliding_window is None and takes_bf16_extend(q.shape[0], prefix_len):
             out = bf16_extend_attention(q, k, v, prefix_len, scale)
             if out is not None:
                 return out
@@ -81,6 +86,20 @@ def extend_attention_ref(
         if out is not None:
             return out
         return blocked_extend_attention(q, k, v, prefix_len, scale, sliding_window)
+    return extend_attention_ref(q, k, v, prefix_len, scale, sliding_window)
+
+
+def extend_attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    prefix_len: int,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """The reference: causal attention of q [q_len, H, D] at positions prefix_len.. over k/v
+    [kv_len, Hkv, D] from 0, by torch's scaled dot product."""
+    q_len, kv_len = q.shape[0], k.shape[0]
     gqa = q.shape[1] != k.shape[1]
     qt, kt, vt = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [heads, len, D]
     if prefix_len == 0 and sliding_window is None:
@@ -294,7 +313,7 @@ def attend_extends(
         else:
             ks, vs = flat_scales(kv_scales) or (None, None)
             kk, vv = read_kv(k_flat, ks, slots, q.dtype), read_kv(v_flat, vs, slots, q.dtype)
-        out[start : start + q_len] = extend_attention_ref(
+        out[start : start + q_len] = extend_attention(
             q[start : start + q_len], kk, vv, prefix_len, scale, sliding_window, meta.bf16_extends
         )
 

@@ -374,6 +374,7 @@ class EngineCore:
             "kv_bytes_per_token": KVPool.bytes_per_token(
                 self.args.num_layers, self.args.num_kv_heads, self.args.head_dim, self.kv_dtype
             ),
+            **{f"execution_{k}": v for k, v in self.runner.execution.describe().items()},
             **{f"total_{k}": v for k, v in self._totals.items()},
         }
 

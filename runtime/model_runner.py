@@ -12,18 +12,16 @@ from functools import cache
 import numpy as np
 import torch
 
-from plait.kernels import quant_matmul, sampling_cpu
+from plait.kernels import attention_cpu, sampling_cpu
 from plait.kernels.attention import AttentionMetadata
 from plait.kernels.constraint_mask import allocate_token_bitmask, apply_token_bitmask
 from plait.kernels.decode_stack import BurstSampling
-from plait.kernels.dispatch import use_triton
 from plait.runtime.batch import ExtendEntry, ScheduleBatch, TokenResult, VerifyEntry
 from plait.runtime.constrained.burst_masks import GrammarBurst
+from plait.runtime.execution import Layers, StepPlan, choose_execution
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.kv_pool import KVPool
-from plait.runtime.models import native_decode
 from plait.runtime.models.llama import LlamaForCausalLM
-from plait.runtime.models.quantized import QuantLinear
 from plait.runtime.request import Request
 from plait.runtime.sampling import SamplingRow, argmax, filter_params, sample
 from plait.runtime.speculative.verify import verify_draft
@@ -35,6 +33,7 @@ class PreparedBatch:
     positions: torch.Tensor  # [T] long
     forward_batch: ForwardBatch
     plans: list[tuple[list[int], bool]]  # per entry: input-logprob rows, samples a token
+    step: StepPlan
 
 
 class ModelRunner:
@@ -55,12 +54,13 @@ class ModelRunner:
         self.default_generator = default_generator
         self.jump_forward = jump_forward  # the engine jumps over forced text: bursts end there
         self._mask_pool: ThreadPoolExecutor | None = None  # fills grammar masks beside the forward
-        # quantized weights on a CPU whose GEMM has AMX: prefill chunks attend in bfloat16 as well
-        # as multiply in it (kernels/quant_matmul.py: bf16_matmul); float32 models stay float32
-        self.bf16_extends = (
-            device.type == "cpu" and quant_matmul.bf16_gemm_enabled()
-            and any(isinstance(m, QuantLinear) for m in model.modules())
-        )  # fmt: skip
+        self.execution = choose_execution(model, kv_pool, device)  # the model-wide choices, once
+
+    @property
+    def bf16_extends(self) -> bool:
+        """Quantized weights on a CPU whose GEMM has AMX: prefill chunks attend in bfloat16 as well
+        as multiply in it (kernels/quant_matmul.py: bf16_matmul); float32 models stay float32."""
+        return self.execution.bf16_extends
 
     def page_table(self, req: Request) -> torch.Tensor:
         """`req.pages` as an int64 tensor, kept beside the request and brought up to date in place.
@@ -141,9 +141,11 @@ class ModelRunner:
             extend_kv_slots=[s.to(self.device) for s in kv_slots],
             decode_kv_slots=decode_slots,
             decode_kv_lens=decode_lens,
-            bf16_extends=self.bf16_extends,
+            bf16_extends=self.execution.bf16_extends,
         )
-        if use_triton(meta.slot_mapping):
+        if self.execution.attention == "native":
+            meta.cpu = attention_cpu.cpu_rows(meta, self.execution.sliding_window)
+        elif self.execution.attention == "triton":
             from plait.kernels.attention_triton import tables_from_pages
 
             args = self.model.args
@@ -153,16 +155,19 @@ class ModelRunner:
                 extend_kv_lens=kv_lens, decode_pages=[r.pages for r in batch.decodes],
                 decode_kv_lens=[r.num_tokens for r in batch.decodes],
             )
+        layers = self.execution.layers_for(len(ids), max(q_lens, default=0))
         forward_batch = ForwardBatch(
             kv_pool=self.kv_pool,
             attn=meta,
             logits_indices=torch.tensor(logit_rows, dtype=torch.long, device=self.device),
+            native_stack=self.execution.native_stack if layers is Layers.NATIVE_STACK else None,
         )
         return PreparedBatch(
             input_ids=torch.tensor(ids, dtype=torch.long, device=self.device),
             positions=torch.tensor(positions, dtype=torch.long, device=self.device),
             forward_batch=forward_batch,
             plans=plans,
+            step=StepPlan(layers, verify=bool(batch.verifies)),
         )
 
     @torch.inference_mode()
@@ -198,13 +203,11 @@ class ModelRunner:
         """Whether `decode_burst` can run this batch: decodes only, each one's next token a function
         of its raw logits and its grammar's mask (greedy, or sampled with no penalty), no
         logprobs, and a model whose whole step runs natively (the CPU kernels)."""
-        if batch.queried or not batch.decodes or not isinstance(self.model, LlamaForCausalLM):
+        if batch.queried or not self.execution.can_burst(len(batch.decodes)):
             return False
         if not all(_burst_logits(r) and not r.logprob.return_logprob for r in batch.decodes):
             return False
-        if not all(r.params.is_greedy for r in batch.decodes) and not sampling_cpu.available():
-            return False
-        return native_decode.burst_stack_for(self.model, self.kv_pool, len(batch.decodes)) is not None
+        return all(r.params.is_greedy for r in batch.decodes) or sampling_cpu.available()
 
     @torch.inference_mode()
     def decode_burst(
@@ -233,7 +236,7 @@ class ModelRunner:
         stop_ids = [
             sorted(set(r.params.stop_token_ids) | (set() if r.params.ignore_eos else self.eos_ids)) for r in reqs
         ]
-        stack = native_decode.burst_stack_for(self.model, self.kv_pool, len(reqs))
+        stack = self.execution.native_stack
         sampling, rewind = self._burst_sampling(reqs, steps)
         grammars = None
         if any(r.grammar is not None for r in reqs):

@@ -115,6 +115,9 @@ def serve(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     engine = Engine(**engine_kwargs(args))
     log.info("engine ready in %.1f s: %s", time.perf_counter() - start, engine.model_path)
+    stats = engine.stats()
+    log.info("execution: %s", ", ".join(f"{k.removeprefix('execution_')} {v}" for k, v in stats.items()
+                                        if k.startswith("execution_")))  # fmt: skip
     # NOTE: uvicorn re-raises the SIGTERM it handled once it has shut down; as SystemExit it
     # reaches the `finally` below, so the engine (and any tensor-parallel ranks) stop cleanly.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

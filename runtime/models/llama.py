@@ -18,7 +18,6 @@ from plait.kernels import attention, cpu_fused, norm_rope
 from plait.kernels.dispatch import use_triton
 from plait.kernels.quant_matmul import dense_matmul
 from plait.runtime.forward_batch import ForwardBatch
-from plait.runtime.models import native_decode
 from plait.runtime.tuning import CPU_MLP_ROWS
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -272,7 +271,7 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [T, hidden]
         inv_freq = self.rotary_emb.inv_freq
-        stack = native_decode.stack_for(self, x, batch)
+        stack = batch.native_stack  # set by the runner for a step it plans on the native stack
         if stack is not None and (num_layers is None or num_layers > 0):
             x, residual = stack.run(x, positions, inv_freq, batch, min(num_layers or len(self.layers), len(self.layers)))
             return self.norm(x, residual)[0]

@@ -1,9 +1,11 @@
 """Decode steps of a Llama-family model on the CPU through the native layer stack.
 
-When every projection is a `QuantLinear` or a float32 `nn.Linear`, the batch is small (decode
-tokens and short extends, all of them attention rows) and the native kernels are built, `LlamaModel.forward` hands its
-layers to `kernels/decode_stack.py` in one call instead of ~10 per layer. The layer descriptions
-(pointers to weights and KV pages) are built once per model and KV pool.
+When every projection is a `QuantLinear` or a float32 `nn.Linear` and the native kernels are
+built, the engine's `Execution` (`runtime/execution.py`) holds one `NativeDecodeStack`, built at
+start: the layer descriptions (pointers to weights and KV pages). For a small step (decode tokens
+and short extends, all of them attention rows) the runner hands it to `LlamaModel.forward` in the
+`ForwardBatch`, which runs the layers through `kernels/decode_stack.py` in one call instead of
+~10 per layer.
 
 `NativeDecodeStack.burst` runs several whole decode steps (embedding to the argmax or a draw) in one
 native call, for the engine's continuous decode steps.
@@ -16,9 +18,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from plait.kernels import attention_cpu, cpu_fused, decode_stack
+from plait.kernels import decode_stack
 from plait.kernels.kv_cache import kv_type_code
-from plait.kernels.quant_matmul import DEQUANT_GEMM_MIN_ROWS
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.models.quantized import QuantLinear
@@ -32,7 +33,6 @@ class NativeDecodeStack:
         first = model.layers[0]
         attn, mlp = first.self_attn, first.mlp
         self.kv_pool = pool
-        self.key = _weights_key(model)
         self.sliding_window = attn.sliding_window
         self.layers = (decode_stack.DecodeLayer * len(model.layers))()
         for i, layer in enumerate(model.layers):
@@ -57,8 +57,7 @@ class NativeDecodeStack:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(the last layer's MLP output, the residual stream before it), as the layers return."""
         meta = batch.attn
-        if meta.cpu is None:
-            meta.cpu = attention_cpu.cpu_rows(meta, self.sliding_window)
+        assert meta.cpu is not None, "the runner builds the CPU attention rows of a native step"
         tokens = x.shape[0]
         self.shape.tokens = tokens
         need = decode_stack.scratch_floats(tokens, self.shape)
@@ -115,67 +114,16 @@ def _linear(layer: torch.nn.Module) -> decode_stack.QLinear:
     return decode_stack.dense_linear(layer.weight, layer.bias)
 
 
-def _weights_key(model: LlamaModel) -> tuple[int, int]:
-    first = model.layers[0]
-    qkv = first.self_attn.qkv_proj
-    weight = qkv.qweight if isinstance(qkv, QuantLinear) else qkv.weight
-    return weight.data_ptr(), first.input_layernorm.weight.data_ptr()
-
-
-def _batch_eligible(x: torch.Tensor, batch: ForwardBatch) -> bool:
-    meta = batch.attn
-    if not 0 < x.shape[0] < DEQUANT_GEMM_MIN_ROWS or not cpu_fused.usable(x):
-        return False
-    if any(q > attention_cpu.MAX_ROW_EXTEND for q in meta.extend_q_lens):
-        return False  # a prefill chunk: blocked attention and GEMMs win there
-    return kv_type_code(batch.kv_pool.dtype) is not None and decode_stack.available()
-
-
-def _usable_linear(layer: torch.nn.Module) -> bool:
+def usable_linear(layer: torch.nn.Module) -> bool:
     if isinstance(layer, QuantLinear):
         return True
     w = layer.weight if type(layer) is torch.nn.Linear else None
     return w is not None and w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous()
 
 
-def _model_eligible(model: LlamaModel) -> bool:
+def model_eligible(model: LlamaModel) -> bool:
     return model.layers[0].self_attn.head_dim <= 1024 and all(
-        _usable_linear(p)
+        usable_linear(p)
         for layer in model.layers
         for p in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
     )
-
-
-def _cached_stack(model: LlamaModel, pool: KVPool) -> NativeDecodeStack | None:
-    stack = model.__dict__.get("_native_stack")
-    if stack is False:
-        return None
-    if stack is None or stack.kv_pool is not pool or stack.key != _weights_key(model):
-        if not _model_eligible(model):
-            model.__dict__["_native_stack"] = False  # e.g. bfloat16 or sharded projections
-            return None
-        stack = NativeDecodeStack(model, pool)
-        model.__dict__["_native_stack"] = stack
-    return stack
-
-
-def stack_for(model: LlamaModel, x: torch.Tensor, batch: ForwardBatch) -> NativeDecodeStack | None:
-    """The model's native stack for this batch, or None when the layers must run one by one."""
-    if model.__dict__.get("_native_stack") is False or not _batch_eligible(x, batch):
-        return None
-    return _cached_stack(model, batch.kv_pool)
-
-
-def burst_stack_for(lm: LlamaForCausalLM, pool: KVPool, rows: int) -> NativeDecodeStack | None:
-    """The native stack when `rows` decode rows can run whole steps natively: the layers'
-    conditions (`stack_for`), a float32 embedding table and a native-format LM head."""
-    model = lm.model
-    embed = model.embed_tokens.weight
-    if (
-        not 0 < rows < DEQUANT_GEMM_MIN_ROWS or embed.device.type != "cpu" or embed.dtype != torch.float32
-        or not embed.is_contiguous() or not _usable_linear(lm.lm_head)
-        or kv_type_code(pool.dtype) is None or not decode_stack.burst_available()
-        or model.norm.weight.dtype != torch.float32
-    ):  # fmt: skip
-        return None
-    return _cached_stack(model, pool)

@@ -10,6 +10,7 @@ import torch
 
 from plait import Engine
 from plait.kernels import decode_stack
+from plait.runtime.execution import Execution, Layers
 from plait.runtime.models import native_decode
 from tests.conftest import write_tiny_checkpoint
 
@@ -53,7 +54,7 @@ def test_stack_matches_layer_by_layer(engine, monkeypatch):
     monkeypatch.setattr(native_decode.NativeDecodeStack, "run", lambda *a: calls.append(1) or real(*a))
     fused = outputs(engine)
     assert calls, "the native stack never ran"
-    monkeypatch.setattr(native_decode, "stack_for", lambda *a: None)
+    monkeypatch.setattr(Execution, "layers_for", lambda self, *a: Layers.LAYERWISE)
     plain = outputs(engine)
     for (ids_a, lp_a), (ids_b, lp_b) in zip(fused, plain):
         assert ids_a == ids_b

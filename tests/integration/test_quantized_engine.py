@@ -4,6 +4,8 @@ page invariants. GGUF files keep their blocks (see test_gguf_loader)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -104,7 +106,8 @@ def test_prefill_attends_in_bfloat16_where_quantized_matmuls_multiply_in_it(tiny
         ids = PROMPTS[2] * 4  # 200 tokens: one chunk with BF16_EXTEND_MIN_WORK (new tokens x keys) and more
         bf16 = prompt_logprobs(quantized, ids)
         quantized.flush_cache()
-        quantized.runner.bf16_extends = False
+        runner = quantized.runner
+        runner.execution = dataclasses.replace(runner.execution, bf16_extends=False)
         native = prompt_logprobs(quantized, ids)
         assert max(abs(a - b) for a, b in zip(bf16, native)) < 0.05
         assert bf16 != native  # the bfloat16 attention did run

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from plait.kernels import native
-from plait.kernels.attention import extend_attention_ref, native_extend_attention
+from plait.kernels.attention import extend_attention, extend_attention_ref, native_extend_attention
 from plait.kernels.quant_matmul import native_isa
 
 
@@ -58,13 +58,14 @@ def test_native_prefill_attention_matches_sdpa(q_len, prefix_len, heads, kv_head
     assert (out is not None) == served(head_dim)
     if out is not None:
         torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-4)
-    torch.testing.assert_close(extend_attention_ref(q, k, v, prefix_len, scale, window), expected, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(extend_attention(q, k, v, prefix_len, scale, window), expected, atol=2e-5, rtol=1e-4)
 
 
 def test_disabled_native_kernels_leave_prefill_attention_to_torch(monkeypatch):
     monkeypatch.setattr(native, "DISABLED", True)
     q, k, v = torch.randn(8, 2, 16), torch.randn(8, 2, 16), torch.randn(8, 2, 16)
     assert native_extend_attention(q, k, v, 0, 0.25, None) is None
+    torch.testing.assert_close(extend_attention(q, k, v, 0, 0.25), sdpa_reference(q, k, v, 0, 0.25, None))
     torch.testing.assert_close(extend_attention_ref(q, k, v, 0, 0.25), sdpa_reference(q, k, v, 0, 0.25, None))
 
 
@@ -105,6 +106,6 @@ def test_bf16_prefill_attention_takes_chunks_with_enough_work(monkeypatch):
         (96, 100, True, None), (160, 0, True, None), (512, 0, False, None), (512, 0, True, 8),
     ]:  # fmt: skip
         q, k, v = torch.randn(q_len, 4, 16), torch.randn(prefix_len + q_len, 2, 16), torch.randn(prefix_len + q_len, 2, 16)
-        out = extend_attention_ref(q, k, v, prefix_len, 0.25, window, bf16)
+        out = extend_attention(q, k, v, prefix_len, 0.25, window, bf16)
         torch.testing.assert_close(out, sdpa_reference(q, k, v, prefix_len, 0.25, window), atol=0.05, rtol=0.05)
     assert calls == [512, 16, 160]

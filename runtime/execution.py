@@ -1,0 +1,116 @@
+"""How an engine runs its steps, decided once when its runner is built.
+
+`choose_execution` reads what does not change while an engine runs (the device, the weights'
+formats, the KV cache's dtype, the CPU's instruction set and which native and Triton kernels
+built) and settles the model-wide half of the decision table in docs/architecture.md: whether
+all layers can run in one native call, whether whole decode steps can (bursts), which attention
+kernels take the CPU rows, whether long prefill chunks attend in bfloat16. What is left to each
+step is its shape: the runner turns a batch's token counts into a `StepPlan`
+(`Execution.layers_for`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from plait.kernels import attention_cpu, cpu_fused, decode_stack, quant_matmul
+from plait.kernels.dispatch import use_triton
+from plait.kernels.kv_cache import kv_type_code
+from plait.kernels.tuning import DEQUANT_GEMM_MIN_ROWS
+from plait.runtime.kv_pool import KVPool
+from plait.runtime.models import native_decode
+from plait.runtime.models.llama import LlamaForCausalLM
+from plait.runtime.models.quantized import QuantLinear
+
+if TYPE_CHECKING:
+    from plait.runtime.models.native_decode import NativeDecodeStack
+
+
+class Layers(enum.Enum):
+    """How one forward pass runs the decoder layers."""
+
+    LAYERWISE = "layerwise"  # one module after another, each op at its dispatch point
+    NATIVE_STACK = "native_stack"  # every layer in one native call (`NativeDecodeStack.run`)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How one forward pass runs: its layers as `layers`, verifying drafts where `verify`. (A burst
+    of whole decode steps is the other kind of step: `runtime/bursts.py` decides it, and
+    `Execution.can_burst` says where the model allows one.)"""
+
+    layers: Layers
+    verify: bool = False
+
+
+@dataclass(frozen=True)
+class Execution:
+    device: torch.device
+    attention: str  # who attends CPU rows and decodes: "triton", "native" or "torch"
+    native_stack: NativeDecodeStack | None  # all layers in one native call; None: never
+    bursts: bool  # whole decode steps natively (the stack, a float32 embedding and norm, a native head)
+    bf16_extends: bool  # quantized weights on an AMX CPU: long prefill chunks attend in bfloat16
+    sliding_window: int | None
+
+    def layers_for(self, num_tokens: int, max_extend: int) -> Layers:
+        """All layers in one native call for 1–47 rows that are all attention rows (decodes and
+        extends of at most `MAX_ROW_EXTEND` new tokens); one by one otherwise."""
+        if (
+            self.native_stack is not None
+            and 0 < num_tokens < DEQUANT_GEMM_MIN_ROWS
+            and max_extend <= attention_cpu.MAX_ROW_EXTEND
+        ):
+            return Layers.NATIVE_STACK
+        return Layers.LAYERWISE
+
+    def can_burst(self, rows: int) -> bool:
+        return self.bursts and 0 < rows < DEQUANT_GEMM_MIN_ROWS
+
+    def describe(self) -> dict[str, str]:
+        """The choices, as `plait serve` logs them at start."""
+        return {
+            "device": str(self.device),
+            "attention": self.attention,
+            "layers": "native stack for small steps" if self.native_stack is not None else "layerwise",
+            "bursts": "native" if self.bursts else "off",
+            "prefill_attention": "bfloat16" if self.bf16_extends else "float32" if self.device.type == "cpu" else "-",
+            "native_isa": quant_matmul.native_isa() or "-",
+        }
+
+
+def choose_execution(model: torch.nn.Module, pool: KVPool, device: torch.device) -> Execution:
+    llama = model if isinstance(model, LlamaForCausalLM) else None
+    embed = llama.model.embed_tokens.weight if llama is not None else None
+    probe = torch.empty(0, dtype=embed.dtype if embed is not None else torch.float32, device=device)
+    if use_triton(probe):
+        attention = "triton"
+    elif attention_cpu.use_native_attention(probe, pool.layer(0)[0]):
+        attention = "native"
+    else:
+        attention = "torch"
+    stack = None
+    if (
+        llama is not None
+        and cpu_fused.usable(probe)
+        and kv_type_code(pool.dtype) is not None
+        and decode_stack.available()
+        and native_decode.model_eligible(llama.model)
+    ):
+        stack = native_decode.NativeDecodeStack(llama.model, pool)
+    bursts = (
+        stack is not None
+        and embed is not None and embed.is_contiguous()
+        and native_decode.usable_linear(llama.lm_head)
+        and llama.model.norm.weight.dtype == torch.float32
+        and decode_stack.burst_available()
+    )  # fmt: skip
+    bf16_extends = (
+        device.type == "cpu" and quant_matmul.bf16_gemm_enabled()
+        and any(isinstance(m, QuantLinear) for m in model.modules())
+    )  # fmt: skip
+    window = llama.model.layers[0].self_attn.sliding_window if llama is not None else None
+    return Execution(device, attention, stack, bursts, bf16_extends, window)
