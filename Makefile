@@ -6,7 +6,7 @@ STAMP := $(VENV)/.plait-setup
 # CPU machines get the CPU build of torch; a machine with an NVIDIA GPU keeps pip's default (CUDA) build.
 TORCH_CONSTRAINT := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints-cpu.txt)
 
-.PHONY: setup demo test test-fast lint bench bench-deps clean reliability soak browser
+.PHONY: setup demo test test-fast lint bench bench-deps results clean reliability soak browser
 
 setup: $(STAMP)
 
@@ -49,6 +49,10 @@ bench: setup
 # source with the system compiler (a few minutes).
 bench-deps: setup
 	$(BIN)/python -m pip install -q "llama-cpp-python[server]"
+
+# docs/results.md (and its figures) from the reports in benchmarks/results/
+results: setup
+	$(BIN)/python -m plait.benchmarks.results_page --plots
 
 clean:
 	rm -rf $(VENV) build *.egg-info

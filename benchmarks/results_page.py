@@ -1,0 +1,282 @@
+"""docs/results.md, written from the JSON reports of the benchmarks in `benchmarks/results/`.
+
+    plait bench latency --formats int4,float32 --output benchmarks/results/latency.json
+    ...
+    python -m plait.benchmarks.results_page --plots   # draws the figures, rewrites docs/results.md
+    python -m plait.benchmarks.results_page --check   # exits 1 where the page is out of date
+
+Every figure on the page comes from a report; each section names the command, the date and the
+machine that produced it. A test runs `--check`, so the page cannot drift from the reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "results"
+PAGE = ROOT / "docs" / "results.md"
+IMAGES = ROOT / "docs" / "images" / "results"
+
+Report = dict[str, Any]
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return lines + [""]
+
+
+def cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return ""
+        return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.2f}"
+    return str(value)
+
+
+def pct(value: float | None) -> str:
+    return "" if value is None else f"{value:.0%}"
+
+
+def times(value: float | None) -> str:
+    return "" if value is None else f"**{value:.2f}×**"
+
+
+# one renderer per benchmark: the report -> the section's lines after its heading ----------------
+
+
+def latency(r: Report) -> list[str]:
+    res = r["results"]
+    rows = []
+    for fmt, entry in res.items():
+        if fmt == "llama_cpp":
+            continue
+        ours = entry["plait"]
+        share = ours.get("decode_share_of_roofline") or ours["decode_tok_s"] / entry["roofline_steps_s"]
+        rows.append([f"plait {fmt}", ours["prefill_tok_s"], pct(entry["prefill_share_of_matmul"]),
+                     ours["decode_tok_s"], pct(share), ours["sampled_decode_tok_s"], ours["perplexity"]])  # fmt: skip
+        if entry.get("transformers"):
+            ref = entry["transformers"]
+            rows.append([f"transformers {fmt}", ref["prefill_tok_s"], "", ref["decode_tok_s"], "", "", ""])
+    llama = res.get("llama_cpp")
+    if llama:
+        rows.append([f"llama.cpp {llama.get('version', '')} (same GGUF)", llama["prefill_tok_s"], "",
+                     llama["decode_tok_s"], "", "", ""])  # fmt: skip
+    lines = [
+        f"A {r['prompt_len']}-token prompt prefilled, then {r['decode_len']} tokens decoded greedily "
+        f"(and once sampled: temperature 0.7, top-p 0.9), one request. The share of the roofline is "
+        f"decode steps per second against a plain read of the weights a step reads, measured beside "
+        f"each run; prefill against a float32 matmul's rate.",
+        "",
+        *table(["system", "prefill tok/s", "of matmul rate", "decode tok/s", "of roofline",
+                "sampled decode tok/s", "perplexity"], rows),  # fmt: skip
+    ]
+    if llama and "int4" in res:
+        ours = res["int4"]["plait"]
+        lines += [f"plait int4 against llama.cpp: prefill {times(ours['prefill_tok_s'] / llama['prefill_tok_s'])}, "
+                  f"decode {times(ours['decode_tok_s'] / llama['decode_tok_s'])}.", ""]  # fmt: skip
+    return lines
+
+
+def throughput(r: Report) -> list[str]:
+    a, res = r["args"], r["results"]
+    single = res["random"][0]["output_tok_s"]
+    rows = [[c["concurrency"], c["output_tok_s"], f"{c['output_tok_s'] / single:.2f}×", c["steps_s"],
+             pct(c["steps_s"] / r["roofline_steps_s"]), c["ttft_mean_s"], c["ttft_p99_s"]]
+            for c in res["random"]]  # fmt: skip
+    lines = [
+        f"{a['num_requests']} random prompts of {a['min_prompt_len']}–{a['max_prompt_len']} tokens, "
+        f"{a['output_len']} tokens out each, offered by that many concurrent clients; quantization "
+        f"{a.get('quantization')}. Decode steps per second against the roofline of "
+        f"{r['roofline_steps_s']:.0f} steps/s (one read of the weights per step).",
+        "",
+        *table(["concurrency", "output tok/s", "× concurrency 1", "steps/s", "of roofline",
+                "TTFT mean s", "TTFT P99 s"], rows),  # fmt: skip
+    ]
+    if res.get("transformers"):
+        lines += table(["transformers static batch", "output tok/s"],
+                       [[t["batch_size"], t["output_tok_s"]] for t in res["transformers"]])
+    shared = {s["cache"]: s for s in res.get("shared_prefix", [])}
+    if "on" in shared and "off" in shared:
+        on, off = shared["on"], shared["off"]
+        lines += [f"A {a['prefix_len']}-token shared prefix before {a['num_requests']} questions "
+                  f"({a['shared_output_len']} tokens out, concurrency {a['shared_concurrency']}): "
+                  f"{on['seconds']:.1f} s with the radix cache (hit rate {on['cache_hit_rate']:.0%}), "
+                  f"{off['seconds']:.1f} s without, {times(off['seconds'] / on['seconds'])}.", ""]  # fmt: skip
+    return lines
+
+
+def speculative(r: Report) -> list[str]:
+    rows = [[x["workload"], x["batch"], x["algorithm"], x["decode_tok_s"], times(x.get("speedup")),
+             x["mean_accept_length"], pct(x["acceptance_rate"])] for x in r["results"]]  # fmt: skip
+    return [
+        f"Greedy decoding of the same prompts with each drafter and without (`none`), the engines "
+        f"taking turns batch by batch over {r['rounds']} alternating rounds. Extractive prompts ask "
+        f"for text the prompt already holds; chat prompts do not.",
+        "",
+        *table(["workload", "batch", "drafter", "decode tok/s", "× none", "mean accepted length",
+                "acceptance rate"], rows),  # fmt: skip
+    ]
+
+
+def llama_cpp(r: Report) -> list[str]:
+    by = {(x["server"], x["concurrency"]): x for x in r["results"]}
+    rows = []
+    for level in sorted({x["concurrency"] for x in r["results"]}):
+        ours, ref = by.get(("plait", level)), by.get(("llama.cpp", level))
+        if not ours:
+            continue
+        ratio = ours["output_tok_s"] / ref["output_tok_s"] if ref and ref["output_tok_s"] else None
+        rows.append([level, ours["output_tok_s"], ref and ref["output_tok_s"], times(ratio),
+                     ours["ttft_ms"]["median"], ref and ref["ttft_ms"]["median"], ours["itl_ms"]["median"],
+                     pct(ours.get("spaced_events_per_token"))])  # fmt: skip
+    flags = " ".join(r.get("engine_flags") or []) or "defaults"
+    return [
+        f"`plait serve` ({flags}) and llama-cpp-python's server one after the other on the same GGUF "
+        f"and {r['threads']} threads, streaming `/v1/completions`; llama-cpp-python's server answers "
+        f"one request at a time. Tokens streamed apart: the share of plait's output tokens that "
+        f"reached the client as an event of their own.",
+        "",
+        *table(["concurrency", "plait output tok/s", "llama.cpp output tok/s", "plait / llama.cpp",
+                "plait TTFT median ms", "llama.cpp TTFT median ms", "plait ITL median ms",
+                "plait tokens streamed apart"], rows),  # fmt: skip
+    ]
+
+
+def jsonschema(r: Report) -> list[str]:
+    n = r["num_schemas"]
+    cover, outcome, speed = [], [], []
+    for name, b in r["backends"].items():
+        cover.append([name, f"{round(b['coverage'] * n)}/{n}", b["compile_p50_ms"], b["compile_p99_ms"],
+                      b["mask_mean_us"], b["mask_p99_us"]])  # fmt: skip
+        for budget, c in b["by_budget"].items():
+            outcome.append([name, budget, f"**{c['valid'] + c['closed_valid']}/{n}**", c["closed_valid"],
+                            c["finished_invalid"], c["closed_invalid"], c["truncated"]])  # fmt: skip
+        for key, value in b.items():
+            if key.startswith("decode_") and isinstance(value, dict):
+                schema, _, batch = key.removeprefix("decode_").rpartition("_")
+                speed.append([name, f"{schema or 'strings'}, {batch[1:]}", value["free"], value["constrained"],
+                              pct(value["constrained"] / value["free"])])  # fmt: skip
+    lines = [
+        f"{n} schemas of [JSONSchemaBench](https://github.com/guidance-ai/jsonschemabench) "
+        f"({r['per_category']} per category, seed {r['seed']}), one greedy request each; every output "
+        f"validated against its schema with `jsonschema` (formats checked).",
+        "",
+        *table(["backend", "covered", "compile p50 ms", "compile p99 ms", "mask mean µs", "mask p99 µs"], cover),
+        *table(["backend", "max_tokens", "valid", "of which closed early", "finished invalid",
+                "closed invalid", "truncated"], outcome),  # fmt: skip
+    ]
+    if speed:
+        lines += ["Decode speed under a schema against free decoding of as many tokens (`strings`: a list "
+                  "of bounded strings; `records`: objects with forced keys):", "",
+                  *table(["backend", "schema, batch", "free tok/s", "constrained tok/s", "ratio"], speed)]
+    return lines
+
+
+def json_extraction(r: Report) -> list[str]:
+    res = r["results"]
+    runs = {k: v for k, v in res.items() if isinstance(v, dict) and "seconds" in v}
+    off = runs.get("jump-forward off")
+    rows = [[name, v["output_tokens"] / v["seconds"], times(off["seconds"] / v["seconds"]) if off else "",
+             v["jump_forward_tokens"], v["valid_json"]] for name, v in runs.items()]  # fmt: skip
+    lines = ["Extraction requests under an 8-field schema, greedy, in one batch.", "",
+             *table(["run", "output tok/s", "× jump-forward off", "tokens jumped", "valid JSON"], rows)]
+    if "steps" in res and "mask" in res:
+        st, m = res["steps"], res["mask"]
+        lines += [f"A constrained decode step (jump-forward off) took {st['constrained_step_ms']:.1f} ms against "
+                  f"{st['unconstrained_step_ms']:.1f} ms unconstrained ({st['constrained_step_overhead']:+.1%}); "
+                  f"a mask filled in {m['fill_us_mean']:.0f} µs per token (P99 {m['fill_us_p99']:.0f} µs).", ""]
+    return lines
+
+
+# the page --------------------------------------------------------------------------------------
+
+# (report file, heading, renderer, its figures in IMAGES as `plots.py` names them), in page order
+SECTIONS: list[tuple[str, str, Callable[[Report], list[str]], str]] = [
+    ("latency.json", "Single stream: prefill, decode, perplexity", latency, "latency-*.png"),
+    ("throughput.json", "Continuous batching and the radix cache", throughput, "throughput-*.png"),
+    ("llama_cpp.json", "Serving beside llama.cpp's server", llama_cpp, "llama-cpp-*.png"),
+    ("speculative.json", "Speculative decoding", speculative, "speculative*.png"),
+    ("jsonschema.json", "Structured output on real-world schemas", jsonschema, "jsonschema-*.png"),
+    ("json.json", "JSON extraction: jump-forward", json_extraction, "json-*.png"),
+]
+
+
+def machine_line(m: dict[str, Any]) -> str:
+    parts = [f"{m.get('cpu', '?')}, {m.get('cpus', '?')} cores"]
+    if m.get("memory_gib"):
+        parts.append(f"{m['memory_gib']:.0f} GiB")
+    parts.append(f"native kernels `{m.get('native_isa', '?')}`")
+    if m.get("bf16_prefill_gemm"):
+        parts.append("bfloat16 prefill GEMM (AMX)")
+    parts.append(f"torch {m.get('torch', '?')}, {m.get('torch_threads', '?')} threads")
+    return ", ".join(parts)
+
+
+def render(results: Path = RESULTS, images: Path = IMAGES) -> str:
+    found = [(f, h, fn, figures, json.loads((results / f).read_text()))
+             for f, h, fn, figures in SECTIONS if (results / f).is_file()]  # fmt: skip
+    machines = sorted({machine_line(rep.get("machine", {})) for *_, rep in found})
+    lines = [
+        "# Results",
+        "",
+        "<!-- generated by `python -m plait.benchmarks.results_page` from benchmarks/results/*.json -->",
+        "",
+        "The latest figures of each `plait bench …` command, written from the JSON report it wrote "
+        "(`benchmarks/results/`). How to run the benchmarks and read them: "
+        "[benchmarks.md](benchmarks.md). All figures are for the embedded model, "
+        "SmolLM2-135M-Instruct (int4 and int8: the GGUF's Q4_1 blocks; float32: the same file "
+        "dequantized).",
+        "",
+        "Measured on " + ("; ".join(machines) if machines else "no machine yet (no reports)") + ".",
+        "",
+    ]
+    for name, heading, fn, figures, rep in found:
+        lines += [f"## {heading}", ""]
+        command = rep.get("command") or f"plait bench … (`{name}`)"
+        lines += [f"`{command}`, {rep.get('date', 'undated')}.", ""]
+        if len(machines) > 1:
+            lines += [f"Machine: {machine_line(rep.get('machine', {}))}.", ""]
+        lines += fn(rep)
+        for figure in sorted(images.glob(figures)):
+            rel = figure.relative_to(PAGE.parent) if figure.is_relative_to(PAGE.parent) else figure
+            lines += [f"![{figure.stem}]({rel.as_posix()})", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the folder of JSON reports")
+    parser.add_argument("--out", type=Path, default=PAGE)
+    parser.add_argument("--images", type=Path, default=IMAGES, help="the folder of the reports' figures")
+    parser.add_argument("--check", action="store_true", help="exit 1 if --out differs from the reports")
+    parser.add_argument("--plots", action="store_true", help="first draw each report's figures (matplotlib)")
+    args = parser.parse_args(argv)
+    if args.plots:
+        from plait.benchmarks.plots import plot_file
+
+        for f, *_ in SECTIONS:
+            if (args.results / f).is_file():
+                plot_file(str(args.results / f), str(args.images))
+    text = render(args.results, args.images)
+    if args.check:
+        current = args.out.read_text() if args.out.is_file() else ""
+        if current != text:
+            print(f"{args.out} is out of date: python -m plait.benchmarks.results_page", file=sys.stderr)
+            return 1
+        return 0
+    args.out.write_text(text)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,50 @@
+"""docs/results.md is written from the benchmarks' JSON reports, and stays so."""
+
+from __future__ import annotations
+
+import json
+
+from plait.benchmarks import results_page
+
+MACHINE = {"cpu": "Example CPU", "cpus": 2, "memory_gib": 23.5, "native_isa": "avx2", "torch": "2.13.0+cpu",
+           "torch_threads": 2, "bf16_prefill_gemm": False}  # fmt: skip
+
+
+def test_the_committed_page_is_what_the_committed_reports_render() -> None:
+    assert results_page.main(["--check"]) == 0
+
+
+def write(folder, name: str, report: dict) -> None:
+    (folder / name).write_text(json.dumps({"machine": MACHINE, **report}))
+
+
+def test_a_section_names_its_command_machine_and_figures(tmp_path) -> None:
+    plait_run = {"plait": {"prefill_tok_s": 3000.0, "decode_tok_s": 400.0, "sampled_decode_tok_s": 390.0,
+                           "perplexity": 44.2, "decode_share_of_roofline": 0.9},
+                 "transformers": None, "roofline_steps_s": 444.0, "prefill_share_of_matmul": 2.1}  # fmt: skip
+    write(tmp_path, "latency.json", {
+        "benchmark": "latency", "command": "plait bench latency --formats int4", "date": "2026-01-02 03:04 UTC",
+        "prompt_len": 512, "decode_len": 128,
+        "results": {"int4": plait_run, "llama_cpp": {"prefill_tok_s": 300.0, "decode_tok_s": 100.0}},
+    })  # fmt: skip
+    page = results_page.render(tmp_path, tmp_path)
+    assert "`plait bench latency --formats int4`, 2026-01-02 03:04 UTC." in page
+    assert "Example CPU, 2 cores, 24 GiB, native kernels `avx2`" in page
+    assert "| plait int4 | 3,000.0 | 210% | 400.0 | 90% | 390.0 | 44.2 |" in page
+    assert "prefill **10.00×**, decode **4.00×**" in page
+    assert "## Continuous batching" not in page  # no report, no section
+
+
+def test_check_fails_when_a_report_changed(tmp_path) -> None:
+    write(tmp_path, "speculative.json", {"benchmark": "speculative", "rounds": 2, "results": [
+        {"algorithm": "none", "workload": "chat", "batch": 1, "decode_tok_s": 100.0, "speedup": 1.0,
+         "mean_accept_length": None, "acceptance_rate": None}]})  # fmt: skip
+    out = tmp_path / "results.md"
+    (tmp_path / "speculative.png").write_bytes(b"")
+    common = ["--results", str(tmp_path), "--images", str(tmp_path), "--out", str(out)]
+    assert results_page.main(common) == 0
+    assert "| chat | 1 | none | 100.0 | **1.00×** |" in out.read_text()
+    assert f"![speculative]({tmp_path}/speculative.png)" in out.read_text()
+    assert results_page.main([*common, "--check"]) == 0
+    write(tmp_path, "speculative.json", {"benchmark": "speculative", "rounds": 3, "results": []})
+    assert results_page.main([*common, "--check"]) == 1
