@@ -83,6 +83,8 @@ class EngineCore:
             self.model, self.kv_pool, self.device, self.tokenizer.eos_token_ids, self.generator,
             jump_forward=not self.config.disable_jump_forward,
         )
+        # described once: the execution holds the weights, which shutdown lets go with the runner
+        self.execution_stats = {f"execution_{k}": v for k, v in self.runner.execution.describe().items()}
         self.processor = OutputProcessor(self.tokenizer, self.context_len)
         self.speculation = Speculation(config, self)
         self.threads = ThreadPolicy(self.device, config.cpu_threads)
@@ -374,7 +376,7 @@ class EngineCore:
             "kv_bytes_per_token": KVPool.bytes_per_token(
                 self.args.num_layers, self.args.num_kv_heads, self.args.head_dim, self.kv_dtype
             ),
-            **{f"execution_{k}": v for k, v in self.runner.execution.describe().items()},
+            **self.execution_stats,
             **{f"total_{k}": v for k, v in self._totals.items()},
         }
 
