@@ -1,7 +1,8 @@
 """`plait bench json`: structured extraction with an 8-field JSON schema on the default model.
 
-End-to-end time and output tokens/s with jump-forward on and off, beside unconstrained generation
-of the same lengths; the per-token mask cost (fill + apply) and the schema compile time.
+End-to-end time with jump-forward on and off at several request counts, cold (prompts prefilled)
+and warm (prompts in the prefix cache: decoding alone), beside unconstrained generation of the same
+lengths; the per-token mask cost (fill + apply) and the schema compile time.
 """
 
 from __future__ import annotations
@@ -125,50 +126,92 @@ def compile_seconds(engine: Any) -> float:
     return elapsed
 
 
+def _summary(seconds: float, outs: list[dict]) -> dict[str, Any]:
+    valid = 0
+    for o in outs:
+        try:
+            json.loads(o["text"])
+            valid += 1
+        except ValueError:
+            pass
+    return {"seconds": seconds, "output_tokens": sum(o["meta_info"]["completion_tokens"] for o in outs),
+            "jump_forward_tokens": sum(o["meta_info"].get("jump_forward_tokens", 0) for o in outs),
+            "valid_json": valid, "sample": outs[0]["text"]}  # fmt: skip
+
+
+def request_counts(value: str) -> list[int]:
+    counts = [int(v) for v in str(value).split(",") if v.strip()]
+    if not counts or min(counts) < 1:
+        raise SystemExit(f"--num-requests: {value!r} is not a comma-separated list of positive counts")
+    return counts
+
+
 def run_json_bench(args: argparse.Namespace) -> int:
+    """Per request count, jump-forward on and off in one engine each: a cold run (empty prefix
+    cache: every prompt prefilled) and a warm one (the same prompts again, their KV cached, so the
+    run is the decoding alone). The largest count also runs unconstrained generation of the same
+    lengths and the per-step mask costs."""
     from plait.cli import engine_kwargs
     from plait.runtime.engine import Engine
 
     kwargs = engine_kwargs(args)
-    results: dict[str, Any] = {}
+    counts = request_counts(args.num_requests)
+    largest = max(counts)
+    results: dict[str, Any] = {"by_requests": {}}
     schema = json.dumps(SCHEMA)
     base = {"max_new_tokens": args.max_new_tokens, "temperature": 0}
     runs: dict[str, tuple[float, list[dict]]] = {}
     for jf in (True, False):
+        name = f"jump-forward {'on' if jf else 'off'}"
         engine = Engine(**{**kwargs, "disable_jump_forward": not jf})
         try:
-            texts = prompts(engine.tokenizer, args.num_requests)
-            engine.generate(texts[0], {**base, "json_schema": schema})  # warm up + compile
-            runs[f"jump-forward {'on' if jf else 'off'}"] = timed_batch(
-                engine, texts, [{**base, "json_schema": schema}] * len(texts)
-            )
+            engine.generate(prompts(engine.tokenizer, 1)[0], {**base, "json_schema": schema})  # warm up + compile
+            for n in counts:
+                texts = prompts(engine.tokenizer, n)
+                params = [{**base, "json_schema": schema}] * n
+                cold = timed_batch(engine, texts, params)
+                start = time.perf_counter()
+                warm_outs = engine.generate(texts, params)
+                warm = _summary(time.perf_counter() - start, warm_outs)
+                entry = results["by_requests"].setdefault(str(n), {})
+                entry[name] = {"cold": _summary(*cold), "warm": warm}
+                if n == largest:
+                    runs[name] = cold
             if not jf:
-                results["steps"] = step_costs(engine, texts, schema, args.mask_batch, args.max_new_tokens)
-            if jf:
-                lengths = [o["meta_info"]["completion_tokens"] for o in runs["jump-forward on"][1]]
+                results["steps"] = step_costs(engine, prompts(engine.tokenizer, largest), schema,
+                                              args.mask_batch, args.max_new_tokens)  # fmt: skip
+            else:
+                texts = prompts(engine.tokenizer, largest)
+                lengths = [o["meta_info"]["completion_tokens"] for o in runs[name][1]]
                 runs["unconstrained"] = timed_batch(
                     engine, texts, [{**base, "max_new_tokens": n, "ignore_eos": True} for n in lengths]
                 )
-                results["mask"] = mask_costs(engine, runs["jump-forward on"][1], args.mask_batch)
+                results["mask"] = mask_costs(engine, runs[name][1], args.mask_batch)
                 results["compile_s"] = compile_seconds(engine)
         finally:
             engine.shutdown()
     rows = []
+    for n in counts:
+        entry = results["by_requests"][str(n)]
+        on, off = entry["jump-forward on"], entry["jump-forward off"]
+        for phase in ("cold", "warm"):
+            entry[f"speedup_{phase}"] = off[phase]["seconds"] / on[phase]["seconds"]
+        rows.append([n, off["cold"]["seconds"], on["cold"]["seconds"], entry["speedup_cold"],
+                     off["warm"]["seconds"], on["warm"]["seconds"], entry["speedup_warm"],
+                     f"{on['cold']['jump_forward_tokens']}/{on['cold']['output_tokens']}",
+                     f"{on['cold']['valid_json']}+{off['cold']['valid_json']}/{2 * n}"])  # fmt: skip
+    print("\nExtraction requests under an 8-field schema, greedy, in one batch; cold: prompts prefilled, "
+          "warm: prompts in the prefix cache")
+    print_table(["requests", "off s", "on s", "JF speedup", "off s (warm)", "on s (warm)", "JF speedup (warm)",
+                 "jumped/output", "valid JSON"], rows)  # fmt: skip
     off_s = runs["jump-forward off"][0]
+    rows = []
     for name, (seconds, outs) in runs.items():
-        tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
-        valid = 0
-        for o in outs:
-            try:
-                json.loads(o["text"])
-                valid += 1
-            except ValueError:
-                pass
-        jumped = sum(o["meta_info"].get("jump_forward_tokens", 0) for o in outs)
-        rows.append([name, seconds, tokens / seconds, off_s / seconds, jumped, f"{valid}/{len(outs)}"])
-        results[name] = {"seconds": seconds, "output_tokens": tokens, "jump_forward_tokens": jumped,
-                         "valid_json": valid, "sample": outs[0]["text"]}
-    print(f"\n{args.num_requests} extraction requests, 8-field schema, greedy, one batch")
+        results[name] = _summary(seconds, outs)
+        r = results[name]
+        rows.append([name, seconds, r["output_tokens"] / seconds, off_s / seconds, r["jump_forward_tokens"],
+                     f"{r['valid_json']}/{len(outs)}"])  # fmt: skip
+    print(f"\n{largest} requests, cold, beside unconstrained generation of the same lengths")
     print_table(["run", "seconds", "output tok/s", "speedup vs JF off", "jumped tokens", "valid JSON"], rows)
     m = results["mask"]
     print(f"\nmask fill per token: {m['fill_us_mean']:.1f} us mean, {m['fill_us_p99']:.1f} us P99; "

@@ -10,7 +10,8 @@ one warm-up compile that builds the backend's per-tokenizer state, reported apar
 `--max-tokens` budget, greedy generation on the default model of one instance per covered schema,
 each output sorted into valid, finished-but-invalid, truncated (length, not closed), closed early
 and valid, closed early but invalid. Last, constrained against unconstrained decode tok/s at batch
-1 and 16 (the same number of tokens each).
+1 and 16 (the same number of tokens each). With `--llama-cpp`, llama.cpp's server on the same
+sample and budgets (`jsonschema_llama_cpp.py`).
 """
 
 from __future__ import annotations
@@ -100,11 +101,14 @@ def mask_times(engine: Any, compiled: Any, steps: int = 24) -> list[float]:
     return times
 
 
-def prompt_for(tokenizer: Any, schema: Any) -> str:
+def user_message(schema: Any) -> str:
     text = json.dumps(schema)
     ask = "Generate a JSON object that is a valid instance of this JSON schema."
-    content = f"{ask}\n\n{text}" if len(text) <= MAX_PROMPT_SCHEMA_CHARS else ask
-    return tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
+    return f"{ask}\n\n{text}" if len(text) <= MAX_PROMPT_SCHEMA_CHARS else ask
+
+
+def prompt_for(tokenizer: Any, schema: Any) -> str:
+    return tokenizer.apply_chat_template([{"role": "user", "content": user_message(schema)}], add_generation_prompt=True)
 
 
 def classify(out: dict, schema: Any) -> str:
@@ -129,14 +133,32 @@ def classify(out: dict, schema: Any) -> str:
     return "finished_invalid" if finished else "truncated"
 
 
+def _generate_one(engine: Any, prompt: str, params: dict) -> dict:
+    """One request; a refusal (the budget below the schema's shortest instance, as the server's
+    400 says) becomes an empty output marked `refused`."""
+    from plait.runtime.constrained import GrammarError
+
+    try:
+        return engine.generate(prompt, params)
+    except GrammarError as e:
+        return {"text": "", "meta_info": {"refused": str(e), "completion_tokens": 0,
+                                          "finish_reason": {"type": "abort", "message": str(e)}}}  # fmt: skip
+
+
 def generate_all(engine: Any, items: list[tuple[Any, Any]], max_tokens: int) -> tuple[list[str], float, int]:
     prompts = [prompt_for(engine.tokenizer, schema) for schema, _ in items]
     params = [{"max_new_tokens": max_tokens, "temperature": 0, "json_schema": json.dumps(schema)}
               for schema, _ in items]  # fmt: skip
+    from plait.runtime.constrained import GrammarError
+
     start = time.perf_counter()
-    outs = engine.generate(prompts, params)
+    try:
+        outs = engine.generate(prompts, params)
+    except GrammarError:  # a schema's shortest instance is longer than the budget: each alone
+        outs = [_generate_one(engine, prompt, p) for prompt, p in zip(prompts, params)]
     seconds = time.perf_counter() - start
-    kinds = [classify(o, schema) for o, (schema, _) in zip(outs, items)]
+    kinds = ["budget_refused" if o["meta_info"].get("refused") else classify(o, schema)
+             for o, (schema, _) in zip(outs, items)]  # fmt: skip
     for out, kind in zip(outs, kinds):  # each schema's outcome, for the JSON report
         out["kind"] = kind
     return kinds, seconds, sum(o["meta_info"]["completion_tokens"] for o in outs), outs
@@ -214,8 +236,8 @@ def run_jsonschema_bench(args: argparse.Namespace) -> int:
                                   entry["compile_p99_ms"], entry["mask_mean_us"], entry["mask_p99_us"]])  # fmt: skip
             for budget in budgets:
                 kinds, secs, tokens, outs = generate_all(engine, ok, budget)
-                counts = {k: kinds.count(k) for k in ("valid", "closed_valid", "finished_invalid",
-                                                       "truncated", "closed_invalid", "unvalidated")}  # fmt: skip
+                counts = {k: kinds.count(k) for k in ("valid", "closed_valid", "finished_invalid", "truncated",
+                                                       "closed_invalid", "unvalidated", "budget_refused")}  # fmt: skip
                 counts["valid_share_of_all"] = (counts["valid"] + counts["closed_valid"]) / len(schemas)
                 counts["tok_per_s"] = tokens / secs
                 entry["by_budget"][budget] = counts
@@ -244,6 +266,13 @@ def run_jsonschema_bench(args: argparse.Namespace) -> int:
             report["backends"][backend] = entry
         finally:
             engine.shutdown()
+    if args.llama_cpp:
+        lc = llama_cpp_sample(args, schemas, budgets)
+        report["llama.cpp"] = lc
+        coverage_rows.append(["llama.cpp", f"{round(lc['coverage'] * len(schemas))}/{len(schemas)}", None, None, None, None])
+        for budget, c in lc["by_budget"].items():
+            outcome_rows.append(["llama.cpp", budget, f"{c['valid']}/{len(schemas)}", None, c["finished_invalid"],
+                                 c["truncated"], None, c["unvalidated"], c["tok_per_s"]])  # fmt: skip
     print(f"JSONSchemaBench sample: {len(schemas)} schemas ({args.per_category} per category, seed {args.seed}); {cpu_model()}")
     print_table(["backend", "covered", "compile p50 ms", "compile p99 ms", "mask mean us", "mask p99 us"], coverage_rows)
     print_table(["backend", "max_tokens", "valid (of all)", "closed early", "finished invalid", "truncated",
@@ -252,6 +281,23 @@ def run_jsonschema_bench(args: argparse.Namespace) -> int:
         print_table(["backend", "schema", "batch", "free tok/s", "constrained tok/s", "ratio"], speed_rows)
     write_json(args.output, report)
     return 0
+
+
+def llama_cpp_sample(args: argparse.Namespace, schemas: list[tuple[str, str, Any]], budgets: list[int]) -> dict:
+    try:
+        import llama_cpp.server  # noqa: F401
+    except ImportError as e:
+        raise SystemExit(f"bench jsonschema --llama-cpp: needs llama-cpp-python[server] (`make bench-deps`): {e}") from e
+    import torch
+
+    from plait.benchmarks.jsonschema_llama_cpp import run_llama_cpp_sample
+    from plait.runtime.model_loader.locate import locate_checkpoint
+
+    loc = locate_checkpoint(args.model_path)
+    if loc.kind != "gguf":
+        raise SystemExit("bench jsonschema --llama-cpp: llama.cpp needs a GGUF file (--model path/to/file.gguf)")
+    items = [(f"{cat}/{name}", schema, user_message(schema)) for cat, name, schema in schemas]
+    return run_llama_cpp_sample(loc.path, torch.get_num_threads(), items, budgets, args.llama_cpp_timeout)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -263,4 +309,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile-timeout", dest="compile_timeout", type=float, default=10.0)
     parser.add_argument("--speed-tokens", dest="speed_tokens", type=int, default=128)
     parser.add_argument("--no-speed", dest="no_speed", action="store_true")
+    parser.add_argument("--llama-cpp", dest="llama_cpp", action="store_true",
+                        help="also llama.cpp's server on the sample (llama-cpp-python[server]: `make bench-deps`)")
+    parser.add_argument("--llama-cpp-timeout", dest="llama_cpp_timeout", type=float, default=120.0,
+                        help="seconds per llama.cpp request before it counts as failed")
     parser.add_argument("--output", default="bench-results/jsonschema.json")

@@ -165,6 +165,12 @@ def jsonschema(r: Report) -> list[str]:
                 schema, _, batch = key.removeprefix("decode_").rpartition("_")
                 speed.append([name, f"{schema or 'strings'}, {batch[1:]}", value["free"], value["constrained"],
                               pct(value["constrained"] / value["free"])])  # fmt: skip
+    lc = r.get("llama.cpp")
+    if lc:
+        cover.append(["llama.cpp's server", f"{round(lc['coverage'] * n)}/{n}", None, None, None, None])
+        for budget, c in lc["by_budget"].items():
+            outcome.append(["llama.cpp's server", budget, f"**{c['valid']}/{n}**", None, c["finished_invalid"],
+                            None, c["truncated"]])  # fmt: skip
     lines = [
         f"{n} schemas of [JSONSchemaBench](https://github.com/guidance-ai/jsonschemabench) "
         f"({r['per_category']} per category, seed {r['seed']}), one greedy request each; every output "
@@ -174,6 +180,10 @@ def jsonschema(r: Report) -> list[str]:
         *table(["backend", "max_tokens", "valid", "of which closed early", "finished invalid",
                 "closed invalid", "truncated"], outcome),  # fmt: skip
     ]
+    if lc:
+        lines += ["llama.cpp's server (llama-cpp-python, same GGUF, one request at a time) falls back to "
+                  "any-JSON output where it cannot convert a schema; its `covered` counts the schemas its "
+                  "converter takes, its `valid` every valid output.", ""]
     if speed:
         lines += ["Decode speed under a schema against free decoding of as many tokens (`strings`: a list "
                   "of bounded strings; `records`: objects with forced keys):", "",
@@ -187,8 +197,17 @@ def json_extraction(r: Report) -> list[str]:
     off = runs.get("jump-forward off")
     rows = [[name, v["output_tokens"] / v["seconds"], times(off["seconds"] / v["seconds"]) if off else "",
              v["jump_forward_tokens"], v["valid_json"]] for name, v in runs.items()]  # fmt: skip
-    lines = ["Extraction requests under an 8-field schema, greedy, in one batch.", "",
-             *table(["run", "output tok/s", "× jump-forward off", "tokens jumped", "valid JSON"], rows)]
+    lines = ["Extraction requests under an 8-field schema, greedy, in one batch.", ""]
+    if res.get("by_requests"):
+        lines += ["Jump-forward on against off by request count: cold, every prompt prefilled; warm, the "
+                  "prompts already in the prefix cache, so the run is decoding alone.", "",
+                  *table(["requests", "× cold", "× warm", "tokens jumped"],
+                         [[n, times(e["speedup_cold"]), times(e["speedup_warm"]),
+                           f"{e['jump-forward on']['cold']['jump_forward_tokens']} of "
+                           f"{e['jump-forward on']['cold']['output_tokens']}"]
+                          for n, e in res["by_requests"].items()])]  # fmt: skip
+    lines += ["The largest count, cold, beside unconstrained generation of the same lengths:", "",
+              *table(["run", "output tok/s", "× jump-forward off", "tokens jumped", "valid JSON"], rows)]
     if "steps" in res and "mask" in res:
         st, m = res["steps"], res["mask"]
         lines += [f"A constrained decode step (jump-forward off) took {st['constrained_step_ms']:.1f} ms against "

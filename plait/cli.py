@@ -193,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     thr.add_argument("--top-p", dest="top_p", type=float, default=1.0)
     thr.add_argument("--output", default="bench-results/throughput.json")
     js = bench_sub.add_parser("json", help="JSON-schema extraction: jump-forward on/off, mask cost")
-    js.add_argument("--num-requests", dest="num_requests", type=int, default=32)
+    js.add_argument("--num-requests", dest="num_requests", default="1,8,32",
+                    help="comma-separated request counts, one batch each")
     js.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=160)
     js.add_argument("--mask-batch", dest="mask_batch", type=int, default=16)
     js.add_argument("--output", default="bench-results/json.json")

@@ -309,8 +309,9 @@ class EngineCore:
                 self.scheduler.rewind(req, num_valid=before)  # finished: its pages go back
                 return
         # NOTE: not over the healed text alone: that would re-append the very token healing
-        # backed up over, instead of letting the model choose the merged one
-        if not self.config.disable_jump_forward and not _healing(req):
+        # backed up over, instead of letting the model choose the merged one; nor while a closing
+        # is looked for off the loop: the search is of this state, and the request waits for it
+        if not self.config.disable_jump_forward and not _healing(req) and req.closing_job is None:
             self._jump_forward(req)
 
     def _take_closings(self, held: list[Request]) -> None:

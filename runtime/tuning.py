@@ -80,13 +80,14 @@ STREAM_BURST_MIN_STEP_SECONDS = 1e-3
 
 # Budget-aware closing (engine.py, output_processor.py) --------------------------------------------
 
-# Tokens of room kept beyond what a step adds, for what that step's tokens may open (each needs its
-# own closing token).
-CLOSING_GROWTH = 3
+# Tokens of room kept beyond what a step adds, for what that step's tokens may open: a token that
+# starts an optional property commits the closing to the rest of its name and a value (~8 tokens
+# for a camel-case key), so with less kept a budget a little above the shortest instance ran out.
+CLOSING_GROWTH = 8
 # At submit, the longest shortest-output looked for, and the time that search may take (off the
 # engine loop): a larger probe rejects fewer requests as unclosable, at a slower submit.
 CLOSING_PROBE_TOKENS = 4096
-CLOSING_PROBE_SECONDS = 0.25
+CLOSING_PROBE_SECONDS = 0.5
 # The closing length assumed until a search finds one (the submit probe may find none in its time).
 CLOSING_MIN_EXPECTED = 24
 # How much longer the closing may get per token sampled since it was last found (a token can open

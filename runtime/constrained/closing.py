@@ -2,12 +2,15 @@
 constrained request about to run out of `max_new_tokens` ends in output that parses.
 
 The search walks the grammar's own masks. At each state it ranks the allowed tokens by what
-they do to the text (a closing quote first, then digits, closing brackets, words, other
-characters, whitespace, and last what opens something new: `{`, `[`, `,`), takes the longest
+they do to the text (a closing quote first, then digits, closing brackets, a lone comma (the way
+to the next required property or item where nothing closes yet), words, other characters,
+whitespace, and last what opens something new: `{`, `[`, or a comma with more), takes the longest
 token of each rank as that rank's candidate, and follows the best; a rank used six times among
 the last twelve tokens is tried last, so runs end; a dead end backtracks to the next candidate. For JSON that reads: finish
 the string, close the object, fill each required property with the shortest value. The result
-is short, not always the shortest: a bounded best-first walk, never an exhaustive one.
+is short, not always the shortest: a bounded best-first walk, never an exhaustive one. Past
+`_DEPTHS[0]` tokens the first path is walked out alone before the deeper passes, so that a long
+closing (a schema with dozens of required properties) is found at all.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ _CLOSERS = frozenset(b'"}])')
 _OPENERS = frozenset(b"{[(,")
 _SPACE = frozenset(b" \t\n\r")
 _SEPARATORS = (b"@", b".", b"-", b":", b"/", b"_")  # what emails, dates, times and URIs need
-_NUM_RANKS = 7
+_NUM_RANKS = 8
+_OTHER = 5  # the rank of punctuation and mixed tokens (`_rank`)
 _RANK_STRIDE = 1 << 12  # rank * stride - length: one integer to sort by
 _NONE = np.iinfo(np.int64).max
 _WINDOW, _REPEATS = 12, 6  # a rank used this often among the last tokens is tried last
@@ -47,7 +51,9 @@ class ClosingSearch:
                 rank = _rank(spelled)
                 # longest first; punctuation shortest first, separators before all: `@`, not `####`
                 size = min(len(spelled), _RANK_STRIDE - 1)
-                if rank == 4:
+                if spelled == b'""':
+                    size = _RANK_STRIDE - 1  # an empty string in one token, before `"]}`
+                if rank == _OTHER:
                     size = _RANK_STRIDE - 1 if spelled in _SEPARATORS else _RANK_STRIDE - 1 - size
                 order[token_id] = rank * _RANK_STRIDE - size
         self.order = order
@@ -73,6 +79,13 @@ class ClosingSearch:
         depths = (*[d for d in _DEPTHS if d < max_tokens], max_tokens)
         left = _MAX_EXPANSIONS
         for i, depth in enumerate(depths):
+            if i == 1:
+                # NOTE: past the shallow pass, one straight walk first: the deeper passes start
+                # with the same path but, sharing the expansions, cannot follow it past a few
+                # hundred tokens (deep documents, schemas with dozens of required properties)
+                found = self._walk(grammar.copy(), max_tokens, deadline, row)
+                if found is not None or time.perf_counter() > deadline:
+                    return found
             # NOTE: a shallow pass may not spend what the deeper ones need: a closing longer
             # than 32 tokens would otherwise be crowded out by the exhaustive short pass
             budget = [left if i == len(depths) - 1 else left // 3]
@@ -80,6 +93,20 @@ class ClosingSearch:
             left -= (left if i == len(depths) - 1 else left // 3) - budget[0]
             if found is not None or left <= 0 or time.perf_counter() > deadline:
                 return found
+        return None
+
+    def _walk(self, probe: Grammar, max_tokens: int, deadline: float, row: np.ndarray) -> list[int] | None:
+        """The search's first path alone, without backtracking: the best candidate each time."""
+        path: list[int] = []
+        while len(path) < max_tokens and time.perf_counter() < deadline:
+            for token_id in self._candidates(probe, path, row):
+                if probe.try_advance(token_id):
+                    path.append(token_id)
+                    break
+            else:
+                return None
+            if probe.accepts_eos():
+                return path
         return None
 
     def _search(
@@ -153,10 +180,12 @@ def _rank(spelled: bytes) -> int:
         return 1  # before brackets: patterns and formats ask for digits more than for `)`
     if all(b in _CLOSERS for b in spelled):
         return 2
+    if spelled == b",":
+        return 3  # before words and punctuation: a number that may end, ends
     if spelled.isalpha():
-        return 3
+        return 4
     if all(b in _SPACE for b in spelled):
-        return 5
-    if any(b in _OPENERS for b in spelled):
         return 6
-    return 4
+    if any(b in _OPENERS for b in spelled):
+        return 7
+    return _OTHER

@@ -151,3 +151,33 @@ def test_closing_searches_are_few_per_request(tiny_engine, monkeypatch):
     # closings this long are looked for off the engine loop, their request waiting meanwhile
     assert any(name.startswith("plait-closing") for _, name in calls), calls
     assert not any(name.startswith("plait-engine") and room > 40 for room, name in calls[3:]), calls
+
+
+def test_budget_below_a_long_shortest_instance_is_refused(tiny_engine):
+    """The submit probe finds a shortest instance of hundreds of tokens, so a budget below it is
+    refused by name before the request is queued, and one above it closes valid."""
+    props = {f"requiredPropertyNumber{i}": {"type": "integer"} for i in range(40)}
+    schema = json.dumps({"type": "object", "properties": props, "required": list(props)})
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        tiny_engine.generate("x", {"max_new_tokens": 100, "json_schema": schema})
+    assert tiny_engine.stats()["kv_pages_in_use"] == 0
+    out = tiny_engine.generate("x", {"max_new_tokens": 400, "temperature": 1.0, "seed": 1, "json_schema": schema})
+    jsonschema.validate(json.loads(out["text"]), json.loads(schema))
+
+
+def test_tight_budgets_with_optional_properties_close_valid(tiny_engine):
+    """A budget a little above the shortest instance, optional properties the sampler may open
+    (and jump-forward may run through): every output parses and validates."""
+    optional = {f"optionalField{i}": {"type": ["string", "null"]} for i in range(8)}
+    required = {f"requiredField{i}": {"type": "string"} for i in range(8)}  # a closing looked for off the loop
+    schema = {"type": "object", "properties": {**optional, **required}, "required": list(required),
+              "additionalProperties": False}  # fmt: skip
+    text = json.dumps(schema)
+    outs = tiny_engine.generate(
+        ["Device:"] * 8,
+        [{"max_new_tokens": 72, "temperature": 1.0, "seed": s, "json_schema": text} for s in range(8)],
+    )
+    for out in outs:
+        jsonschema.validate(json.loads(out["text"]), schema)
+    assert tiny_engine.stats()["kv_pages_in_use"] == 0
+

@@ -192,6 +192,17 @@ def test_closings_longer_than_the_first_pass_are_found(backend, closing):
     jsonschema.validate(json.loads(backend.tokenizer.decode(tail)), schema)
 
 
+def test_closings_of_hundreds_of_tokens_are_found(backend, closing):
+    """A schema with dozens of required properties closes in hundreds of tokens: more than the
+    backtracking passes can follow, found by walking the first path out."""
+    props = {f"requiredPropertyNumber{i}": {"type": "integer"} for i in range(40)}
+    schema = {"type": "object", "properties": props, "required": list(props)}
+    grammar = backend.compile(make_grammar_key(json_schema=schema)).new_grammar()
+    tail = closing.shortest_completion(grammar, 4096, time_limit=30)
+    assert tail is not None and len(tail) > 200
+    jsonschema.validate(json.loads(backend.tokenizer.decode(tail)), schema)
+
+
 def test_only_declared_properties_by_default(backend, closing):
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     key = make_grammar_key(json_schema=schema)
