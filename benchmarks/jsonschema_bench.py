@@ -267,6 +267,7 @@ def run_jsonschema_bench(args: argparse.Namespace) -> int:
         finally:
             engine.shutdown()
     if args.llama_cpp:
+        write_json(args.output, report)  # plait's part is kept should the baseline's run fail
         lc = llama_cpp_sample(args, schemas, budgets)
         report["llama.cpp"] = lc
         coverage_rows.append(["llama.cpp", f"{round(lc['coverage'] * len(schemas))}/{len(schemas)}", None, None, None, None])

@@ -7,7 +7,8 @@ into a GBNF grammar and, where the conversion fails, silently falls back to a gr
 value; so its declared coverage is counted here apart, by running the same conversion
 (`llama_cpp.llama_grammar.json_schema_to_gbnf`) in this process. Outputs are sorted as plait's
 are: valid, finished but invalid (`finish_reason` stop), truncated (length); a request that fails
-or times out counts as `failed`.
+or times out counts as `failed`, one that kills the server as `crashed` (a new server is started
+for the rest).
 """
 
 from __future__ import annotations
@@ -60,21 +61,30 @@ def _complete(url: str, content: str, schema: Any, max_tokens: int, timeout: flo
         return json.loads(response.read())
 
 
-def run_llama_cpp_sample(
-    model_path: str, threads: int, items: list[tuple[str, Any, str]], budgets: list[int], timeout: float
-) -> dict[str, Any]:
-    """`items`: (name, schema, user message) per schema. Returns the report's `llama.cpp` entry."""
-    refused = {name: why for name, schema, _ in items if (why := declared(schema)) is not None}
+def _start(model_path: str, threads: int) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     cmd = [sys.executable, "-m", "plait.benchmarks.llama_cpp_server", "--model", model_path, "--host", "127.0.0.1",
            "--port", str(port), "--n_threads", str(threads), "--n_threads_batch", str(threads),
            "--n_ctx", "4096", "--model_alias", MODEL_ALIAS]  # fmt: skip
     process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    entry: dict[str, Any] = {"coverage": 1 - len(refused) / len(items), "refused": refused, "by_budget": {},
-                             "outcomes": {}}  # fmt: skip
     try:
         _wait(url + "/v1/models", process, 300)
+    except BaseException:
+        _stop(process)
+        raise
+    return process, url
+
+
+def run_llama_cpp_sample(
+    model_path: str, threads: int, items: list[tuple[str, Any, str]], budgets: list[int], timeout: float
+) -> dict[str, Any]:
+    """`items`: (name, schema, user message) per schema. Returns the report's `llama.cpp` entry."""
+    refused = {name: why for name, schema, _ in items if (why := declared(schema)) is not None}
+    entry: dict[str, Any] = {"coverage": 1 - len(refused) / len(items), "refused": refused, "by_budget": {},
+                             "outcomes": {}}  # fmt: skip
+    process, url = _start(model_path, threads)
+    try:
         for budget in budgets:
             kinds, outcomes, tokens, start = [], [], 0, time.perf_counter()
             for name, schema, content in items:
@@ -85,13 +95,16 @@ def run_llama_cpp_sample(
                     kind = _classify(schema, text, choice.get("finish_reason"))
                     tokens += out.get("usage", {}).get("completion_tokens", 0)
                 except (OSError, urllib.error.HTTPError, KeyError, ValueError) as e:
-                    if process.poll() is not None:  # it crashed: the rest cannot run
-                        raise RuntimeError(f"llama.cpp's server exited with {process.returncode} on {name}") from e
                     kind, text = "failed", f"{type(e).__name__}: {e}"
+                    if process.poll() is not None:  # the schema crashed the server: counted, and a new one started
+                        kind, text = "crashed", f"llama.cpp's server exited with {process.returncode}"
+                        print(f"llama.cpp: {name} at max_tokens={budget}: {text}; restarting it", flush=True)
+                        process, url = _start(model_path, threads)
                 kinds.append(kind)
                 outcomes.append({"schema": name, "kind": kind, "declared": name not in refused, "text": text[-200:]})
             seconds = time.perf_counter() - start
-            counts = {k: kinds.count(k) for k in ("valid", "finished_invalid", "truncated", "failed", "unvalidated")}
+            counts = {k: kinds.count(k) for k in ("valid", "finished_invalid", "truncated", "failed", "crashed",
+                                                  "unvalidated")}  # fmt: skip
             counts["valid_declared"] = sum(o["kind"] == "valid" and o["declared"] for o in outcomes)
             counts["finished_invalid_declared"] = sum(
                 o["kind"] == "finished_invalid" and o["declared"] for o in outcomes

@@ -31,6 +31,12 @@ _OTHER = 5  # the rank of punctuation and mixed tokens (`_rank`)
 _RANK_STRIDE = 1 << 12  # rank * stride - length: one integer to sort by
 _NONE = np.iinfo(np.int64).max
 _WINDOW, _REPEATS = 12, 6  # a rank used this often among the last tokens is tried last
+# The straight walks tried before backtracking: (shortest tokens?, the ranks' order). Longest
+# tokens cover ground fastest; where lengths are bounded (an email's labels, `maxLength`) they
+# overrun them, and where a pattern ends in letters (`\.[A-Za-z]{2,}$`) digits first never end it.
+_IN_ORDER = tuple(range(_NUM_RANKS))
+_LETTERS_FIRST = (0, 4, 1, 2, 3, 5, 6, 7)
+_WALKS = ((False, _IN_ORDER), (True, _IN_ORDER), (True, _LETTERS_FIRST))
 _MAX_EXPANSIONS = 512  # tokens tried per search
 _DEPTHS = (32, 128)  # iterative deepening, then the caller's limit
 _SLICES = ((0, 32), (32, 1024), (1024, None))  # of a rank's best-first tokens, checked in turn
@@ -53,18 +59,24 @@ class ClosingSearch:
                 size = min(len(spelled), _RANK_STRIDE - 1)
                 if spelled == b'""':
                     size = _RANK_STRIDE - 1  # an empty string in one token, before `"]}`
-                if rank == _OTHER:
-                    size = _RANK_STRIDE - 1 if spelled in _SEPARATORS else _RANK_STRIDE - 1 - size
+                if rank == _OTHER:  # separators in their listed order: `@` before `-`
+                    at = _SEPARATORS.index(spelled) if spelled in _SEPARATORS else None
+                    size = _RANK_STRIDE - 1 - at if at is not None else _RANK_STRIDE - 1 - len(_SEPARATORS) - size
                 order[token_id] = rank * _RANK_STRIDE - size
         self.order = order
         # each rank's tokens, best first, with where their bits sit in a mask row
         listed = np.flatnonzero(order != _NONE)
         ranks = order[listed] // _RANK_STRIDE + 1
+        # and the same lists shortest first, for the second walk (`_walk`)
+        lengths = np.array([len(token_bytes[i]) for i in listed], dtype=np.int64)
         self._by_rank: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._by_rank_short: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         for rank in range(_NUM_RANKS):
             ids = listed[ranks == rank]
-            ids = ids[np.argsort(order[ids], kind="stable")]
-            self._by_rank.append((ids, ids >> 5, (ids & 31).astype(np.uint32)))
+            short = order[ids] if rank == _OTHER else lengths[ranks == rank]  # punctuation: already so
+            for lists, key in ((self._by_rank, order[ids]), (self._by_rank_short, short)):
+                picked = ids[np.argsort(key, kind="stable")]
+                lists.append((picked, picked >> 5, (picked & 31).astype(np.uint32)))
 
     def shortest_completion(
         self, grammar: Grammar, max_tokens: int, time_limit: float = 0.05
@@ -80,12 +92,15 @@ class ClosingSearch:
         left = _MAX_EXPANSIONS
         for i, depth in enumerate(depths):
             if i == 1:
-                # NOTE: past the shallow pass, one straight walk first: the deeper passes start
-                # with the same path but, sharing the expansions, cannot follow it past a few
-                # hundred tokens (deep documents, schemas with dozens of required properties)
-                found = self._walk(grammar.copy(), max_tokens, deadline, row)
-                if found is not None or time.perf_counter() > deadline:
-                    return found
+                # NOTE: past the shallow pass, straight walks first: the deeper passes start
+                # with the first one's path but, sharing the expansions, cannot follow it past a
+                # few hundred tokens (deep documents, schemas with dozens of required properties)
+                for k, (short, ranks) in enumerate(_WALKS):  # each with its share of the time
+                    now = time.perf_counter()
+                    until = now + (deadline - now) / (len(_WALKS) - k + 1)
+                    found = self._walk(grammar.copy(), max_tokens, until, row, short, ranks)
+                    if found is not None or time.perf_counter() > deadline:
+                        return found
             # NOTE: a shallow pass may not spend what the deeper ones need: a closing longer
             # than 32 tokens would otherwise be crowded out by the exhaustive short pass
             budget = [left if i == len(depths) - 1 else left // 3]
@@ -95,11 +110,15 @@ class ClosingSearch:
                 return found
         return None
 
-    def _walk(self, probe: Grammar, max_tokens: int, deadline: float, row: np.ndarray) -> list[int] | None:
-        """The search's first path alone, without backtracking: the best candidate each time."""
+    def _walk(
+        self, probe: Grammar, max_tokens: int, deadline: float, row: np.ndarray, short: bool,
+        ranks: tuple[int, ...],
+    ) -> list[int] | None:  # fmt: skip
+        """One path without backtracking: the first allowed candidate each time (`short`: each
+        rank's shortest token, not its best; `ranks`: the ranks in the order tried)."""
         path: list[int] = []
         while len(path) < max_tokens and time.perf_counter() < deadline:
-            for token_id in self._candidates(probe, path, row):
+            for token_id in self._candidates(probe, path, row, short, ranks):
                 if probe.try_advance(token_id):
                     path.append(token_id)
                     break
@@ -133,7 +152,10 @@ class ClosingSearch:
             stack.append(self._candidates(probe, path, row))
         return None
 
-    def _candidates(self, grammar: Grammar, path: list[int], row: np.ndarray) -> list[int]:
+    def _candidates(
+        self, grammar: Grammar, path: list[int], row: np.ndarray, short: bool = False,
+        ranks: tuple[int, ...] = _IN_ORDER,
+    ) -> list[int]:  # fmt: skip
         """The best allowed token of each rank, best rank first. A rank used `_REPEATS` times
         among the last `_WINDOW` tokens of `path` goes last, with another token than the last
         one (more digits rarely bring the end closer; where only digits may follow, another
@@ -143,18 +165,18 @@ class ClosingSearch:
         recent = [self._rank_of(t) for t in path[-_WINDOW:]]
         worn = {r for r in set(recent) if recent.count(r) >= _REPEATS}
         found: list[tuple[int, int]] = []
-        for rank in range(_NUM_RANKS):
+        for place, rank in enumerate(ranks):
             avoid = path[-1] if rank in worn else -1
-            token_id = self._best_allowed(words, rank, avoid)
+            token_id = self._best_allowed(words, rank, avoid, short)
             if token_id >= 0:
-                found.append((rank + (_NUM_RANKS if rank in worn else 0), token_id))
+                found.append((place + (_NUM_RANKS if rank in worn else 0), token_id))
         return [token_id for _, token_id in sorted(found)]
 
-    def _best_allowed(self, words: np.ndarray, rank: int, avoid: int) -> int:
+    def _best_allowed(self, words: np.ndarray, rank: int, avoid: int, short: bool = False) -> int:
         """The first token of `rank`'s best-first list that the mask allows, other than
         `avoid` unless it is the only one; -1 if none. Looked for in growing slices: in a
         string nearly everything is allowed, elsewhere a few tokens are."""
-        ids, word, shift = self._by_rank[rank]
+        ids, word, shift = (self._by_rank_short if short else self._by_rank)[rank]
         fallback = -1
         for lo, hi in _SLICES:
             if lo >= ids.size:

@@ -203,6 +203,27 @@ def test_closings_of_hundreds_of_tokens_are_found(backend, closing):
     jsonschema.validate(json.loads(backend.tokenizer.decode(tail)), schema)
 
 
+EMAIL = {"type": "string", "format": "email",
+         "pattern": "^[A-Za-z0-9_\\-\\.]+@[A-Za-z0-9_\\-\\.]+\\.[A-Za-z]{2,}$"}  # fmt: skip
+
+
+@pytest.mark.parametrize("written", ['{"contact":{"email":"', '{"contact":{"email":"mara', '{"contact":{"email":"a@b.'])
+def test_closings_end_patterns_that_end_in_letters(backend, closing, written):
+    """An email pattern ending in `\\.[A-Za-z]{2,}$` inside a longer document: walks that try
+    digits first write them after every dot, which that end never takes; one walk tries letters
+    first."""
+    props = {f"field{i}": {"type": "string"} for i in range(12)}
+    schema = {"type": "object", "required": ["contact", *props],
+              "properties": {"contact": {"type": "object", "required": ["email"], "properties": {"email": EMAIL}},
+                             **props}}  # fmt: skip
+    grammar = backend.compile(make_grammar_key(json_schema=schema)).new_grammar()
+    assert all(grammar.try_advance(t) for t in backend.tokenizer.encode(written))
+    tail = closing.shortest_completion(grammar, 4096, time_limit=5)
+    assert tail is not None, written
+    value = json.loads(written + backend.tokenizer.decode(tail))
+    jsonschema.validate(value, schema)
+
+
 def test_only_declared_properties_by_default(backend, closing):
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     key = make_grammar_key(json_schema=schema)
