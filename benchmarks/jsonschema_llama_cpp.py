@@ -96,6 +96,10 @@ def run_llama_cpp_sample(
                     tokens += out.get("usage", {}).get("completion_tokens", 0)
                 except (OSError, urllib.error.HTTPError, KeyError, ValueError) as e:
                     kind, text = "failed", f"{type(e).__name__}: {e}"
+                    try:  # a server that segfaulted may not have been reaped yet
+                        process.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        pass
                     if process.poll() is not None:  # the schema crashed the server: counted, and a new one started
                         kind, text = "crashed", f"llama.cpp's server exited with {process.returncode}"
                         print(f"llama.cpp: {name} at max_tokens={budget}: {text}; restarting it", flush=True)

@@ -16,7 +16,7 @@ closing (a schema with dozens of required properties) is found at all.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
 
@@ -31,12 +31,18 @@ _OTHER = 5  # the rank of punctuation and mixed tokens (`_rank`)
 _RANK_STRIDE = 1 << 12  # rank * stride - length: one integer to sort by
 _NONE = np.iinfo(np.int64).max
 _WINDOW, _REPEATS = 12, 6  # a rank used this often among the last tokens is tried last
+_AVOIDED = 8  # allowed tokens looked at for one not avoided (`_best_allowed`)
+_SEPARATORS_AVOIDED = 2  # the last punctuation tokens tried after the others (`_candidates`)
 # The straight walks tried before backtracking: (shortest tokens?, the ranks' order). Longest
 # tokens cover ground fastest; where lengths are bounded (an email's labels, `maxLength`) they
 # overrun them, and where a pattern ends in letters (`\.[A-Za-z]{2,}$`) digits first never end it.
 _IN_ORDER = tuple(range(_NUM_RANKS))
 _LETTERS_FIRST = (0, 4, 1, 2, 3, 5, 6, 7)
-_WALKS = ((False, _IN_ORDER), (True, _IN_ORDER), (True, _LETTERS_FIRST))
+# The shortest tokens wear a rank out sooner (after 2 of the last 12, not 6), so they reach
+# the separators of a pattern (`^pbj:([a-z0-9-]+):...`) in a few tokens. Each walk may take its
+# share of the time left: the first finds most closings, some of them thousands of tokens long (a
+# quarter of a second on a 50 KB schema); the shortest one found is kept.
+_WALKS = ((False, _IN_ORDER, 6, 0.75), (True, _IN_ORDER, 2, 0.5), (True, _LETTERS_FIRST, 2, 0.5))
 _MAX_EXPANSIONS = 512  # tokens tried per search
 _DEPTHS = (32, 128)  # iterative deepening, then the caller's limit
 _SLICES = ((0, 32), (32, 1024), (1024, None))  # of a rank's best-first tokens, checked in turn
@@ -95,12 +101,18 @@ class ClosingSearch:
                 # NOTE: past the shallow pass, straight walks first: the deeper passes start
                 # with the first one's path but, sharing the expansions, cannot follow it past a
                 # few hundred tokens (deep documents, schemas with dozens of required properties)
-                for k, (short, ranks) in enumerate(_WALKS):  # each with its share of the time
+                best: list[int] | None = None
+                for short, ranks, repeats, share in _WALKS:
                     now = time.perf_counter()
-                    until = now + (deadline - now) / (len(_WALKS) - k + 1)
-                    found = self._walk(grammar.copy(), max_tokens, until, row, short, ranks)
-                    if found is not None or time.perf_counter() > deadline:
-                        return found
+                    until = now + (deadline - now) * share
+                    limit = max_tokens if best is None else len(best) - 1
+                    found = self._walk(grammar.copy(), limit, until, row, short, ranks, repeats)
+                    if found is not None:
+                        best = found
+                    if time.perf_counter() > deadline:
+                        break
+                if best is not None or time.perf_counter() > deadline:
+                    return best
             # NOTE: a shallow pass may not spend what the deeper ones need: a closing longer
             # than 32 tokens would otherwise be crowded out by the exhaustive short pass
             budget = [left if i == len(depths) - 1 else left // 3]
@@ -112,13 +124,14 @@ class ClosingSearch:
 
     def _walk(
         self, probe: Grammar, max_tokens: int, deadline: float, row: np.ndarray, short: bool,
-        ranks: tuple[int, ...],
+        ranks: tuple[int, ...], repeats: int,
     ) -> list[int] | None:  # fmt: skip
         """One path without backtracking: the first allowed candidate each time (`short`: each
-        rank's shortest token, not its best; `ranks`: the ranks in the order tried)."""
+        rank's shortest token, not its best; `ranks`: the ranks in the order tried; `repeats`:
+        as `_candidates`)."""
         path: list[int] = []
         while len(path) < max_tokens and time.perf_counter() < deadline:
-            for token_id in self._candidates(probe, path, row, short, ranks):
+            for token_id in self._candidates(probe, path, row, short, ranks, repeats):
                 if probe.try_advance(token_id):
                     path.append(token_id)
                     break
@@ -154,41 +167,55 @@ class ClosingSearch:
 
     def _candidates(
         self, grammar: Grammar, path: list[int], row: np.ndarray, short: bool = False,
-        ranks: tuple[int, ...] = _IN_ORDER,
+        ranks: tuple[int, ...] = _IN_ORDER, repeats: int = _REPEATS,
     ) -> list[int]:  # fmt: skip
-        """The best allowed token of each rank, best rank first. A rank used `_REPEATS` times
+        """The best allowed token of each rank, best rank first. A rank used `repeats` times
         among the last `_WINDOW` tokens of `path` goes last, with another token than the last
         one (more digits rarely bring the end closer; where only digits may follow, another
         digit might)."""
         grammar.fill_bitmask(row, 0)
         words = row[0].view(np.uint32)
         recent = [self._rank_of(t) for t in path[-_WINDOW:]]
-        worn = {r for r in set(recent) if recent.count(r) >= _REPEATS}
+        worn = {r for r in set(recent) if recent.count(r) >= repeats}
         found: list[tuple[int, int]] = []
+        separators = self._last_separators(path)
         for place, rank in enumerate(ranks):
-            avoid = path[-1] if rank in worn else -1
+            avoid = {path[-1]} if rank in worn else set()
+            if rank == _OTHER:  # separators in turn: `-`, then `:` where a pattern needs both
+                avoid |= separators
             token_id = self._best_allowed(words, rank, avoid, short)
             if token_id >= 0:
                 found.append((place + (_NUM_RANKS if rank in worn else 0), token_id))
         return [token_id for _, token_id in sorted(found)]
 
-    def _best_allowed(self, words: np.ndarray, rank: int, avoid: int, short: bool = False) -> int:
-        """The first token of `rank`'s best-first list that the mask allows, other than
-        `avoid` unless it is the only one; -1 if none. Looked for in growing slices: in a
-        string nearly everything is allowed, elsewhere a few tokens are."""
+    def _last_separators(self, path: list[int]) -> set[int]:
+        """The last `_SEPARATORS_AVOIDED` punctuation tokens of `path` (among its last 64)."""
+        found: set[int] = set()
+        for token_id in reversed(path[-64:]):
+            if self._rank_of(token_id) == _OTHER:
+                found.add(token_id)
+                if len(found) == _SEPARATORS_AVOIDED:
+                    break
+        return found
+
+    def _best_allowed(self, words: np.ndarray, rank: int, avoid: Collection[int], short: bool = False) -> int:
+        """The first token of `rank`'s best-first list that the mask allows, other than those in
+        `avoid` unless only they are; -1 if none. Looked for in growing slices: in a string
+        nearly everything is allowed, elsewhere a few tokens are."""
         ids, word, shift = (self._by_rank_short if short else self._by_rank)[rank]
         fallback = -1
         for lo, hi in _SLICES:
             if lo >= ids.size:
                 break
             hits = np.flatnonzero((words[word[lo:hi]] >> shift[lo:hi]) & 1)
-            for hit in hits[:2]:
+            for hit in hits[:_AVOIDED]:
                 token_id = int(ids[lo + hit])
-                if token_id != avoid:
+                if token_id not in avoid:
                     return token_id
-                fallback = token_id
-            if hits.size > 2:
-                return int(ids[lo + hits[2]])
+                if fallback < 0:
+                    fallback = token_id
+            if hits.size > _AVOIDED:
+                return int(ids[lo + hits[_AVOIDED]])
         return fallback
 
     def _rank_of(self, token_id: int) -> int:

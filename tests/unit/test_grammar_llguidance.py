@@ -224,6 +224,17 @@ def test_closings_end_patterns_that_end_in_letters(backend, closing, written):
     jsonschema.validate(value, schema)
 
 
+def test_closings_take_separators_in_turn(backend, closing):
+    """A pattern whose groups allow `-` but end at `:`: the walk must not write `-` forever."""
+    pattern = "^pbj:([a-z0-9-]+):([a-z0-9\\.-]+):([a-z0-9-]+)?:([a-z0-9-]+):([0-9]+-[0-9]+-[0-9]+)$"
+    schema = {"type": "object", "required": ["_schema"], "additionalProperties": False,
+              "properties": {"_schema": {"type": "string", "pattern": pattern}}}  # fmt: skip
+    grammar = backend.compile(make_grammar_key(json_schema=schema)).new_grammar()
+    tail = closing.shortest_completion(grammar, 4096, time_limit=5)
+    assert tail is not None
+    jsonschema.validate(json.loads(backend.tokenizer.decode(tail)), schema)
+
+
 def test_only_declared_properties_by_default(backend, closing):
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     key = make_grammar_key(json_schema=schema)
