@@ -184,6 +184,11 @@ def jsonschema(r: Report) -> list[str]:
         lines += ["llama.cpp's server (llama-cpp-python, same GGUF, one request at a time) falls back to "
                   "any-JSON output where it cannot convert a schema; its `covered` counts the schemas its "
                   "converter takes, its `valid` every valid output.", ""]
+        lost = [f"{c.get('crashed', 0)} crashed its server and {c.get('failed', 0)} failed at {budget} tokens"
+                for budget, c in lc["by_budget"].items() if c.get("crashed") or c.get("failed")]  # fmt: skip
+        if lost:
+            lines[-2] += (f" Of its requests, {'; '.join(lost)} (a segmentation fault; the benchmark starts a "
+                          "new server; a failed request is one sent while it was down or past the timeout).")
     if speed:
         lines += ["Decode speed under a schema against free decoding of as many tokens (`strings`: a list "
                   "of bounded strings; `records`: objects with forced keys):", "",
