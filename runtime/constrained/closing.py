@@ -33,7 +33,8 @@ _NONE = np.iinfo(np.int64).max
 _WINDOW, _REPEATS = 12, 6  # a rank used this often among the last tokens is tried last
 _AVOIDED = 8  # allowed tokens looked at for one not avoided (`_best_allowed`)
 _SEPARATORS_AVOIDED = 2  # the last punctuation tokens tried after the others (`_candidates`)
-# The straight walks tried before backtracking: (shortest tokens?, the ranks' order). Longest
+# The straight walks tried before backtracking: (shortest tokens?, the ranks' order, `repeats`,
+# share of the time). Longest
 # tokens cover ground fastest; where lengths are bounded (an email's labels, `maxLength`) they
 # overrun them, and where a pattern ends in letters (`\.[A-Za-z]{2,}$`) digits first never end it.
 _IN_ORDER = tuple(range(_NUM_RANKS))
@@ -73,7 +74,7 @@ class ClosingSearch:
         # each rank's tokens, best first, with where their bits sit in a mask row
         listed = np.flatnonzero(order != _NONE)
         ranks = order[listed] // _RANK_STRIDE + 1
-        # and the same lists shortest first, for the second walk (`_walk`)
+        # and the same lists shortest first, for the walks of shortest tokens (`_WALKS`)
         lengths = np.array([len(token_bytes[i]) for i in listed], dtype=np.int64)
         self._by_rank: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._by_rank_short: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
