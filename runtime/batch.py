@@ -77,3 +77,7 @@ class TokenResult:
     tops: list[list[tuple[float, int]]] = field(default_factory=list)
     input_logprobs: list[tuple[float, int]] = field(default_factory=list)
     input_top: list[list[tuple[float, int]]] = field(default_factory=list)
+    # a request steering toward its closing (`budget_closing.py`): the model's next-best allowed
+    # tokens, best first, and their logprobs where logprobs are returned
+    alternatives: list[int] = field(default_factory=list)
+    alternative_logprobs: list[float] = field(default_factory=list)

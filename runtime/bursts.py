@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from plait.runtime.batch import ScheduleBatch, TokenResult
+from plait.runtime.budget_closing import BudgetClosing
 from plait.runtime.burst_streams import BurstStreamer, StreamedTokens
 from plait.runtime.output_processor import OutputProcessor
 from plait.runtime.request import Request
@@ -50,7 +51,7 @@ class Bursts:
 
     def steps(
         self, batch: ScheduleBatch, runner: Any, scheduler: Any, *,
-        idle: bool, speculating: bool, closing_slack: int,
+        idle: bool, speculating: bool, closing: BudgetClosing,
     ) -> int:  # fmt: skip
         """Decode steps to run for `batch` in one call; 1 is a plain step. `idle`: no message
         waits in the engine's inbox."""
@@ -65,9 +66,9 @@ class Bursts:
         if step_s < STREAM_BURST_MIN_STEP_SECONDS and any(r.streaming for r in batch.decodes):
             return 1
         limit = min(limit, max(1, int(BURST_SECONDS / max(self.decode_step_s, 1e-6))))
-        for req in batch.decodes:  # a constrained request near its budget: where it closes
-            closing = self._processor.steps_before_closing(req, closing_slack)
-            limit = limit if closing is None else min(limit, closing)
+        for req in batch.decodes:  # a constrained request near its budget: where it steers
+            before = closing.steps_before(req)
+            limit = limit if before is None else min(limit, before)
         return scheduler.grow_for_burst(batch.decodes, limit) if limit > 1 else 1
 
     def run(

@@ -150,19 +150,25 @@ class Engine:
         req.closing = enabled and p.max_new_tokens > 0 and not p.ignore_eos and not req.heal_free
         if not req.closing:
             return
-        shortest = getattr(compiled, "shortest_output", None)
-        if shortest is None:
+        if not compiled.probed:  # once per grammar: every request of it shares the result
             found = self._closing_search().shortest_completion(
                 req.grammar, CLOSING_PROBE_TOKENS, time_limit=CLOSING_PROBE_SECONDS
             )
-            shortest = -1 if found is None else len(found)
-            compiled.shortest_output = shortest  # shared by every request of the grammar
-        if shortest > p.max_new_tokens:
+            compiled.shortest_output = None if found is None else tuple(found)
+            compiled.probed = True
+        shortest = compiled.shortest_output
+        if shortest is not None and len(shortest) > p.max_new_tokens:
+            # the probe's output is short, not always the shortest: look within the budget
+            found = self._closing_search().shortest_completion(
+                req.grammar, p.max_new_tokens, time_limit=CLOSING_PROBE_SECONDS
+            )
+            shortest = shortest if found is None else tuple(found)
+        if shortest is not None and len(shortest) > p.max_new_tokens:
             raise GrammarError(
-                f"max_new_tokens: the constraint's shortest output takes {shortest} tokens, "
+                f"max_new_tokens: the constraint's shortest output takes {len(shortest)} tokens, "
                 f"more than max_new_tokens ({p.max_new_tokens})"
             )
-        req.closing_tokens = max(shortest, 0)
+        self.core.closing.start(req, None if shortest is None else list(shortest))
 
     def _attach_grammars(self, reqs: list[Request]) -> None:
         """Blocks the caller (never the engine loop) until the grammars compiled; raises their
@@ -184,7 +190,7 @@ class Engine:
                 compiled = await asyncio.wait_for(waiter, timeout=limit)
             except asyncio.TimeoutError:
                 raise _compile_timeout(req, limit) from None
-            if getattr(compiled, "shortest_output", None) is None and req.params.max_new_tokens:
+            if not compiled.probed and req.params.max_new_tokens:
                 await asyncio.to_thread(self._start_grammar, req, compiled)  # the closing probe
             else:
                 self._start_grammar(req, compiled)

@@ -21,6 +21,7 @@ from plait.kernels.kv_cache import resolve_kv_dtype
 from plait.radix_cache import PageAllocator, RadixCache
 from plait.runtime import lifecycle
 from plait.runtime.batch import ScheduleBatch, TokenResult
+from plait.runtime.budget_closing import BudgetClosing
 from plait.runtime.burst_streams import StreamedTokens
 from plait.runtime.bursts import Bursts
 from plait.runtime.closing_jobs import ClosingJobs
@@ -90,7 +91,13 @@ class EngineCore:
         self.threads = ThreadPolicy(self.device, config.cpu_threads)
         self.grammars: Any = None  # the frontend's GrammarCache, shut down with the loop
         self._closing: Any = None  # ClosingSearch, made with the first closing request
-        self.closing_jobs = ClosingJobs()  # closing searches off the loop
+        self._closing_lock = threading.Lock()
+        drafts = config.num_draft_tokens if self.speculation.drafter is not None else 0
+        # what one step may add to a constrained request, plus a margin for what it may open
+        self.closing = BudgetClosing(
+            self.closing_search, ClosingJobs(), self.tokenizer, self.context_len,
+            slack=1 + drafts + CLOSING_GROWTH, jump_forward=not config.disable_jump_forward,
+        )  # fmt: skip
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         # set by `post` from any thread: a running decode burst ends after its current step
         self._interrupt = ctypes.c_int32(0)
@@ -115,20 +122,15 @@ class EngineCore:
         return self.threads.governor
 
     def closing_search(self) -> Any:
-        if self._closing is None:
-            from plait.runtime.constrained.closing import ClosingSearch
+        with self._closing_lock:  # the submit probe (a caller's thread) and the loop both ask
+            if self._closing is None:
+                from plait.runtime.constrained.closing import ClosingSearch
 
-            self._closing = ClosingSearch(
-                self.tokenizer.vocab_bytes(), (self.args.vocab_size + 31) // 32,
-                excluded=self.tokenizer.special_token_ids | self.tokenizer.eos_token_ids,
-            )  # fmt: skip
-        return self._closing
-
-    @property
-    def _closing_slack(self) -> int:
-        """Tokens one step may add to a constrained request, plus a few for what they may open."""
-        drafts = self.config.num_draft_tokens if self.drafter is not None else 0
-        return 1 + drafts + CLOSING_GROWTH
+                self._closing = ClosingSearch(
+                    self.tokenizer.vocab_bytes(), (self.args.vocab_size + 31) // 32,
+                    excluded=self.tokenizer.special_token_ids | self.tokenizer.eos_token_ids,
+                )  # fmt: skip
+            return self._closing
 
     # the loop --------------------------------------------------------------------------------
 
@@ -153,7 +155,7 @@ class EngineCore:
         """After the loop's last step: lets go of the weights, the KV pool and what holds them
         (tensor parallelism's workers, if any, are stopped by `shutdown`)."""
         self.bursts.close()
-        self.closing_jobs.close()
+        self.closing.jobs.close()
         self.model = self.kv_pool = self.runner = None  # type: ignore[assignment]
         self.speculation.drafter = None
 
@@ -231,7 +233,7 @@ class EngineCore:
         try:
             burst = self.bursts.steps(
                 batch, self.runner, self.scheduler,
-                idle=self._inbox.empty(), speculating=speculating, closing_slack=self._closing_slack,
+                idle=self._inbox.empty(), speculating=speculating, closing=self.closing,
             )  # fmt: skip
             if burst > 1:
                 results, streamed = self.bursts.run(batch, self.runner, burst)
@@ -279,6 +281,8 @@ class EngineCore:
             if result.tokens:
                 if req.first_token_time is None:
                     req.first_token_time = time.perf_counter()
+                if req.closing_path is not None:
+                    result = self.closing.steer(req, result)
                 added = self.processor.append_tokens(req, result)
                 self._totals["generated_tokens"] += added
                 if entry is not None:  # a verification
@@ -299,15 +303,11 @@ class EngineCore:
             self.deliver(req)
 
     def _close_or_jump(self, req: Request) -> None:
-        """After a step: a constrained request near its budget closes (`try_close`); others
-        jump over the text their grammar forces."""
+        """After a step: a constrained request near its budget steers toward its closing
+        (`BudgetClosing.check`); others jump over the text their grammar forces."""
         if req.grammar is None or req.finished or req not in self.scheduler.running:
             return
-        if req.closing:
-            before = req.num_tokens
-            if self.processor.try_close(req, self.closing_search(), self._closing_slack, self.closing_jobs):
-                self.scheduler.rewind(req, num_valid=before)  # finished: its pages go back
-                return
+        self.closing.check(req)
         # NOTE: not over the healed text alone: that would re-append the very token healing
         # backed up over, instead of letting the model choose the merged one; nor while a closing
         # is looked for off the loop: the search is of this state, and the request waits for it
@@ -315,18 +315,15 @@ class EngineCore:
             self._jump_forward(req)
 
     def _take_closings(self, held: list[Request]) -> None:
-        """Requests whose off-loop closing search is done: closed and delivered, or back to
-        decoding."""
+        """Requests whose off-loop closing search is done go back to decoding, steering where
+        their room is down to the closing found."""
         for req in ClosingJobs.done(held):
-            before = req.num_tokens
-            if self.processor.closing_job_done(req, self._closing_slack):
-                self.scheduler.rewind(req, num_valid=before)  # finished: its pages go back
-                self.deliver(req)
+            self.closing.job_done(req)
 
     def _jump_forward(self, req: Request) -> None:
         before = req.num_tokens
         replaced = self.processor.try_jump_forward(
-            req, min_kept_tokens=req.num_cached_pages * self.page_size
+            req, min_kept_tokens=req.num_cached_pages * self.page_size, closing=self.closing.after_jump
         )
         if replaced is not None:
             self.scheduler.rewind(req, num_valid=before - replaced)

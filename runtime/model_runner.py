@@ -25,6 +25,7 @@ from plait.runtime.models.llama import LlamaForCausalLM
 from plait.runtime.request import Request
 from plait.runtime.sampling import SamplingRow, argmax, filter_params, sample
 from plait.runtime.speculative.verify import verify_draft
+from plait.runtime.tuning import CLOSING_CANDIDATES
 
 
 @dataclass
@@ -345,6 +346,7 @@ class ModelRunner:
                 apply_token_bitmask(batch_logits, bitmask.to(batch_logits.device), constrained)
             else:
                 self._apply_grammars(batch_logits, [reqs[i] for i in sample_reqs])
+            _alternatives(batch_logits, [reqs[i] for i in sample_reqs], [results[i] for i in sample_reqs])
             rows_state = [self._sampling_row(reqs[i], []) for i in sample_reqs]
             for j, token in enumerate(sample(batch_logits, rows_state).tolist()):
                 results[sample_reqs[j]].tokens.append(token)
@@ -356,6 +358,9 @@ class ModelRunner:
                 req = reqs[i]
                 if not req.logprob.return_logprob:
                     continue
+                if results[i].alternatives:
+                    picked = logprobs[first, results[i].alternatives]
+                    results[i].alternative_logprobs = picked.tolist()
                 for j, token in enumerate(results[i].tokens):
                     row_lp = logprobs[first + j]
                     results[i].logprobs.append(row_lp[token].item())
@@ -443,6 +448,18 @@ def _plain_greedy(req: Request) -> bool:
     """Whether the request's next token is the argmax of its raw logits: greedy, no grammar, no
     penalty, no token banned (`_sampling_row`: stop and EOS ids before `min_new_tokens`)."""
     return req.params.is_greedy and _plain_logits(req)
+
+
+def _alternatives(logits: torch.Tensor, reqs: list[Request], results: list[TokenResult]) -> None:
+    """The allowed tokens a request steering toward its closing may take instead of the sampled
+    one (`budget_closing.py`): its `CLOSING_CANDIDATES` best by the masked logits."""
+    rows = [j for j, req in enumerate(reqs) if req.closing_path is not None]
+    if not rows:
+        return
+    k = min(CLOSING_CANDIDATES, logits.shape[-1])
+    values, ids = logits[torch.tensor(rows, device=logits.device)].topk(k, dim=-1)  # [rows, k]
+    for j, row_values, row_ids in zip(rows, values.tolist(), ids.tolist()):
+        results[j].alternatives = [t for v, t in zip(row_values, row_ids) if v != float("-inf")]
 
 
 def _top(logprobs: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:

@@ -7,6 +7,7 @@ caught; the text that could still turn into a stop string is held back from stre
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from plait.runtime.detokenizer import IncrementalDetokenizer
@@ -14,18 +15,14 @@ from plait.runtime.model_runner import TokenResult
 from plait.runtime.protocol import FinishReason
 from plait.runtime.request import Request, RequestStatus
 from plait.runtime.tokenizer import Tokenizer
-from plait.runtime.tuning import (
-    CLOSING_GROWTH_PER_TOKEN,
-    CLOSING_INLINE_MAX_TOKENS,
-    CLOSING_MAX_MISSES,
-    CLOSING_MIN_EXPECTED,
-    CLOSING_STEP_SECONDS,
-)
 
 if TYPE_CHECKING:
-    from plait.runtime.closing_jobs import ClosingJobs
-    from plait.runtime.constrained.closing import ClosingSearch
+    from plait.runtime.constrained.base import Grammar
 
+
+# (request, its grammar after a jump, the text jumped over, the room after it) -> a closing that
+# fits, or None (`BudgetClosing.after_jump`)
+JumpClosing = Callable[[Request, "Grammar", str, int], "list[int] | None"]
 
 
 class OutputProcessor:
@@ -86,7 +83,11 @@ class OutputProcessor:
             if req.heal_free and len(req.text) >= len(req.healed_text):
                 req.grammar = None  # healed: the rest is free
                 req.heal_free = False
-            if params.stop and n_out >= params.min_new_tokens and self._match_stop(req, len(new_text)):
+            if (
+                params.stop
+                and n_out >= params.min_new_tokens
+                and self._match_stop(req, len(new_text))
+            ):
                 return None
         self._check_length(req)
         if not req.finished and req.grammar is not None and req.grammar.is_terminated():
@@ -99,12 +100,15 @@ class OutputProcessor:
         if n_out >= req.params.max_new_tokens or req.num_tokens >= self.context_len:
             self.finish(req, FinishReason("length", length=n_out))
 
-    def try_jump_forward(self, req: Request, min_kept_tokens: int) -> int | None:
+    def try_jump_forward(
+        self, req: Request, min_kept_tokens: int, closing: JumpClosing | None = None
+    ) -> int | None:
         """Appends the text the grammar forces, retokenized at the boundary.
 
         Returns how many trailing output tokens were replaced (their KV is stale), or None when
         nothing was appended. `min_kept_tokens`: tokens (prompt included) that must not be
-        replaced, because their KV pages are shared through the prefix cache.
+        replaced, because their KV pages are shared through the prefix cache. A request steering
+        toward its closing jumps only where `closing` finds one that fits after the jump.
         """
         from plait.runtime.constrained import retokenize
 
@@ -127,8 +131,22 @@ class OutputProcessor:
             or len(req.prompt_ids) + kept < min_kept_tokens
         ):
             return None
+        path = None
+        if req.closing_path is not None:
+            probe = grammar.copy()
+            if closing is None or not probe.replace_tail(edit.num_dropped, edit.new_token_ids):
+                return None
+            room = min(
+                req.params.max_new_tokens - new_len,
+                self.context_len - 1 - len(req.prompt_ids) - new_len,
+            )
+            path = closing(req, probe, text, room)
+            if path is None:
+                return None
         if not grammar.replace_tail(edit.num_dropped, edit.new_token_ids):
             return None
+        if path is not None:
+            req.closing_path = path
         del req.output_ids[kept:]
         req.output_ids.extend(edit.new_token_ids)
         req.jump_forward_tokens += len(edit.new_token_ids)
@@ -147,96 +165,6 @@ class OutputProcessor:
         if not req.finished and grammar.is_terminated():
             self.finish(req, FinishReason("stop", matched=self.tokenizer.eos_token_id))
         return edit.num_dropped
-
-    def try_close(
-        self, req: Request, closing: ClosingSearch, slack: int, jobs: ClosingJobs | None = None
-    ) -> bool:
-        """Budget-aware closing: once the request's room (`max_new_tokens`, the context) is down
-        to the grammar's closing tokens plus `slack` (tokens a step may add), appends them and
-        finishes it with `length`, `closed_early` set. True when it closed.
-
-        The closing length is looked for again once the room is within what it may have grown
-        to since it was last found (`CLOSING_GROWTH_PER_TOKEN` per token sampled): the gap
-        shrinks by a third or more between searches, so a request takes a few, each bounded in
-        time. A closing expected to be long, or one a quick search missed, is looked for off the
-        loop (`jobs`); `closing_job_done` takes it from there."""
-        grammar = req.grammar
-        if grammar is None or not req.closing or req.finished or req.closing_job is not None:
-            return False
-        room = self._room(req)
-        since = len(req.output_ids) - req.closing_found_at
-        known = req.closing_tokens or req.closing_found_at  # a search has measured it
-        expected = req.closing_tokens if known else CLOSING_MIN_EXPECTED
-        predicted = expected + CLOSING_GROWTH_PER_TOKEN * since
-        if room > predicted + slack:
-            return False
-        if jobs is not None and (expected > CLOSING_INLINE_MAX_TOKENS or req.closing_misses):
-            jobs.start(req, closing, max(room, 0))
-            return False
-        tokens = closing.shortest_completion(grammar, max(room, 0), time_limit=CLOSING_STEP_SECONDS)
-        return self._found(req, tokens, room, slack)
-
-    def steps_before_closing(self, req: Request, slack: int) -> int | None:
-        """How many tokens `req` may take before `try_close` would look at it again (None: no
-        limit), so that a decode burst ends where single steps would have looked."""
-        if req.grammar is None or not req.closing or req.closing_job is not None:
-            return None
-        since = len(req.output_ids) - req.closing_found_at
-        expected = req.closing_tokens if (req.closing_tokens or req.closing_found_at) else CLOSING_MIN_EXPECTED
-        gap = self._room(req) - (expected + CLOSING_GROWTH_PER_TOKEN * since) - slack
-        return max(0, -(-gap // (1 + CLOSING_GROWTH_PER_TOKEN)))
-
-    def closing_job_done(self, req: Request, slack: int) -> bool:
-        """Takes the finished off-loop search of `req`, as `try_close` takes its own search's
-        result. True when it closed."""
-        job, req.closing_job = req.closing_job, None
-        if req.finished or job is None or len(req.output_ids) != req.closing_job_at:
-            return False
-        try:
-            tokens = job.result()
-        except Exception:  # pragma: no cover - the search raises nothing it does not catch
-            tokens = None
-        return self._found(req, tokens, self._room(req), slack)
-
-    def _found(self, req: Request, tokens: list[int] | None, room: int, slack: int) -> bool:
-        """Closes `req` with `tokens` once the room is down to them (plus `slack`); otherwise
-        records their length for the next look. A search that found nothing counts a miss."""
-        if tokens is None:
-            self._missed(req)
-            return False
-        req.closing_tokens = len(tokens)
-        req.closing_found_at = len(req.output_ids)
-        if room - len(tokens) > slack:
-            return False
-        return self._close_with(req, tokens)
-
-    def _room(self, req: Request) -> int:
-        return min(
-            req.params.max_new_tokens - len(req.output_ids),
-            self.context_len - 1 - req.num_tokens,
-        )
-
-    @staticmethod
-    def _missed(req: Request) -> None:
-        """A search found nothing: looked for again after some tokens, a few times at most."""
-        req.closing_misses += 1
-        req.closing_found_at = len(req.output_ids)
-        req.closing = req.closing_misses < CLOSING_MAX_MISSES
-
-    def _close_with(self, req: Request, tokens: list[int]) -> bool:
-        grammar = req.grammar
-        for token in tokens:
-            if not grammar.try_advance(token):  # pragma: no cover - the search advanced a copy
-                return False
-            req.output_ids.append(token)
-            if req.logprob.return_logprob:  # forced, not sampled: no logprob
-                req.output_token_logprobs.append((None, token))  # type: ignore[arg-type]
-                if req.logprob.top_logprobs_num:
-                    req.output_top_logprobs.append([])
-            req.text += req.detokenizer.add([token])
-        req.closed_early = True
-        self.finish(req, FinishReason("length", length=len(req.output_ids)))
-        return True
 
     def _match_stop(self, req: Request, num_new_chars: int) -> bool:
         longest = max(len(s) for s in req.params.stop)
@@ -259,6 +187,9 @@ class OutputProcessor:
     def finish(self, req: Request, reason: FinishReason, flush: bool = True) -> None:
         if flush and req.detokenizer is not None and reason.type != "abort":
             req.text += req.detokenizer.flush()
+        if req.closed_early and reason.type == "stop" and reason.matched in self.eos_ids:
+            # steered to its end by its budget (`budget_closing.py`): the budget ended it
+            reason = FinishReason("length", length=len(req.output_ids))
         req.finish_reason = reason
         req.status = RequestStatus.FINISHED
         req.finish_time = time.perf_counter()

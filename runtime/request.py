@@ -66,8 +66,10 @@ class Request:
     grammar: Any = None  # constrained decoding state (runtime.constrained.Grammar)
     spec: SpecState = field(default_factory=SpecState)
     jump_forward_tokens: int = 0
-    # budget-aware closing: whether it applies, the last closing length found, whether it closed
+    # budget-aware closing (`budget_closing.py`): whether it applies, the last closing length
+    # found, the closing it steers by (None: not steering), whether the budget changed the output
     closing: bool = False
+    closing_path: list[int] | None = None
     closing_tokens: int = 0
     closing_found_at: int = 0  # output length when `closing_tokens` was found
     closing_job: Any = None  # a closing search off the loop (`closing_jobs.py`); waits meanwhile

@@ -78,7 +78,7 @@ STREAM_POLL_FRACTION = 0.125
 STREAM_POLL_MIN_SECONDS = 1e-4
 STREAM_BURST_MIN_STEP_SECONDS = 1e-3
 
-# Budget-aware closing (engine.py, output_processor.py) --------------------------------------------
+# Budget-aware closing (budget_closing.py, engine.py) --------------------------------------------
 
 # Tokens of room kept beyond what a step adds, for what that step's tokens may open: a token that
 # starts an optional property commits the closing to the rest of its name and a value (~8 tokens
@@ -103,6 +103,9 @@ CLOSING_INLINE_MAX_TOKENS = 40
 CLOSING_BACKGROUND_SECONDS = 0.5
 CLOSING_WAIT_SECONDS = 0.01  # the loop's nap when every running request waits for its search
 CLOSING_MAX_MISSES = 4
+# A steering request's alternatives to a sampled token after which no closing fits: the model's
+# next-best allowed tokens, tried in order before the closing's own token.
+CLOSING_CANDIDATES = 8
 
 # Models (models/llama.py) -------------------------------------------------------------------------
 

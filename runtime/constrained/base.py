@@ -97,6 +97,11 @@ class Grammar(ABC):
     def accepts_eos(self) -> bool:
         """True in an accepting state: the output so far matches the whole pattern."""
 
+    def accepts_after(self, token_ids: Sequence[int]) -> bool:
+        """Whether the grammar would accept after consuming `token_ids`; the state is unchanged."""
+        probe = self.copy()
+        return all(probe.try_advance(t) for t in token_ids) and probe.accepts_eos()
+
     @abstractmethod
     def is_terminated(self) -> bool:
         """True when nothing but EOS may follow: EOS was consumed, or the state accepts and has
@@ -163,6 +168,10 @@ class CompiledGrammar(ABC):
     key: GrammarKey
     regex: str
     nbytes: int = 0  # memory it holds, where the backend knows it (the cache's byte budget)
+    # the shortest output the engine's submit probe found (budget-aware closing), once probed;
+    # None where the probe found none in its time
+    probed: bool = False
+    shortest_output: tuple[int, ...] | None = None
 
     @abstractmethod
     def new_grammar(self) -> Grammar:

@@ -32,6 +32,7 @@ from .base import (
     bitmask_words,
 )
 from .bounds import RunawayBounds
+from .patterns import ascii_classes
 from .schema_features import find_keyword, prepare_schema
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ class LLGuidanceBackend(GrammarBackend):
             grammar, matcher = self._json_matcher(key)
         else:
             if key.kind == "regex":
-                grammar = LLMatcher.grammar_from_regex(key.pattern)
+                grammar = LLMatcher.grammar_from_regex(ascii_classes(key.pattern))
             else:
                 grammar = _grammar_from_text(key.pattern)
             if key.prefix:
@@ -334,6 +335,17 @@ class LLGuidanceGrammar(Grammar):
 
     def accepts_eos(self) -> bool:
         return self._finished() or self._matcher.is_accepting()
+
+    def accepts_after(self, token_ids: Sequence[int]) -> bool:
+        backend = self._compiled.backend
+        if self._finished() or self._matcher.is_error():
+            return not token_ids and self._finished()
+        if any(t >= backend.num_words * 32 for t in token_ids):
+            return False
+        # NOTE: llguidance validates EOS only in an accepting state: one call, nothing consumed
+        ends = bool(token_ids) and token_ids[-1] in backend.eos_token_ids
+        tokens = list(token_ids) if ends else [*token_ids, backend.eos_token_ids[0]]
+        return self._matcher.validate_tokens(tokens) == len(tokens)
 
     def is_terminated(self) -> bool:
         return self._finished() or self._matcher.is_stopped()

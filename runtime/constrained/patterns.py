@@ -67,6 +67,51 @@ def dtype_regex(dtype: type | str) -> str:
     return DTYPE_REGEXES[name]
 
 
+# `\d`, `\w` and `\s` as ASCII classes (ECMA-262's digits and word characters, and the ASCII
+# whitespace), inside a class and out; negated inside a class as a nested class (Rust's syntax)
+_ASCII_CLASSES = {"d": "0-9", "w": "0-9A-Za-z_", "s": "\\t\\n\\x0b\\x0c\\r "}
+
+
+def ascii_classes(pattern: str) -> str:
+    """`pattern` with `\\d`, `\\w`, `\\s` and their negations spelled as ASCII classes.
+
+    Rust's regex (both grammar backends) reads them as Unicode classes, where `\\d` admits
+    `١` or `৪`; JSON Schema's `pattern` (ECMA-262) and users of `regex=` mean `[0-9]`. Unicode
+    classes stay available by name (`\\p{Nd}`)."""
+    out: list[str] = []
+    depth = 0  # inside how many `[...]`
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\" and i + 1 < len(pattern):
+            letter = pattern[i + 1]
+            spelled = _ASCII_CLASSES.get(letter.lower())
+            if spelled is None:
+                out.append(pattern[i : i + 2])
+            elif letter.islower():
+                out.append(spelled if depth else f"[{spelled}]")
+            else:
+                out.append(f"[^{spelled}]")
+            i += 2
+            continue
+        if ch == "[":
+            depth += 1
+            out.append(ch)
+            i += 1
+            if pattern.startswith("^", i):  # a class's leading `^` or `]` is not its end
+                out.append("^")
+                i += 1
+            if pattern.startswith("]", i):
+                out.append("]")
+                i += 1
+            continue
+        if ch == "]" and depth:
+            depth -= 1
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
 # JSON string formats: full JSON string regexes (quotes included) that never admit a character
 # JSON would need escaped, so every match is also a valid JSON string.
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"

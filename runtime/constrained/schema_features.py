@@ -33,6 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 from .json_pointer import MISSING, escape, local_pointer, resolve
+from .patterns import ascii_classes
 from .schema_disjoint import relax_disjoint_one_of
 
 # Keywords whose value is a schema, a list of schemas, or a map of names to schemas.
@@ -102,7 +103,13 @@ class _Preparer:
             elif key in _SCHEMA_LISTS and isinstance(value, list):
                 out[key] = [self._walk(c, f"{where}/{i}", Names()) for i, c in enumerate(value)]
             elif key in _SCHEMA_MAPS and isinstance(value, dict):
-                out[key] = {k: self._walk(c, f"{where}/{escape(k)}", Names()) for k, c in value.items()}
+                named = ascii_classes if key == "patternProperties" else str
+                out[key] = {
+                    named(k): self._walk(c, f"{where}/{escape(k)}", Names())
+                    for k, c in value.items()
+                }
+            elif key == "pattern" and isinstance(value, str):
+                out[key] = ascii_classes(value)
             else:
                 out[key] = value
         if isinstance(node.get("$ref"), str):
@@ -203,7 +210,9 @@ class _Preparer:
             names = set(_declared(node))
             result = Names(names)
             for combined in _COMBINED:
-                for member in node.get(combined, []) if isinstance(node.get(combined), list) else []:
+                for member in (
+                    node.get(combined, []) if isinstance(node.get(combined), list) else []
+                ):
                     found = self._names_of(member, seen)
                     if found is OPEN:
                         result = OPEN

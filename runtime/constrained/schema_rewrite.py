@@ -11,7 +11,7 @@ import uuid
 from typing import Any
 
 from .base import InvalidSchemaError, UnsupportedSchemaError
-from .patterns import FORMAT_REGEXES, integer_range_regex, number_range_regex
+from .patterns import FORMAT_REGEXES, ascii_classes, integer_range_regex, number_range_regex
 
 _ANNOTATIONS = frozenset(
     {
@@ -299,5 +299,5 @@ class SchemaRewriter:
             pattern = (
                 pattern[:-1] if pattern.endswith("$") and not pattern.endswith("\\$") else pattern
             )
-            return self._placeholder(f'"(?:{pattern})"')
+            return self._placeholder(f'"(?:{ascii_classes(pattern)})"')
         return node

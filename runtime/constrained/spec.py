@@ -9,7 +9,7 @@ from typing import Any
 from .base import GrammarError, GrammarKey
 from .json_schema import json_schema_to_regex, normalize_json_schema
 from .limits import DEFAULT_LIMITS, check_regex
-from .patterns import choices_regex, dtype_regex, escape
+from .patterns import ascii_classes, choices_regex, dtype_regex, escape
 
 COMPACT_WHITESPACE = ""
 
@@ -107,7 +107,7 @@ def grammar_key_to_regex(key: GrammarKey) -> str:
         )
     if key.kind == "regex":
         check_regex(key.pattern)
-        regex = key.pattern
+        regex = ascii_classes(key.pattern)
     else:
         regex = json_schema_to_regex(key.pattern, key.whitespace_pattern)
         check_regex(regex, "json_schema", generated=True)

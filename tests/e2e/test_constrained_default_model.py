@@ -59,3 +59,19 @@ def test_extraction_with_and_without_jump_forward(default_engine):
     assert out["meta_info"]["jump_forward_tokens"] > 0
     ids = [t for t in out["output_ids"] if t not in default_engine.tokenizer.eos_token_ids]
     assert ids == default_engine.tokenizer.encode(out["text"], add_special_tokens=False)
+
+
+def test_a_date_that_fits_its_budget_is_the_models_own(default_engine):
+    """The model's own ISO date comes back at every budget that holds it: closing never swaps in
+    a canned completion, and `\\d` writes ASCII digits only."""
+    prompt = chat(default_engine, "What is today's date? Answer as YYYY-MM-DD.")
+    params = {"regex": r"\d{4}-\d{2}-\d{2}", "temperature": 0}
+    own = default_engine.generate(prompt, {**params, "max_new_tokens": 64})
+    assert own["meta_info"]["finish_reason"]["type"] == "stop"
+    needed = own["meta_info"]["completion_tokens"]
+    budgets = list(range(needed, needed + 17))
+    outs = default_engine.generate([prompt] * len(budgets), [{**params, "max_new_tokens": b} for b in budgets])
+    for budget, out in zip(budgets, outs):
+        assert out["text"] == own["text"], (budget, out["text"], own["text"])
+        assert not out["meta_info"]["closed_early"]
+        assert re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", out["text"])

@@ -426,3 +426,40 @@ def test_batch_fill_equals_row_by_row(backend, smollm_tokenizer):
             continue
         g.fill_bitmask(alone, 0)
         assert bool((together[j] == alone[0]).all()), j
+
+
+@pytest.mark.parametrize("backend_name", ["llguidance", "outlines"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        {"regex": r"\d{3}"},
+        {"regex": r"[\w\s]{2}"},
+        {"json_schema": json.dumps({"type": "string", "pattern": "^\\d+\\s\\w+$"})},
+    ],
+    ids=["regex-d", "regex-class", "schema-pattern"],
+)
+def test_shorthand_classes_admit_ascii_only(smollm_tokenizer, backend_name, key):
+    """`\\d`, `\\w` and `\\s` are ASCII in every constraint (ECMA-262's `\\d` and `\\w`; ASCII
+    whitespace): no allowed token spells a non-ASCII digit, letter or space, as Rust's Unicode
+    classes would allow (`١`, `৪`, U+2000)."""
+    from plait.runtime.constrained import create_grammar_backend
+
+    compiled = create_grammar_backend(backend_name, smollm_tokenizer).compile(make_grammar_key(**key))
+    grammar = compiled.new_grammar()
+    if "json_schema" in key:
+        grammar.advance(smollm_tokenizer.encode('"', add_special_tokens=False)[0])
+    bitmask = allocate_token_bitmask(1, smollm_tokenizer.vocab_size)
+    grammar.fill_bitmask(bitmask, 0)
+    words = bitmask.numpy()
+    bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: smollm_tokenizer.vocab_size]
+    spelled = smollm_tokenizer.vocab_bytes()
+    allowed = [spelled[i] for i in np.flatnonzero(bits)]
+    assert allowed
+    assert all(max(b) < 0x80 for b in allowed if b), [b for b in allowed if b and max(b) >= 0x80][:5]
+
+
+def test_unicode_classes_stay_available_by_name(smollm_tokenizer, backend):
+    compiled = backend.compile(make_grammar_key(regex=r"\p{Nd}"))
+    arabic_one = smollm_tokenizer.encode("١", add_special_tokens=False)
+    assert compiled.new_grammar().accepts_after(arabic_one)
+    assert not backend.compile(make_grammar_key(regex=r"\d")).new_grammar().accepts_after(arabic_one)

@@ -268,3 +268,31 @@ def test_make_grammar_key():
     with pytest.raises(GrammarError, match="choices: the list is empty"):
         make_grammar_key(choices=[])
     assert issubclass(GrammarError, ValueError)
+
+
+@pytest.mark.parametrize(
+    "pattern, expected",
+    [
+        (r"\d{4}-\d{2}", "[0-9]{4}-[0-9]{2}"),
+        (r"[\d\s]+", "[0-9\\t\\n\\x0b\\x0c\\r ]+"),
+        (r"\D\W", "[^0-9][^0-9A-Za-z_]"),
+        (r"[^\d_]", "[^0-9_]"),
+        (r"[a\S]", "[a[^\\t\\n\\x0b\\x0c\\r ]]"),
+        (r"\\d", r"\\d"),  # an escaped backslash, then a literal d
+        (r"[\]\w]", r"[\]0-9A-Za-z_]"),
+        (r"\p{Nd}\.", r"\p{Nd}\."),  # Unicode classes stay available by name
+    ],
+)
+def test_shorthand_classes_are_ascii(pattern, expected):
+    from plait.runtime.constrained.patterns import ascii_classes
+
+    assert ascii_classes(pattern) == expected
+
+
+@pytest.mark.parametrize("pattern", [r"\d{2}", r"[\w\s]+", r"\D\S", r"[^\d]x", r"\w+\s?\d*"])
+def test_shorthand_classes_match_as_pythons_ascii_mode(pattern):
+    from plait.runtime.constrained.patterns import ascii_classes
+
+    rewritten = ascii_classes(pattern)
+    for text in ["12", "a_1", "١٢", "x y", "\u2000x", "ab\t3", "éx", "_ 9"]:
+        assert bool(re.fullmatch(pattern, text, re.ASCII)) == bool(re.fullmatch(rewritten, text)), text
