@@ -57,10 +57,7 @@ class BudgetClosing:
 
     def room(self, req: Request) -> int:
         """Tokens `req` may still add: its `max_new_tokens` and the context, whichever is less."""
-        return min(
-            req.params.max_new_tokens - len(req.output_ids),
-            self.context_len - 1 - req.num_tokens,
-        )
+        return min(req.budget_left, self.context_len - 1 - req.num_tokens)
 
     def start(self, req: Request, shortest: list[int] | None) -> None:
         """At submit: `shortest` is the closing the submit probe found from the grammar's start
@@ -174,8 +171,10 @@ class BudgetClosing:
         edit = retokenize(self.tokenizer, output, forced)
         if edit is None:
             return None
-        length = len(output) - edit.num_dropped + len(edit.new_token_ids)
-        if length >= req.params.max_new_tokens or len(req.prompt_ids) + length >= self.context_len:
+        kept = len(output) - edit.num_dropped
+        length = kept + len(edit.new_token_ids)
+        counted = length - min(req.heal_tokens, kept)
+        if counted >= req.params.max_new_tokens or len(req.prompt_ids) + length >= self.context_len:
             return None  # where the engine would not jump either
         jumped = probe.copy()
         if (

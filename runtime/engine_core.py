@@ -290,7 +290,7 @@ class EngineCore:
                     self.speculation.observe(req, len(entry.draft_ids), len(result.tokens) - 1)
                 updated.append(req)
             elif done_prompt:
-                self.processor.finish(req, FinishReason("length", length=len(req.output_ids)))
+                self.processor.finish(req, FinishReason("length", length=req.num_output_tokens))
                 updated.append(req)
         # NOTE: pages are released before results are delivered, so a caller that got its
         # result sees the pool without that request.

@@ -115,7 +115,7 @@ class ModelRunner:
             kv_slots.append(all_slots)
             input_rows = self._input_logprob_rows(e)
             logit_rows.extend(row0 + r - e.start for r in input_rows)
-            samples = e.is_last_chunk and req.params.max_new_tokens > len(req.output_ids)
+            samples = e.is_last_chunk and req.budget_left > 0
             if samples:  # the last real token, then one row per draft token
                 logit_rows.extend(row0 + e.end - 1 - e.start + j for j in range(len(draft) + 1))
             plans.append((input_rows, samples))

@@ -78,6 +78,8 @@ class OutputProcessor:
             if token in params.stop_token_ids:
                 return self.finish(req, FinishReason("stop", matched=token))
         new_text = req.detokenizer.add([token])
+        if req.heal_tokens == n_out - 1 and len(req.text) + len(new_text) <= len(req.healed_text):
+            req.heal_tokens += 1  # it only rewrites the healed text: the prompt's, not output
         if new_text:
             req.text += new_text
             if req.heal_free and len(req.text) >= len(req.healed_text):
@@ -96,9 +98,8 @@ class OutputProcessor:
         return None
 
     def _check_length(self, req: Request) -> None:
-        n_out = len(req.output_ids)
-        if n_out >= req.params.max_new_tokens or req.num_tokens >= self.context_len:
-            self.finish(req, FinishReason("length", length=n_out))
+        if req.budget_left <= 0 or req.num_tokens >= self.context_len:
+            self.finish(req, FinishReason("length", length=req.num_output_tokens))
 
     def try_jump_forward(
         self, req: Request, min_kept_tokens: int, closing: JumpClosing | None = None
@@ -125,8 +126,9 @@ class OutputProcessor:
             return None
         kept = len(req.output_ids) - edit.num_dropped
         new_len = kept + len(edit.new_token_ids)
+        healing = min(req.heal_tokens, kept)  # kept tokens that only rewrite the healed text
         if (
-            new_len >= req.params.max_new_tokens
+            new_len - healing >= req.params.max_new_tokens
             or len(req.prompt_ids) + new_len >= self.context_len
             or len(req.prompt_ids) + kept < min_kept_tokens
         ):
@@ -137,7 +139,7 @@ class OutputProcessor:
             if closing is None or not probe.replace_tail(edit.num_dropped, edit.new_token_ids):
                 return None
             room = min(
-                req.params.max_new_tokens - new_len,
+                req.params.max_new_tokens - new_len + healing,
                 self.context_len - 1 - len(req.prompt_ids) - new_len,
             )
             path = closing(req, probe, text, room)
@@ -147,6 +149,7 @@ class OutputProcessor:
             return None
         if path is not None:
             req.closing_path = path
+        req.heal_tokens = healing
         del req.output_ids[kept:]
         req.output_ids.extend(edit.new_token_ids)
         req.jump_forward_tokens += len(edit.new_token_ids)
@@ -168,7 +171,8 @@ class OutputProcessor:
 
     def _match_stop(self, req: Request, num_new_chars: int) -> bool:
         longest = max(len(s) for s in req.params.stop)
-        window_start = max(len(req.text) - num_new_chars - longest + 1, 0)
+        # NOTE: the healed text is the prompt's: a stop string matches only what follows it
+        window_start = max(len(req.text) - num_new_chars - longest + 1, len(req.healed_text))
         best: tuple[int, str] | None = None
         for s in req.params.stop:
             i = req.text.find(s, window_start)
@@ -189,7 +193,7 @@ class OutputProcessor:
             req.text += req.detokenizer.flush()
         if req.closed_early and reason.type == "stop" and reason.matched in self.eos_ids:
             # steered to its end by its budget (`budget_closing.py`): the budget ended it
-            reason = FinishReason("length", length=len(req.output_ids))
+            reason = FinishReason("length", length=req.num_output_tokens)
         req.finish_reason = reason
         req.status = RequestStatus.FINISHED
         req.finish_time = time.perf_counter()

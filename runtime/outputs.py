@@ -10,7 +10,11 @@ from plait.runtime.tokenizer import Tokenizer
 
 
 def _entry(logprob: float | None, token: int, tokenizer: Tokenizer, with_text: bool) -> list[Any]:
-    return [logprob, token, tokenizer.decode([token], skip_special_tokens=False) if with_text else None]
+    return [
+        logprob,
+        token,
+        tokenizer.decode([token], skip_special_tokens=False) if with_text else None,
+    ]
 
 
 def _top_entries(
@@ -28,7 +32,7 @@ def build_output(req: Request, tokenizer: Tokenizer, text: str) -> dict[str, Any
         "id": req.rid,
         "finish_reason": req.finish_reason.to_dict() if req.finish_reason else None,
         "prompt_tokens": len(req.prompt_ids),
-        "completion_tokens": len(req.output_ids),
+        "completion_tokens": req.num_output_tokens,
         "cached_tokens": req.cached_tokens,
         "e2e_latency": end - req.arrival_time,
     }
@@ -52,7 +56,9 @@ def build_output(req: Request, tokenizer: Tokenizer, text: str) -> dict[str, Any
         ]
         if opts.top_logprobs_num:
             meta["input_top_logprobs"] = _top_entries(req.input_top_logprobs, tokenizer, with_text)
-            meta["output_top_logprobs"] = _top_entries(req.output_top_logprobs, tokenizer, with_text)
+            meta["output_top_logprobs"] = _top_entries(
+                req.output_top_logprobs, tokenizer, with_text
+            )
         else:
             meta["input_top_logprobs"] = []
             meta["output_top_logprobs"] = []

@@ -77,9 +77,11 @@ class Request:
     closing_misses: int = 0
     closed_early: bool = False
     # token healing: the text of the prompt token backed up over (the output starts with it, and
-    # it is cut from what is returned); `heal_free`: no constraint after it (dropped once written)
+    # it is cut from what is returned); `heal_free`: no constraint after it (dropped once written);
+    # `heal_tokens`: leading output tokens that only rewrite it (not counted as output)
     healed_text: str = ""
     heal_free: bool = False
+    heal_tokens: int = 0
     detokenizer: Any = None
     generator: Any = None
     sink: Any = None  # where the engine delivers updates (a queue or callback)
@@ -98,6 +100,17 @@ class Request:
         if start >= p:
             return self.output_ids[start - p : end - p]
         return self.prompt_ids[start:] + self.output_ids[: end - p]
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Output tokens counted against `max_new_tokens`: not those that only rewrite the text
+        token healing backed up over (that text is the prompt's)."""
+        return len(self.output_ids) - self.heal_tokens
+
+    @property
+    def budget_left(self) -> int:
+        """Output tokens it may still add under `max_new_tokens` (the context aside)."""
+        return self.params.max_new_tokens - self.num_output_tokens
 
     @property
     def last_id(self) -> int:

@@ -59,7 +59,9 @@ class Scheduler:
 
     def max_tokens(self, req: Request) -> int:
         """All tokens this request can ever hold KV for."""
-        return max(min(len(req.prompt_ids) + req.params.max_new_tokens, self.context_len), len(req.prompt_ids))
+        # NOTE: a healed request's output may begin with the healed token, besides its budget
+        total = len(req.prompt_ids) + req.params.max_new_tokens + bool(req.healed_text)
+        return max(min(total, self.context_len), len(req.prompt_ids))
 
     def fits_pool(self, req: Request) -> bool:
         return self.kv.pages_for(self.max_tokens(req)) <= self.kv.allocator.num_total
@@ -208,7 +210,7 @@ class Scheduler:
         return steps
 
     def _tokens_left(self, req: Request) -> int:
-        return min(req.params.max_new_tokens - len(req.output_ids), self.context_len - req.num_tokens)
+        return min(req.budget_left, self.context_len - req.num_tokens)
 
     def retract(self, req: Request) -> None:
         """Frees a running request's pages (caching what it computed) and requeues it first."""

@@ -27,7 +27,11 @@ class Speculation:
 
     def speculate(self, batch: ScheduleBatch) -> bool:
         """Whether this step's decodes draft."""
-        return self.drafter is not None and bool(batch.decodes) and self.policy.speculate(len(batch.decodes))
+        return (
+            self.drafter is not None
+            and bool(batch.decodes)
+            and self.policy.speculate(len(batch.decodes))
+        )
 
     def propose(self, batch: ScheduleBatch, scheduler: Any, context_len: int) -> None:
         """Adds drafts to `batch`'s decodes, each cut to the request's room and, under a
@@ -39,7 +43,7 @@ class Speculation:
         drafts: dict[int, list[int]] = {}
         for req, draft in zip(candidates, self.drafter.propose(candidates, k)):
             room = min(
-                req.params.max_new_tokens - len(req.output_ids) - 1,
+                req.budget_left - 1,
                 context_len - req.num_tokens - 1,
             )
             draft = draft[: max(room, 0)]
@@ -73,5 +77,7 @@ class Speculation:
             "spec_proposed_tokens": t["proposed"],
             "spec_accepted_tokens": t["accepted"],
             "spec_acceptance_rate": t["accepted"] / t["proposed"] if t["proposed"] else 0.0,
-            "spec_mean_accept_length": (t["accepted"] + t["steps"]) / t["steps"] if t["steps"] else 0.0,
+            "spec_mean_accept_length": (t["accepted"] + t["steps"]) / t["steps"]
+            if t["steps"]
+            else 0.0,
         }

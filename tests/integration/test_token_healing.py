@@ -40,14 +40,23 @@ def test_healed_output_starts_with_the_merged_token(tiny_engine):
 def test_healing_with_a_constraint_gives_the_tokenizers_ids(tiny_engine):
     tok = tiny_engine.tokenizer
     out = tiny_engine.generate(
-        "The capital of France is ", {"max_new_tokens": 8, "temperature": 0, "token_healing": True, "regex": "Paris"}
+        "The capital of France is ",
+        {"max_new_tokens": 8, "temperature": 0, "token_healing": True, "regex": "Paris"},
     )
     assert out["text"] == "Paris"
     ids = [t for t in out["output_ids"] if t not in tok.eos_token_ids]
-    assert ids == tok.encode(" Paris", add_special_tokens=False)  # one merged token, not " " + "Paris"
+    assert ids == tok.encode(
+        " Paris", add_special_tokens=False
+    )  # one merged token, not " " + "Paris"
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     out = tiny_engine.generate(
-        "JSON: ", {"max_new_tokens": 16, "temperature": 0, "token_healing": True, "json_schema": json.dumps(schema)}
+        "JSON: ",
+        {
+            "max_new_tokens": 16,
+            "temperature": 0,
+            "token_healing": True,
+            "json_schema": json.dumps(schema),
+        },
     )
     assert isinstance(json.loads(out["text"])["a"], int)
 
@@ -69,8 +78,73 @@ def test_programs_heal_by_default(tiny_engine):
     healed = capital.run(country="France", backend=rt)
     assert sent[-1]["token_healing"] is True
     prompt = "Q: What is the capital of France?\nA: "
-    direct = tiny_engine.generate(prompt, {"max_new_tokens": 4, "temperature": 0, "token_healing": True})
+    direct = tiny_engine.generate(
+        prompt, {"max_new_tokens": 4, "temperature": 0, "token_healing": True}
+    )
     assert healed["answer"] == direct["text"]
     assert healed.text() == prompt + direct["text"]
     capital.run(country="France", backend=rt, token_healing=False)
     assert "token_healing" not in sent[-1]
+
+
+CHAT_PROMPT = "<|im_start|>user\nName one idea.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _healed_generate(engine, prompt: str, **params) -> dict:
+    out = engine.generate(prompt, {"temperature": 0, "token_healing": True, **params})
+    assert out["meta_info"]["healed_text"] == prompt[-1]
+    return out
+
+
+def test_stop_strings_match_only_after_the_healed_text(tiny_engine):
+    """The role header's trailing newline is healed: the regenerated newline is the prompt's,
+    so `stop="\\n"` ends the output at the first newline after it, never on it."""
+    free = _healed_generate(tiny_engine, CHAT_PROMPT, max_new_tokens=24, ignore_eos=True)
+    stopped = _healed_generate(
+        tiny_engine, CHAT_PROMPT, max_new_tokens=24, ignore_eos=True, stop=["\n"]
+    )
+    assert stopped["text"] == free["text"].split("\n")[0]
+    if "\n" in free["text"]:
+        assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": "\n"}
+
+
+def test_tokens_that_rewrite_the_healed_text_are_not_counted(tiny_engine):
+    """A first token that only rewrites the healed text is the prompt's: `max_new_tokens` new
+    tokens follow it, and `completion_tokens` counts those."""
+    tok = tiny_engine.tokenizer
+    out = _healed_generate(tiny_engine, CHAT_PROMPT, max_new_tokens=8, ignore_eos=True)
+    ids = out["output_ids"]
+    rewrites = int(tok.token_bytes(ids[0]) == b"\n")
+    assert out["meta_info"]["completion_tokens"] == 8
+    assert len(ids) == 8 + rewrites
+    assert out["text"] == tok.decode(ids)[1:]
+
+
+@program
+def chat_idea(s):
+    s += "<|im_start|>user\nName one idea.<|im_end|>\n<|im_start|>assistant\n"
+    s += gen("idea", stop="\n", max_tokens=24, temperature=0, ignore_eos=True)
+
+
+def test_a_program_gen_after_a_role_header_stops_after_the_header(tiny_engine):
+    free = _healed_generate(tiny_engine, CHAT_PROMPT, max_new_tokens=24, ignore_eos=True)
+    state = chat_idea.run(backend=Runtime(engine=tiny_engine))
+    assert state["idea"] == free["text"].split("\n")[0]
+
+
+def test_generate_heals_without_stopping_on_the_healed_text(tiny_llama_dir):
+    import httpx
+
+    from tests.integration.server_support import tiny_server
+
+    with (
+        tiny_server(tiny_llama_dir) as server,
+        httpx.Client(base_url=server.url, timeout=60) as http,
+    ):
+        params = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True, "token_healing": True}
+        free = http.post("/generate", json={"text": CHAT_PROMPT, "sampling_params": params}).json()
+        stop = {**params, "stop": ["\n"]}
+        out = http.post("/generate", json={"text": CHAT_PROMPT, "sampling_params": stop}).json()
+    assert out["meta_info"]["healed_text"] == "\n"
+    assert out["text"] == free["text"].split("\n")[0]
+    assert free["meta_info"]["completion_tokens"] == 24
