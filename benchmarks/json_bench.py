@@ -2,7 +2,8 @@
 
 End-to-end time with jump-forward on and off at several request counts, cold (prompts prefilled)
 and warm (prompts in the prefix cache: decoding alone), beside unconstrained generation of the same
-lengths; the per-token mask cost (fill + apply) and the schema compile time.
+lengths; the per-token mask cost (fill + apply) and the schema compile time; and, per JSON spacing
+(`json_whitespace`), extraction accuracy and jump-forward's speedup (`json_spacing.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from plait.benchmarks.common import print_table, write_json
+from plait.benchmarks.json_spacing import PEOPLE, SPACING_HEADERS, accuracy, spacing_rows
 
 SCHEMA = {
     "type": "object",
@@ -139,6 +141,16 @@ def _summary(seconds: float, outs: list[dict]) -> dict[str, Any]:
             "valid_json": valid, "sample": outs[0]["text"]}  # fmt: skip
 
 
+def spacing_names(value: str) -> list[str]:
+    from plait.runtime.protocol import JSON_WHITESPACE
+
+    names = [v.strip() for v in str(value).split(",") if v.strip()]
+    bad = [n for n in names if n not in JSON_WHITESPACE]
+    if not names or bad:
+        raise SystemExit(f"--spacings: {value!r}: expected a comma-separated list of {', '.join(JSON_WHITESPACE)}")
+    return names
+
+
 def request_counts(value: str) -> list[int]:
     counts = [int(v) for v in str(value).split(",") if v.strip()]
     if not counts or min(counts) < 1:
@@ -161,11 +173,23 @@ def run_json_bench(args: argparse.Namespace) -> int:
     schema = json.dumps(SCHEMA)
     base = {"max_new_tokens": args.max_new_tokens, "temperature": 0}
     runs: dict[str, tuple[float, list[dict]]] = {}
+    spacings = spacing_names(args.spacings)
+    by_spacing: dict[str, dict[str, Any]] = {s: {} for s in spacings}
     for jf in (True, False):
         name = f"jump-forward {'on' if jf else 'off'}"
         engine = Engine(**{**kwargs, "disable_jump_forward": not jf})
         try:
             engine.generate(prompts(engine.tokenizer, 1)[0], {**base, "json_schema": schema})  # warm up + compile
+            for spacing in spacings:  # the largest count, cold, under each spacing
+                params = [{**base, "json_schema": schema, "json_whitespace": spacing}] * largest
+                engine.generate(prompts(engine.tokenizer, 1)[0], params[0])  # its compile
+                seconds, outs = timed_batch(engine, prompts(engine.tokenizer, largest), params)
+                summary = _summary(seconds, outs)
+                entry = by_spacing[spacing]
+                entry[f"jf_{'on' if jf else 'off'}_s"] = seconds
+                if jf:
+                    entry.update(output_tokens=summary["output_tokens"], jumped=summary["jump_forward_tokens"],
+                                 valid_json=summary["valid_json"], accuracy=accuracy(engine, spacing))  # fmt: skip
             for n in counts:
                 texts = prompts(engine.tokenizer, n)
                 params = [{**base, "json_schema": schema}] * n
@@ -221,5 +245,9 @@ def run_json_bench(args: argparse.Namespace) -> int:
     print(f"decode step at batch {args.mask_batch} (jump-forward off): constrained {st['constrained_step_ms']:.1f} ms, "
           f"unconstrained {st['unconstrained_step_ms']:.1f} ms ({st['constrained_step_overhead']:+.1%})")
     print(f"sample: {results['jump-forward on']['sample']}")
+    results["spacing"] = by_spacing
+    print(f"\nJSON spacing (json_whitespace): {len(PEOPLE)} name/age/city extractions, greedy, checked "
+          f"against the paragraphs; {largest} 8-field requests, cold, jump-forward off and on")
+    print_table(SPACING_HEADERS, spacing_rows(by_spacing))
     write_json(args.output, {"benchmark": "json", "results": results})
     return 0

@@ -70,7 +70,7 @@ def compile_all(engine: Any, schemas: list[tuple[str, str, Any]], timeout: float
     for _, _, schema in schemas:
         start = time.perf_counter()
         try:
-            key = make_grammar_key(json_schema=schema, whitespace_pattern=engine.config.json_whitespace_pattern)
+            key = make_grammar_key(json_schema=schema, json_whitespace=engine.config.json_whitespace)
             compiled: Any = cache.get(key, timeout=timeout)
         except (GrammarError, TimeoutError) as e:
             compiled = f"{type(e).__name__}: {e}"[:200]

@@ -33,6 +33,7 @@ def gen(
     repetition_penalty: float | None = None,
     seed: int | None = None,
     token_healing: bool | None = None,
+    json_whitespace: str | None = None,
     tools: Sequence[Callable[..., Any]] | None = None,
     max_tool_calls: int = 4,
     choices_method: str = "token_length_normalized",
@@ -43,6 +44,8 @@ def gen(
     instance of it); `dtype` is int, float, bool or str; `grammar` is a context-free grammar
     (GBNF / EBNF `root ::= ...`, or Lark); `choices` makes this a `select`. `token_healing`
     (on by default where the backend has it) lets the first token merge with the prompt's last.
+    `json_whitespace` spaces JSON under a schema: "conventional" (`{"a": 1, "b": 2}`, the
+    backend's default), "compact" (`{"a":1,"b":2}`) or "flexible" (the model's own).
     """
     _check_name(name)
     if choices is not None:
@@ -75,6 +78,7 @@ def gen(
         ignore_eos=ignore_eos,
         seed=seed,
         token_healing=token_healing,
+        json_whitespace=json_whitespace,
     )
     constraint = Constraint.build(regex=regex, json_schema=json_schema, dtype=dtype, grammar=grammar)
     if tools:

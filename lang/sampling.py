@@ -27,6 +27,7 @@ class SamplingSpec:
     ignore_eos: bool | None = None
     seed: int | None = None
     token_healing: bool | None = None  # None: on where the backend has it
+    json_whitespace: str | None = None  # JSON spacing: "conventional", "compact" or "flexible"
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

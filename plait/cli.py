@@ -197,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma-separated request counts, one batch each")
     js.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=160)
     js.add_argument("--mask-batch", dest="mask_batch", type=int, default=16)
+    js.add_argument("--spacings", default="conventional,compact",
+                    help="JSON spacings to compare (json_whitespace), comma-separated (default: %(default)s)")  # fmt: skip
     js.add_argument("--output", default="bench-results/json.json")
     jsb = bench_sub.add_parser(
         "jsonschema", help="coverage and compliance on a JSONSchemaBench sample, per grammar backend"

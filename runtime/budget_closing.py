@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from plait.runtime.batch import TokenResult
-from plait.runtime.constrained.jump_forward import retokenize
 from plait.runtime.request import Request
 from plait.runtime.tuning import (
     CLOSING_GROWTH_PER_TOKEN,
@@ -32,7 +31,13 @@ if TYPE_CHECKING:
     from plait.runtime.closing_jobs import ClosingJobs
     from plait.runtime.constrained.base import Grammar
     from plait.runtime.constrained.closing import ClosingSearch
+    from plait.runtime.output_processor import JumpPlan
     from plait.runtime.tokenizer import Tokenizer
+
+
+# (request, its output or what it would be, its grammar there, whether this step extends the
+# request) -> the jump the engine would take after the step, or None
+PlanJump = Callable[[Request, list[int], "Grammar", bool], "JumpPlan | None"]
 
 
 class BudgetClosing:
@@ -41,19 +46,19 @@ class BudgetClosing:
 
     def __init__(
         self, search: Callable[[], ClosingSearch], jobs: ClosingJobs, tokenizer: Tokenizer,
-        context_len: int, slack: int, jump_forward: bool,
+        context_len: int, slack: int, plan_jump: PlanJump,
     ) -> None:  # fmt: skip
         """`search`: the tokenizer's `ClosingSearch`; `slack`: tokens one step may add to a
-        request, plus a margin for what they may open (`CLOSING_GROWTH`); `jump_forward`:
-        whether the engine jumps over forced text."""
+        request, plus a margin for what they may open (`CLOSING_GROWTH`); `plan_jump`: the
+        jump-forward the engine would take after some output (None: none)."""
         self._search = search
+        self.plan_jump = plan_jump
         self.tokenizer = tokenizer
         self.token_bytes = tokenizer.vocab_bytes()
         self.jobs = jobs
         self.context_len = context_len
         self.eos_token_id = tokenizer.eos_token_id
         self.slack = slack
-        self.jump_forward = jump_forward
 
     def room(self, req: Request) -> int:
         """Tokens `req` may still add: its `max_new_tokens` and the context, whichever is less."""
@@ -70,7 +75,7 @@ class BudgetClosing:
 
     # before a step's tokens are appended ------------------------------------------------------
 
-    def steer(self, req: Request, result: TokenResult) -> TokenResult:
+    def steer(self, req: Request, result: TokenResult, prefilled: bool = False) -> TokenResult:
         """The step's token for a steering request: the sampled one if a closing fits after it,
         else the first of the model's alternatives that leaves one, else the closing's next
         token. Only the sampled token gets a fresh search (within `CLOSING_STEP_SECONDS`, and
@@ -88,7 +93,8 @@ class BudgetClosing:
         )
         chosen: tuple[int, list[int]] | None = None
         for token in [sampled, *(t for t in result.alternatives if t != sampled)]:
-            rest = self._fits(req, token, path, room, deadline if token == sampled else None)
+            limit = deadline if token == sampled else None
+            rest = self._fits(req, token, path, room, limit, prefilled)
             if rest is not None:
                 chosen = (token, rest)
                 break
@@ -111,24 +117,18 @@ class BudgetClosing:
         """For a steering request about to jump over `forced` (`probe`: its grammar after the
         jump): a closing of at most `room` tokens from there, or None (then it does not jump).
         The known closing spells `forced` first; what follows it is tried before a search."""
-        path = req.closing_path or []
-        target, spelled = forced.encode("utf-8"), b""
-        for k, token in enumerate([*path, None]):
-            if spelled == target:
-                rest = path[k:]
-                if len(rest) <= room and probe.accepts_after(rest):
-                    return rest
-                break
-            if token is None or not target.startswith(spelled + self.token_bytes[token]):
-                break
-            spelled += self.token_bytes[token]
-        if room < 0 or room > CLOSING_INLINE_MAX_TOKENS:
-            return None
-        return self._search().shortest_completion(probe, room, time_limit=CLOSING_STEP_SECONDS)
+        rest = self._after_text(req.closing_path or [], forced.encode("utf-8"))
+        if rest is not None and len(rest) <= room and probe.accepts_after(rest):
+            return rest
+        deadline = time.perf_counter() + CLOSING_STEP_SECONDS
+        return self._search_within(
+            probe, room, deadline if room <= CLOSING_INLINE_MAX_TOKENS else None
+        )
 
     def _fits(
-        self, req: Request, token: int, path: list[int], room: int, deadline: float | None
-    ) -> list[int] | None:
+        self, req: Request, token: int, path: list[int], room: int, deadline: float | None,
+        prefilled: bool,
+    ) -> list[int] | None:  # fmt: skip
         """A closing of at most `room` tokens after `token`, or None: the known `path` without
         its first token, the whole of it, the forced rest of the output where jump-forward
         will write it in fewer tokens, or (with a `deadline`) a search."""
@@ -148,42 +148,54 @@ class BudgetClosing:
         probe = grammar.copy()
         if not probe.try_advance(token):
             return None
-        ending = self._forced_ending(req, token, probe)
+        ending = self._forced_ending(req, token, probe, path, deadline, prefilled)
         if ending is not None:
             return ending
-        if deadline is None:
-            return None
-        left = deadline - time.perf_counter()
-        return (
-            self._search().shortest_completion(probe, room, time_limit=left) if left > 0 else None
-        )
+        return self._search_within(probe, room, deadline)
 
-    def _forced_ending(self, req: Request, token: int, probe: Grammar) -> list[int] | None:
-        """Where the grammar forces the rest of the output after `token` and jump-forward will
-        append it retokenized within the budget (as it would with closing off: the whole output
-        may come out in fewer tokens than were sampled), that rest as tokens; else None."""
-        if not self.jump_forward or req.logprob.return_logprob:
+    def _forced_ending(
+        self, req: Request, token: int, probe: Grammar, path: list[int], deadline: float | None,
+        prefilled: bool,
+    ) -> list[int] | None:  # fmt: skip
+        """Where the engine will jump over forced text after `token` (retokenized, the output
+        may come out in fewer tokens than were sampled, as it would with closing off) and a
+        closing fits the room after the jump: the forced text as tokens, then that closing."""
+        plan = self.plan_jump(req, [*req.output_ids, token], probe, prefilled)
+        if plan is None:
             return None
-        forced = probe.try_jump_forward()
-        if forced is None or len(forced) < 2:
-            return None
-        output = [*req.output_ids, token]
-        edit = retokenize(self.tokenizer, output, forced)
-        if edit is None:
-            return None
-        kept = len(output) - edit.num_dropped
-        length = kept + len(edit.new_token_ids)
-        counted = length - min(req.heal_tokens, kept)
-        if counted >= req.params.max_new_tokens or len(req.prompt_ids) + length >= self.context_len:
-            return None  # where the engine would not jump either
         jumped = probe.copy()
-        if (
-            not jumped.replace_tail(edit.num_dropped, edit.new_token_ids)
-            or not jumped.accepts_eos()
-        ):
+        if not jumped.replace_tail(plan.edit.num_dropped, plan.edit.new_token_ids):
             return None
-        rest = self.tokenizer.encode(forced, add_special_tokens=False)
-        return rest if probe.accepts_after(rest) else None
+        room = min(
+            req.params.max_new_tokens - (plan.length - plan.healing),
+            self.context_len - 1 - len(req.prompt_ids) - plan.length,
+        )
+        spelled = self.token_bytes[token] + plan.text.encode("utf-8")
+        rest = self._after_text(path, spelled)
+        if rest is None or len(rest) > room or not jumped.accepts_after(rest):
+            rest = self._search_within(jumped, room, deadline)
+        if rest is None:
+            return None
+        forward = [*self.tokenizer.encode(plan.text, add_special_tokens=False), *rest]
+        return forward if probe.accepts_after(forward) else None
+
+    def _after_text(self, path: list[int], text: bytes) -> list[int] | None:
+        """What follows `text` in `path` where `path` spells it first, token for token; else None."""
+        spelled = b""
+        for k, token in enumerate(path):
+            if spelled == text:
+                return path[k:]
+            spelled += self.token_bytes[token]
+            if not text.startswith(spelled):
+                return None
+        return [] if spelled == text else None
+
+    def _search_within(self, probe: Grammar, room: int, deadline: float | None) -> list[int] | None:
+        """A fresh search for a closing of at most `room` tokens, while `deadline` allows."""
+        left = 0.0 if deadline is None else deadline - time.perf_counter()
+        if room < 0 or left <= 0:
+            return None
+        return self._search().shortest_completion(probe, room, time_limit=left)
 
     # after a step -----------------------------------------------------------------------------
 

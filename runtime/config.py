@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from plait.runtime.protocol import JSON_WHITESPACE
+
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _POLICIES = ("lpm", "fcfs", "dfs-weight")
 _QUANTIZATIONS = ("int8", "int4")
@@ -97,7 +99,7 @@ class EngineConfig:
     grammar_compile_timeout: float = 30.0  # seconds a request waits for its constraint (then 400)
     grammar_compile_memory_mb: int = 4096  # a child process builds indexes under this; 0: in process
     disable_jump_forward: bool = False
-    json_whitespace_pattern: str | None = ""  # between JSON tokens: "" compact, None the default
+    json_whitespace: str = "conventional"  # JSON spacing: "conventional", "compact" or "flexible"
     json_max_digit_run: int = 24  # digits in a row under a JSON schema, where the schema allows fewer; 0: off
     json_max_whitespace_run: int = 16  # whitespace characters in a row under a JSON schema; 0: off
     budget_closing: bool = True  # constrained requests near max_new_tokens close to a valid end
@@ -136,6 +138,11 @@ class EngineConfig:
             raise ValueError(
                 f"grammar_compile_timeout: must be positive, got {self.grammar_compile_timeout}"
             )
+        if self.json_whitespace not in JSON_WHITESPACE:
+            raise ValueError(
+                f"json_whitespace: expected one of {', '.join(JSON_WHITESPACE)}, "
+                f"got {self.json_whitespace!r}"
+            )
         for name in ("json_max_digit_run", "json_max_whitespace_run"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -157,7 +164,7 @@ class EngineConfig:
             "random_seed", "check_invariants", "grammar_backend", "grammar_compile_timeout",
             "grammar_compile_memory_mb",
             "disable_jump_forward",
-            "json_whitespace_pattern", "json_max_digit_run", "json_max_whitespace_run",
+            "json_whitespace", "json_max_digit_run", "json_max_whitespace_run",
             "budget_closing", "speculative_algorithm", "speculation", "num_draft_tokens",
             "draft_model_path", "draft_layers", "tp_size", "cpu_threads",
         }

@@ -115,7 +115,8 @@ class Engine:
                 continue
             key = make_grammar_key(
                 regex=p.regex, json_schema=p.json_schema, grammar=p.ebnf,
-                whitespace_pattern=self.config.json_whitespace_pattern, prefix=req.healed_text,
+                json_whitespace=p.json_whitespace or self.config.json_whitespace,
+                prefix=req.healed_text,
             )
             pending.append((req, self._grammar_cache().get_future(key)))
         return pending

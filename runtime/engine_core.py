@@ -96,7 +96,7 @@ class EngineCore:
         # what one step may add to a constrained request, plus a margin for what it may open
         self.closing = BudgetClosing(
             self.closing_search, ClosingJobs(), self.tokenizer, self.context_len,
-            slack=1 + drafts + CLOSING_GROWTH, jump_forward=not config.disable_jump_forward,
+            slack=1 + drafts + CLOSING_GROWTH, plan_jump=self._plan_jump,
         )  # fmt: skip
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         # set by `post` from any thread: a running decode burst ends after its current step
@@ -282,7 +282,8 @@ class EngineCore:
                 if req.first_token_time is None:
                     req.first_token_time = time.perf_counter()
                 if req.closing_path is not None:
-                    result = self.closing.steer(req, result)
+                    # an extend caches the request's whole pages after the step (`after_step`)
+                    result = self.closing.steer(req, result, prefilled=req in self.scheduler.prefilling)
                 added = self.processor.append_tokens(req, result)
                 self._totals["generated_tokens"] += added
                 if entry is not None:  # a verification
@@ -319,6 +320,16 @@ class EngineCore:
         their room is down to the closing found."""
         for req in ClosingJobs.done(held):
             self.closing.job_done(req)
+
+    def _plan_jump(self, req: Request, output_ids: list[int], grammar: Any, prefilled: bool) -> Any:
+        """The jump over forced text after `output_ids` that `_close_or_jump` would take after
+        this step (`prefilled`: the step extends `req`, so its whole pages will be cached)."""
+        if self.config.disable_jump_forward or _healing(req):
+            return None
+        cached = req.num_cached_pages * self.page_size
+        if prefilled:
+            cached = max(cached, req.num_tokens // self.page_size * self.page_size)
+        return self.processor.plan_jump(req, output_ids, grammar, cached)
 
     def _jump_forward(self, req: Request) -> None:
         before = req.num_tokens

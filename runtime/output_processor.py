@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from plait.runtime.detokenizer import IncrementalDetokenizer
@@ -18,6 +19,20 @@ from plait.runtime.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from plait.runtime.constrained.base import Grammar
+    from plait.runtime.constrained.jump_forward import Retokenized
+
+
+@dataclass(frozen=True)
+class JumpPlan:
+    """A jump-forward the engine would take: the forced text, the retokenizing edit, the output
+    tokens kept before it, the output's length after it, and how many kept tokens only rewrite
+    the healed text."""
+
+    text: str
+    edit: Retokenized
+    kept: int
+    length: int
+    healing: int
 
 
 # (request, its grammar after a jump, the text jumped over, the room after it) -> a closing that
@@ -101,6 +116,37 @@ class OutputProcessor:
         if req.budget_left <= 0 or req.num_tokens >= self.context_len:
             self.finish(req, FinishReason("length", length=req.num_output_tokens))
 
+    def plan_jump(
+        self, req: Request, output_ids: list[int], grammar: Grammar, min_kept_tokens: int
+    ) -> JumpPlan | None:
+        """The jump over the text `grammar` forces after `output_ids` (`req`'s output, or what it
+        would be), if the engine would take it: at least two characters, retokenized to spell
+        the same bytes, within the budget and the context, and not replacing tokens whose KV
+        pages are shared (`min_kept_tokens`, prompt included)."""
+        from plait.runtime.constrained import retokenize
+
+        if req.finished or req.logprob.return_logprob:
+            return None
+        text = grammar.try_jump_forward()
+        # NOTE: a forced trailing space is left to the model, whose next token carries it
+        # (` true`, ` "`, ` 42` after `": `): jumped alone it would be a token of its own
+        text = text.rstrip(" ") if text is not None else None
+        if text is None or len(text) < 2:
+            return None
+        edit = retokenize(self.tokenizer, output_ids, text)
+        if edit is None:
+            return None
+        kept = len(output_ids) - edit.num_dropped
+        length = kept + len(edit.new_token_ids)
+        healing = min(req.heal_tokens, kept)  # kept tokens that only rewrite the healed text
+        if (
+            length - healing >= req.params.max_new_tokens
+            or len(req.prompt_ids) + length >= self.context_len
+            or len(req.prompt_ids) + kept < min_kept_tokens
+        ):
+            return None
+        return JumpPlan(text, edit, kept, length, healing)
+
     def try_jump_forward(
         self, req: Request, min_kept_tokens: int, closing: JumpClosing | None = None
     ) -> int | None:
@@ -111,28 +157,19 @@ class OutputProcessor:
         replaced, because their KV pages are shared through the prefix cache. A request steering
         toward its closing jumps only where `closing` finds one that fits after the jump.
         """
-        from plait.runtime.constrained import retokenize
-
         grammar = req.grammar
-        if grammar is None or req.finished or req.logprob.return_logprob:
-            return None
-        if req.detokenizer.has_pending:
+        if grammar is None or req.detokenizer.has_pending:
             return None  # the forced text would start inside a held-back character
-        text = grammar.try_jump_forward()
-        if text is None or len(text) < 2:
+        plan = self.plan_jump(req, req.output_ids, grammar, min_kept_tokens)
+        if plan is None:
             return None
-        edit = retokenize(self.tokenizer, req.output_ids, text)
-        if edit is None:
-            return None
-        kept = len(req.output_ids) - edit.num_dropped
-        new_len = kept + len(edit.new_token_ids)
-        healing = min(req.heal_tokens, kept)  # kept tokens that only rewrite the healed text
-        if (
-            new_len - healing >= req.params.max_new_tokens
-            or len(req.prompt_ids) + new_len >= self.context_len
-            or len(req.prompt_ids) + kept < min_kept_tokens
-        ):
-            return None
+        text, edit, kept, new_len, healing = (
+            plan.text,
+            plan.edit,
+            plan.kept,
+            plan.length,
+            plan.healing,
+        )
         path = None
         if req.closing_path is not None:
             probe = grammar.copy()

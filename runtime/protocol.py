@@ -12,7 +12,14 @@ from typing import Any
 _MAX_NEW_TOKENS_LIMIT = 1 << 20
 _GREEDY_TEMPERATURE = 1e-5
 MAX_SAMPLES = 128  # the largest `n`
-_NULLABLE = ("seed", "regex", "json_schema", "ebnf", "budget_closing")
+_NULLABLE = ("seed", "regex", "json_schema", "ebnf", "budget_closing", "json_whitespace")
+# How JSON under a schema is spaced:
+# - conventional: one space after `:` and `,` and nowhere else (`{"a": 1, "b": [2, 3]}`), as
+#   Python's `json.dumps` writes it and as models mostly saw JSON; the default.
+# - compact: no whitespace (`{"a":1,"b":[2,3]}`): the fewest tokens, the most text forced.
+# - flexible: whitespace of the model's choosing between JSON tokens (runs bounded by
+#   `json_max_whitespace_run`), e.g. indented documents.
+JSON_WHITESPACE = ("conventional", "compact", "flexible")
 
 
 @dataclass
@@ -40,6 +47,7 @@ class SamplingParams:
     json_schema: str | None = None
     ebnf: str | None = None  # a context-free grammar: GBNF / EBNF (`root ::= ...`) or Lark
     budget_closing: bool | None = None  # None: the engine's setting
+    json_whitespace: str | None = None  # JSON spacing (`JSON_WHITESPACE`); None: the engine's
     token_healing: bool = False  # back the prompt up over a last token that could merge
 
     @classmethod
@@ -112,6 +120,11 @@ class SamplingParams:
             raise ValueError(f"{given[1]}: give at most one of regex, json_schema, ebnf; got {', '.join(given)}")
         if self.budget_closing is not None and not isinstance(self.budget_closing, bool):
             raise ValueError(f"budget_closing: expected a boolean, got {self.budget_closing!r}")
+        if self.json_whitespace is not None and self.json_whitespace not in JSON_WHITESPACE:
+            raise ValueError(
+                f"json_whitespace: expected one of {', '.join(JSON_WHITESPACE)}, "
+                f"got {self.json_whitespace!r}"[:200]
+            )
 
     @property
     def is_greedy(self) -> bool:

@@ -138,6 +138,7 @@ class _Sampling(_Strict):
     ebnf: str | None = None  # SGLang: a grammar (GBNF / EBNF or Lark)
     budget_closing: bool | None = None
     token_healing: bool | None = None
+    json_whitespace: Literal["conventional", "compact", "flexible"] | None = None
     # vLLM's request fields for a constraint
     structured_outputs: StructuredOutputs | None = None
     guided_json: str | dict[str, Any] | None = None

@@ -8,6 +8,7 @@
 See docs/constrained.md.
 """
 
+from ..protocol import JSON_WHITESPACE
 from .base import (
     CompiledGrammar,
     Grammar,
@@ -25,10 +26,10 @@ from .base import (
 from .cache import GrammarCache, GrammarCacheStats
 from .json_schema import json_schema_to_regex, normalize_json_schema
 from .jump_forward import JumpForward, Retokenized, jump_forward, retokenize
-from .spec import COMPACT_WHITESPACE, grammar_key_to_regex, make_grammar_key
+from .spec import grammar_key_to_regex, make_grammar_key
 
 __all__ = [
-    "COMPACT_WHITESPACE",
+    "JSON_WHITESPACE",
     "CompiledGrammar",
     "Grammar",
     "GrammarBackend",

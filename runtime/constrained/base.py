@@ -44,15 +44,17 @@ class GrammarKey:
     """What to compile: a regex, a normalised JSON schema (compact JSON) with its whitespace, or a
     context-free grammar (Lark, or GBNF / EBNF with `root ::= ...`).
 
-    `whitespace_pattern` only matters for JSON schemas: "" is compact JSON, None the builder's
-    default (`[ ]?`), anything else a regex allowed between JSON tokens. `prefix`: literal text
-    the output must start with, before what the pattern accepts (token healing).
+    `json_whitespace` only matters for JSON schemas: how JSON is spaced
+    (`protocol.JSON_WHITESPACE`).
+    `prefix`: literal text the output must start with, before what the pattern accepts (token
+    healing).
     """
 
     kind: GrammarKind
     pattern: str
-    whitespace_pattern: str | None = None
+    json_whitespace: str = "conventional"
     prefix: str = ""  # text the output starts with before the pattern (token healing)
+
 
 
 class Grammar(ABC):

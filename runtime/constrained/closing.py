@@ -224,6 +224,12 @@ class ClosingSearch:
 
 
 def _rank(spelled: bytes) -> int:
+    if spelled.startswith(b" ") and spelled.lstrip(b" "):  # after `: ` in spaced JSON
+        core = spelled.lstrip(b" ")
+        if core.isdigit():
+            return 1
+        if core == b"-":
+            return 7  # a sign: a number's own digits are shorter
     if all(b in _CLOSERS for b in spelled) and spelled[0] == ord('"'):
         return 0  # a quote first: inside a string it ends the string
     if spelled.isdigit():

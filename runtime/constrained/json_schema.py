@@ -63,15 +63,17 @@ def _check_against_metaschema(schema: dict[str, Any]) -> None:
         raise InvalidSchemaError(f"json_schema: invalid schema at {where}: {e.message}") from e
 
 
-def json_schema_to_regex(schema_json: str, whitespace_pattern: str | None = "") -> str:
+def json_schema_to_regex(schema_json: str, whitespace_pattern: str = "") -> str:
     """The regex of every JSON text the schema accepts (in the builder's key order).
 
-    `whitespace_pattern`: regex allowed between JSON tokens; "" is compact JSON, None the
-    builder's default (`[ ]?`).
+    `whitespace_pattern`: regex allowed between JSON tokens; "" is compact JSON.
     """
     from outlines_core.json_schema import build_regex_from_schema
 
-    rewriter = SchemaRewriter()
+    def value_regex(schema: Any) -> str:
+        return json_schema_to_regex(json.dumps(schema), whitespace_pattern)
+
+    rewriter = SchemaRewriter(whitespace_pattern, value_regex)
     rewritten = rewriter.rewrite(json.loads(schema_json), "#")
     try:
         regex = build_regex_from_schema(

@@ -113,7 +113,7 @@ class LLGuidanceBackend(GrammarBackend):
         """The schema's grammar and its pristine matcher: built once, again only for each
         unknown format the parser names (or the token-healing prefix)."""
         schema = json.loads(key.pattern)
-        options = _json_options(key.whitespace_pattern)
+        options = _json_options(key.json_whitespace)
         dropped_formats = self._unknown(_format_names(schema))
         for _ in range(16):  # each round drops one unknown format name the probe missed
             grammar = LLMatcher.grammar_from_json_schema(
@@ -174,14 +174,15 @@ def _format_names(node: Any) -> set[str]:
     return found
 
 
-def _json_options(whitespace_pattern: str | None) -> dict[str, Any]:
-    if whitespace_pattern == "":
-        return {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+def _json_options(json_whitespace: str) -> dict[str, Any]:
+    """llguidance's JSON settings for one spacing (`JSON_WHITESPACE`)."""
+    if json_whitespace == "flexible":
+        return {"whitespace_flexible": True, "whitespace_pattern": "[ \\t\\n\\r]*"}
+    spaced = json_whitespace == "conventional"
     return {
-        "whitespace_flexible": True,
-        "whitespace_pattern": "[ ]?" if whitespace_pattern is None else whitespace_pattern,
-        "item_separator": ",",
-        "key_separator": ":",
+        "whitespace_flexible": False,
+        "item_separator": ", " if spaced else ",",
+        "key_separator": ": " if spaced else ":",
     }
 
 

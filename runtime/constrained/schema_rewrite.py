@@ -5,13 +5,21 @@ and its JSON pointer."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from .base import InvalidSchemaError, UnsupportedSchemaError
-from .patterns import FORMAT_REGEXES, ascii_classes, integer_range_regex, number_range_regex
+from .patterns import (
+    FORMAT_REGEXES,
+    JSON_STRING_REGEX,
+    ascii_classes,
+    integer_range_regex,
+    number_range_regex,
+)
 
 _ANNOTATIONS = frozenset(
     {
@@ -70,9 +78,13 @@ _TYPE_KEYWORDS = {
 class SchemaRewriter:
     """Walks a schema, returning a copy the builder handles exactly, with regex placeholders."""
 
-    def __init__(self) -> None:
+    def __init__(self, whitespace: str = "", value_regex: Callable[[Any], str] | None = None) -> None:
+        """`whitespace`: the builder's regex between JSON tokens; `value_regex`: a schema's
+        regex through the builder (for the values of a map whose size is bounded)."""
         self.substitutions: dict[str, str] = {}
         self._nonce = uuid.uuid4().hex[:12]
+        self.whitespace = whitespace
+        self.value_regex = value_regex
 
     def _placeholder(self, regex: str) -> dict[str, str]:
         name = f"plait_{self._nonce}_{len(self.substitutions)}"
@@ -169,6 +181,8 @@ class SchemaRewriter:
                     f"json_schema: {path}: 'required' without 'properties' is not supported"
                 )
             extra = node.get("additionalProperties")
+            if node.get("minProperties") or "maxProperties" in node:
+                return self._bounded_map(node, path)
             if isinstance(extra, dict):
                 node["additionalProperties"] = self.rewrite(extra, f"{path}/additionalProperties")
             return node
@@ -196,6 +210,25 @@ class SchemaRewriter:
         node.pop("minProperties", None)
         node.pop("maxProperties", None)
         return node
+
+    def _bounded_map(self, node: dict[str, Any], path: str) -> dict[str, Any]:
+        """A map (`additionalProperties`, no `properties`) with `minProperties` /
+        `maxProperties`, which the builder ignores: its regex written here, each value through
+        the builder."""
+        extra = node.get("additionalProperties", True)
+        low, high = node.get("minProperties", 0), node.get("maxProperties")
+        if extra is False or self.value_regex is None or "$ref" in json.dumps(extra):
+            raise UnsupportedSchemaError(
+                f"json_schema: {path}: 'minProperties'/'maxProperties' on this map is not supported"
+            )
+        ws = self.whitespace
+        value = self.value_regex({} if extra is True else extra)  # rewritten by its own pass
+        entry = f"{JSON_STRING_REGEX}{ws}:{ws}(?:{value})"
+        if high == 0:
+            return self._placeholder(rf"\{{{ws}\}}")
+        repeats = f"{{{max(low - 1, 0)},{'' if high is None else high - 1}}}"
+        body = f"{entry}(?:{ws},{ws}{entry}){repeats}"
+        return self._placeholder(rf"\{{{ws}{body if low else f'(?:{body})?'}{ws}\}}")
 
     def _array(self, node: dict[str, Any], path: str) -> dict[str, Any]:
         items = node.get("items")

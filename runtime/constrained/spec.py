@@ -6,12 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..protocol import JSON_WHITESPACE
 from .base import GrammarError, GrammarKey
 from .json_schema import json_schema_to_regex, normalize_json_schema
 from .limits import DEFAULT_LIMITS, check_regex
 from .patterns import ascii_classes, choices_regex, dtype_regex, escape
-
-COMPACT_WHITESPACE = ""
 
 
 def make_grammar_key(
@@ -21,7 +20,7 @@ def make_grammar_key(
     grammar: str | None = None,
     choices: Sequence[str] | None = None,
     dtype: type | str | None = None,
-    whitespace_pattern: str | None = COMPACT_WHITESPACE,
+    json_whitespace: str = "conventional",
     prefix: str = "",
 ) -> GrammarKey | None:
     """The key to compile for a request, or None when it has no constraint.
@@ -33,19 +32,22 @@ def make_grammar_key(
     `prefix` (token healing): text the output must start with; without a constraint the key
     accepts anything after it.
     """
-    key = _make_key(regex, json_schema, grammar, choices, dtype, whitespace_pattern)
+    key = _make_key(regex, json_schema, grammar, choices, dtype, json_whitespace)
     if not prefix:
         return key
     if key is None:
         return GrammarKey("regex", ANYTHING, prefix=prefix)
-    return GrammarKey(key.kind, key.pattern, key.whitespace_pattern, prefix)
+    return GrammarKey(key.kind, key.pattern, key.json_whitespace, prefix)
 
 
 ANYTHING = "(?s:.*)"
+# each JSON spacing as the regex between JSON tokens of outlines-core's schema builder (which has
+# no separators of its own: conventional spacing is an optional space at every such place)
+OUTLINES_WHITESPACE = {"conventional": "[ ]?", "compact": "", "flexible": "[ \\t\\n\\r]*"}
 
 
 def _make_key(
-    regex: Any, json_schema: Any, grammar: Any, choices: Any, dtype: Any, whitespace_pattern: Any
+    regex: Any, json_schema: Any, grammar: Any, choices: Any, dtype: Any, json_whitespace: Any
 ) -> GrammarKey | None:
     given = {
         name: value
@@ -79,11 +81,11 @@ def _make_key(
             return GrammarKey("regex", dtype_regex(dtype))
         except ValueError as e:
             raise GrammarError(str(e)) from e
-    if whitespace_pattern is not None and not isinstance(whitespace_pattern, str):
+    if json_whitespace not in JSON_WHITESPACE:
         raise GrammarError(
-            f"whitespace_pattern: expected a string or None, got {type(whitespace_pattern).__name__}"
+            f"json_whitespace: expected one of {', '.join(JSON_WHITESPACE)}, got {json_whitespace!r}"
         )
-    return GrammarKey("json_schema", normalize_json_schema(json_schema), whitespace_pattern)
+    return GrammarKey("json_schema", normalize_json_schema(json_schema), json_whitespace)
 
 
 def _checked_text(name: str, text: Any) -> str:
@@ -109,6 +111,6 @@ def grammar_key_to_regex(key: GrammarKey) -> str:
         check_regex(key.pattern)
         regex = ascii_classes(key.pattern)
     else:
-        regex = json_schema_to_regex(key.pattern, key.whitespace_pattern)
+        regex = json_schema_to_regex(key.pattern, OUTLINES_WHITESPACE[key.json_whitespace])
         check_regex(regex, "json_schema", generated=True)
     return f"{escape(key.prefix)}(?:{regex})" if key.prefix else regex

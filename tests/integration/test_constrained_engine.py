@@ -92,8 +92,11 @@ def test_jump_forward_ids_are_the_tokenizers_encoding(tiny_engine):
     jumped = 0
     for seed in range(4):
         out = tiny_engine.generate(
-            f"Person {seed}:", {"max_new_tokens": 64, "temperature": 1.0, "seed": seed, "json_schema": json.dumps(schema)}
-        )
+            f"Person {seed}:",
+            # compact: every space is forced, none is the sampler's own (which it may split)
+            {"max_new_tokens": 64, "temperature": 1.0, "seed": seed, "json_schema": json.dumps(schema),
+             "json_whitespace": "compact"},
+        )  # fmt: skip
         assert out["meta_info"]["finish_reason"]["type"] == "stop"
         jsonschema.validate(json.loads(out["text"]), schema)
         ids = [t for t in out["output_ids"] if t not in tok.eos_token_ids]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -177,3 +178,21 @@ def test_gen_with_a_grammar(runtime):
     assert runtime.calls[-1].sampling_params["ebnf"].startswith("root ::=")
     with pytest.raises(ValueError, match="at most one of regex, json_schema, dtype, grammar"):
         gen("x", regex="a", grammar="start: 'a'")
+
+
+@program
+def spaced_record(s, spacing):
+    s += "Record: " + gen("record", json_schema=SPACED_RECORD, max_tokens=48, temperature=0, json_whitespace=spacing)
+
+
+SPACED_RECORD = {"type": "object", "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}},
+                 "required": ["n", "ok"], "additionalProperties": False}  # fmt: skip
+
+
+def test_gen_takes_the_json_spacing(tiny_engine):
+    runtime = Runtime(engine=tiny_engine)
+    spaced = spaced_record.run(spacing="conventional", backend=runtime)
+    compact = spaced_record.run(spacing="compact", backend=runtime)
+    assert re.fullmatch(r'\{"n": -?\d+, "ok": (true|false)\}', spaced.text().split("Record: ", 1)[1])
+    assert re.fullmatch(r'\{"n":-?\d+,"ok":(true|false)\}', compact.text().split("Record: ", 1)[1])
+    assert isinstance(spaced["record"], dict) and isinstance(compact["record"], dict)

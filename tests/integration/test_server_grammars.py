@@ -143,3 +143,41 @@ def test_token_healing_flag(server, client):
             "token_healing": True, "regex": "Paris"}}  # fmt: skip
     out = httpx.post(server.url + "/generate", json=body, timeout=60).json()
     assert out["text"] == "Paris" and out["meta_info"]["healed_text"] == " "
+
+
+SPACED = {"type": "object", "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"},
+          "xs": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2}},
+          "required": ["n", "ok", "xs"], "additionalProperties": False}  # fmt: skip
+SPACING = {
+    "conventional": r'\{"n": -?\d+, "ok": (true|false), "xs": \[-?\d+, -?\d+\]\}',
+    "compact": r'\{"n":-?\d+,"ok":(true|false),"xs":\[-?\d+,-?\d+\]\}',
+}
+
+
+@pytest.mark.parametrize("spacing", ["conventional", "compact", None])
+def test_json_spacing_per_request(server, client, spacing):
+    """`json_whitespace` per request on /generate and the OpenAI routes; conventional spacing
+    when none is given."""
+    expected = SPACING[spacing or "conventional"]
+    params = {"max_new_tokens": 64, "temperature": 0, "json_schema": json.dumps(SPACED)}
+    if spacing:
+        params["json_whitespace"] = spacing
+    out = httpx.post(f"{server.url}/generate", json={"text": "Data:", "sampling_params": params}, timeout=60)
+    assert re.fullmatch(expected, out.json()["text"]), out.json()["text"]
+    extra = {"json_whitespace": spacing} if spacing else {}
+    chat = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=64, temperature=0, extra_body=extra,
+        response_format={"type": "json_schema", "json_schema": {"name": "d", "schema": SPACED}},
+    )  # fmt: skip
+    assert re.fullmatch(expected, chat.choices[0].message.content), chat.choices[0].message.content
+
+
+def test_bad_json_spacing_is_a_400_naming_it(server, client):
+    params = {"max_new_tokens": 8, "json_schema": json.dumps(SPACED), "json_whitespace": "pretty"}
+    out = httpx.post(f"{server.url}/generate", json={"text": "Data:", "sampling_params": params}, timeout=60)
+    assert out.status_code == 400 and "json_whitespace" in out.json()["error"]["message"]
+    with pytest.raises(openai.BadRequestError, match="json_whitespace"):
+        client.chat.completions.create(
+            model="tiny", messages=MESSAGES, max_tokens=8, extra_body={"json_whitespace": "pretty"},
+            response_format={"type": "json_schema", "json_schema": {"name": "d", "schema": SPACED}},
+        )  # fmt: skip

@@ -142,7 +142,8 @@ def test_real_backend_through_the_cache(smollm_tokenizer):
             "type": "object",
             "properties": {"ok": {"type": "boolean"}},
             "required": ["ok"],
-        }
+        },
+        json_whitespace="compact",
     )
     assert cache.get(key).regex.startswith('\\{"ok":')
     with pytest.raises(InvalidRegexError, match="regex: invalid pattern"):

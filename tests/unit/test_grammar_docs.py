@@ -15,4 +15,4 @@ def test_constrained_doc_example_runs(capsys):
         exec(compile(block, str(DOC), "exec"), {"__name__": "constrained_doc"})
     out = capsys.readouterr().out
     assert "population=2102650" in out
-    assert '{"city":"Par","population":0} True' in out  # the budget-closed example
+    assert '{"city": "Par", "population": 0} True' in out  # the budget-closed example

@@ -39,7 +39,7 @@ def ids(tokenizer, text: str) -> list[int]:
 
 
 def test_forced_strings_of_a_compact_schema(tok):
-    grammar = compile_key(tok, make_grammar_key(json_schema=PERSON)).new_grammar()
+    grammar = compile_key(tok, make_grammar_key(json_schema=PERSON, json_whitespace="compact")).new_grammar()
     assert grammar.try_jump_forward() == '{"name":"'
     jump = jump_forward(grammar, tok)
     assert jump.text == '{"name":"' and jump.num_dropped == 0
@@ -60,8 +60,10 @@ def test_forced_strings_of_a_compact_schema(tok):
     assert grammar.accepts_eos() and grammar.is_terminated() and grammar.try_jump_forward() is None
 
 
-def test_default_whitespace_forces_only_the_brace(tok):
-    key = make_grammar_key(json_schema=PERSON, whitespace_pattern=None)
+def test_optional_spaces_force_only_the_brace(tok):
+    """outlines-core spaces JSON conventionally with an optional space between JSON tokens, so
+    only the brace is forced at the start."""
+    key = make_grammar_key(json_schema=PERSON, json_whitespace="conventional")
     grammar = compile_key(tok, key).new_grammar()
     assert grammar.try_jump_forward() == "{"
     assert jump_forward(grammar, tok) is None  # below min_chars

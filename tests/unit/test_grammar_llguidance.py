@@ -216,7 +216,8 @@ def test_closings_end_patterns_that_end_in_letters(backend, closing, written):
     schema = {"type": "object", "required": ["contact", *props],
               "properties": {"contact": {"type": "object", "required": ["email"], "properties": {"email": EMAIL}},
                              **props}}  # fmt: skip
-    grammar = backend.compile(make_grammar_key(json_schema=schema)).new_grammar()
+    key = make_grammar_key(json_schema=schema, json_whitespace="compact")
+    grammar = backend.compile(key).new_grammar()
     assert all(grammar.try_advance(t) for t in backend.tokenizer.encode(written))
     tail = closing.shortest_completion(grammar, 4096, time_limit=5)
     assert tail is not None, written
@@ -322,7 +323,7 @@ def test_runaway_digits_and_whitespace_are_bounded(backend, smollm_tokenizer):
     wide = LLGuidanceBackend(tok, max_whitespace_run=4)
     key = make_grammar_key(
         json_schema={"type": "object", "properties": {"a": {"type": "integer"}}},
-        whitespace_pattern="[ ]*",
+        json_whitespace="flexible",
     )
     grammar = wide.compile(key).new_grammar()
     space = tok.encode(" ", add_special_tokens=False)[0]
@@ -337,13 +338,30 @@ def test_jump_forward_and_rollback(backend, smollm_tokenizer):
     tok = smollm_tokenizer
     schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
     grammar = backend.compile(make_grammar_key(json_schema=schema)).new_grammar()
-    assert grammar.try_jump_forward() == '{"name":"'
-    ids = tok.encode('{"name":"Al"}', add_special_tokens=False)
+    assert grammar.try_jump_forward() == '{"name": "'
+    ids = tok.encode('{"name": "Al"}', add_special_tokens=False)
     for t in ids:
         grammar.advance(t)
     assert grammar.accepts_eos() and grammar.is_terminated()
     grammar.rollback(len(ids))
-    assert grammar.try_jump_forward() == '{"name":"' and not grammar.token_ids
+    assert grammar.try_jump_forward() == '{"name": "' and not grammar.token_ids
+
+
+@pytest.mark.parametrize(
+    "spacing, text",
+    [("conventional", '{"a": 1, "b": [2, 3]}'), ("compact", '{"a":1,"b":[2,3]}'),
+     ("flexible", '{\n  "a": 1,\n  "b": [2, 3]\n}')],
+)  # fmt: skip
+def test_json_spacing(backend, smollm_tokenizer, spacing, text):
+    """Each spacing accepts its own way of writing JSON and not the others' (flexible takes
+    them all)."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "integer"}}},
+              "required": ["a", "b"], "additionalProperties": False}  # fmt: skip
+    texts = ['{"a": 1, "b": [2, 3]}', '{"a":1,"b":[2,3]}', '{\n  "a": 1,\n  "b": [2, 3]\n}']
+    grammar = backend.compile(make_grammar_key(json_schema=schema, json_whitespace=spacing)).new_grammar()
+    for other in texts:
+        accepted = grammar.accepts_after(smollm_tokenizer.encode(other, add_special_tokens=False))
+        assert accepted == (other == text or spacing == "flexible"), (spacing, other)
 
 
 def _leaf() -> st.SearchStrategy[dict]:

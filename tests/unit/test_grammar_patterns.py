@@ -259,7 +259,7 @@ def test_make_grammar_key():
     assert make_grammar_key(choices=["x", "y"]).kind == "regex"
     assert make_grammar_key(dtype="int").pattern == dtype_regex(int)
     key = make_grammar_key(json_schema={"type": "integer"})
-    assert key.kind == "json_schema" and key.whitespace_pattern == ""
+    assert key.kind == "json_schema" and key.json_whitespace == "conventional"
     assert make_grammar_key(json_schema='{"type": "integer"}') == key
     with pytest.raises(GrammarError, match="at most one of regex, json_schema"):
         make_grammar_key(regex="a", choices=["a"])
