@@ -93,10 +93,14 @@ def check_generate_body(body: dict[str, Any]) -> None:
         raise bad_request("text: the list of prompts is empty")
     for name in ("text", "input_ids", "sampling_params", "rid"):
         value = body.get(name)
-        if isinstance(value, list) and len(value) > MAX_PROMPTS and not (
-            name == "input_ids" and value and isinstance(value[0], int)
+        if (
+            isinstance(value, list)
+            and len(value) > MAX_PROMPTS
+            and not (name == "input_ids" and value and isinstance(value[0], int))
         ):
-            raise bad_request(f"{name}: at most {MAX_PROMPTS} prompts per request, got {len(value)}")
+            raise bad_request(
+                f"{name}: at most {MAX_PROMPTS} prompts per request, got {len(value)}"
+            )
     ids = body.get("input_ids")
     if isinstance(ids, list) and not ids and text is None:
         raise bad_request("input_ids: the prompt is empty (no tokens)")
@@ -110,10 +114,14 @@ def check_constraint(params: Any, prefix: str = "") -> None:
     from plait.runtime.constrained import GrammarError, make_grammar_key
 
     for p in params if isinstance(params, list) else [params]:
-        if not isinstance(p, dict) or all(p.get(k) is None for k in ("json_schema", "regex", "ebnf")):
+        if not isinstance(p, dict) or all(
+            p.get(k) is None for k in ("json_schema", "regex", "ebnf")
+        ):
             continue
         try:
-            make_grammar_key(json_schema=p.get("json_schema"), regex=p.get("regex"), grammar=p.get("ebnf"))
+            make_grammar_key(
+                json_schema=p.get("json_schema"), regex=p.get("regex"), grammar=p.get("ebnf")
+            )
         except GrammarError as e:
             raise bad_request(prefix + str(e)) from None
 
@@ -171,8 +179,14 @@ async def abort_request(request: Request) -> Response:
 
 
 @router.get("/health")
-async def health() -> Response:
-    return Response(status_code=200)
+async def health(request: Request) -> dict[str, Any]:
+    """200 once the model is loaded (the only route open without the API key)."""
+    state = state_of(request)
+    return {
+        "status": "ok",
+        "model": state.model_name,
+        "uptime_s": round(time.time() - state.started, 3),
+    }
 
 
 @router.get("/health_generate")

@@ -157,7 +157,11 @@ def test_info_health_and_flush(server, client):
     assert sinfo["context_length"] == server.engine.context_len
     assert {"kv_pages_total", "num_running", "cache_hit_rate"} <= set(sinfo["stats"])
     assert sinfo["server_config"]["api_key"] is None
-    assert client.get("/health").status_code == 200
+    health = client.get("/health")
+    assert health.status_code == 200
+    served = client.get("/v1/models").json()["data"][0]["id"]
+    assert health.json()["status"] == "ok" and health.json()["model"] == served
+    assert health.json()["uptime_s"] >= 0
     assert client.get("/health_generate").status_code == 200
     wait_until_idle(server.engine)
     r = client.post("/flush_cache")
