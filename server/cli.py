@@ -54,7 +54,14 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         "--served-model-name",
         dest="served_model_name",
         default=None,
-        help="the model id in /v1/models (default: the model path)",
+        help="the model id in /v1/models and the only `model` the OpenAI routes accept "
+        "(default: the model file's stem or folder's name)",
+    )
+    parser.add_argument(
+        "--accept-any-model",
+        dest="accept_any_model",
+        action="store_true",
+        help="serve OpenAI requests whatever `model` they name (by default another name is a 404)",
     )
     parser.add_argument(
         "--dashboard-show-prompts",
@@ -108,7 +115,8 @@ def serve(args: argparse.Namespace) -> int:
     log = logging.getLogger("plait.server")
     config = ServerConfig(
         host=args.host, port=args.port, api_key=args.api_key, programs=tuple(args.programs),
-        served_model_name=args.served_model_name, max_queue=args.max_queue, log_level=args.log_level,
+        served_model_name=args.served_model_name, accept_any_model=args.accept_any_model,
+        max_queue=args.max_queue, log_level=args.log_level,
         request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes,
     )  # fmt: skip
     registry = load_programs(config.programs) if config.programs else {}  # fail before loading

@@ -14,7 +14,7 @@ from typing import Any
 from plait.server.launch import ServerProcess
 from plait.server.routing import POLICIES, RouterConfig
 
-_SERVER_FLAGS = ("api_key", "max_queue", "served_model_name", "log_level")
+_SERVER_FLAGS = ("api_key", "max_queue", "served_model_name", "accept_any_model", "log_level")
 
 
 def add_router_args(parser: argparse.ArgumentParser) -> None:
@@ -54,7 +54,9 @@ def replica_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--programs", spec]
     for name in _SERVER_FLAGS:
         value = getattr(args, name, None)
-        if value is not None:
+        if value is True:
+            argv.append("--" + name.replace("_", "-"))
+        elif value is not None and value is not False:
             argv += ["--" + name.replace("_", "-"), str(value)]
     return argv
 

@@ -13,7 +13,7 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_toke
 
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir):
-    with tiny_server(tiny_llama_dir) as srv:
+    with tiny_server(tiny_llama_dir, served_model_name="m") as srv:
         yield srv
 
 
@@ -47,8 +47,10 @@ NATIVE = [
     ({"text": "a", "stream": True, "sampling_params": {"stop": True}}, "stop"),
     ({"text": "a", "sampling_params": {"stop_token_ids": 1.5}}, "stop_token_ids"),
     ({"text": "a", "sampling_params": {"stop_token_ids": [10**30]}}, "stop_token_ids"),
-    ({"text": "a", "sampling_params": {**SP, "stop_token_ids": [60000], "min_new_tokens": 1}},
-     "stop_token_ids"),  # fmt: skip
+    (
+        {"text": "a", "sampling_params": {**SP, "stop_token_ids": [60000], "min_new_tokens": 1}},
+        "stop_token_ids",
+    ),  # fmt: skip
     ({"text": "a", "1 odd-key": 1}, "1 odd-key"),
     ({"text": "a", "": 1}, ""),
     ({"text": "a", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
@@ -102,7 +104,9 @@ def test_lone_surrogates_are_a_400_naming_the_string(client):
         assert r.status_code == 400, (raw, r.text)
         assert r.json()["error"]["param"] == param, r.json()
     chat = b'{"messages": [{"role": "user", "content": "\\udbff"}]}'
-    r = client.post("/v1/chat/completions", content=chat, headers={"content-type": "application/json"})
+    r = client.post(
+        "/v1/chat/completions", content=chat, headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.content", r.text
     emoji = rb'{"text": "\ud83d\ude00", "sampling_params": {"max_new_tokens": 1}}'  # a pair is fine
     r = client.post("/generate", content=emoji, headers={"content-type": "application/json"})
@@ -112,7 +116,10 @@ def test_lone_surrogates_are_a_400_naming_the_string(client):
 def test_abort_all_must_be_a_boolean(client):
     r = client.post("/abort_request", json={"abort_all": {"": None}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "abort_all", r.text
-    assert client.post("/abort_request", json={"rid": "nothing-runs", "abort_all": False}).status_code == 200
+    assert (
+        client.post("/abort_request", json={"rid": "nothing-runs", "abort_all": False}).status_code
+        == 200
+    )
 
 
 def test_malformed_bodies(client):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -229,10 +230,56 @@ def test_tool_messages_and_tool_prompt(server, client):
 def test_streamed_completion_from_bursts_of_decode_steps(client, server):
     """Greedy decodes run in bursts of steps (num_continuous_decode_steps); a stream, whose
     tokens are handed on one by one, adds up to the text the same request gets whole."""
-    kwargs = dict(model="tiny", prompt="one two three", max_tokens=40, temperature=0, extra_body={"ignore_eos": True})
+    kwargs = dict(
+        model="tiny",
+        prompt="one two three",
+        max_tokens=40,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     before = server.engine.stats()["total_burst_steps"]
     whole = client.completions.create(**kwargs)
     chunks = list(client.completions.create(**kwargs, stream=True))
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == whole.choices[0].text and whole.usage.completion_tokens == 40
     assert server.engine.stats()["total_burst_steps"] > before
+
+
+def test_another_model_name_is_a_404_and_none_is_the_served_one(server, client):
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.chat.completions.create(model="gpt-4o", messages=MESSAGES, max_tokens=2)
+    error = caught.value.body
+    assert error["code"] == "model_not_found" and error["param"] == "model"
+    assert "gpt-4o" in error["message"] and "tiny" in error["message"]
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="tiny-2", prompt="a", max_tokens=2)
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o")
+    # `model` is optional on the wire: a request without it is for the served model
+    r = httpx.post(
+        server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 2}, timeout=60
+    )
+    assert r.status_code == 200 and r.json()["model"] == "tiny"
+    wait_until_idle(server.engine)
+
+
+def test_the_default_name_is_the_folder_and_any_name_is_opt_in(tiny_llama_dir):
+    with tiny_server(tiny_llama_dir) as srv:
+        models = httpx.get(srv.url + "/v1/models").json()["data"]
+        assert [m["id"] for m in models] == [tiny_llama_dir.name]
+        assert httpx.get(srv.url + "/get_model_info").json()["model_path"] == str(tiny_llama_dir)
+        r = httpx.post(
+            srv.url + "/v1/completions", json={"model": "x", "prompt": "a", "max_tokens": 1}
+        )
+        assert r.status_code == 404
+    with tiny_server(tiny_llama_dir, accept_any_model=True) as srv:
+        oai = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+        reply = oai.chat.completions.create(model="gpt-4o", messages=MESSAGES, max_tokens=2)
+        assert reply.model == "gpt-4o" and reply.usage.completion_tokens >= 1
+
+
+def test_default_name_of_a_gguf_file_is_its_stem():
+    from plait.server.state import default_model_name
+
+    assert default_model_name("/m/SmolLM2-135M-Instruct.Q4_1.gguf") == "SmolLM2-135M-Instruct.Q4_1"
+    assert default_model_name("/m/Qwen2.5-0.5B-Instruct/") == "Qwen2.5-0.5B-Instruct"
