@@ -125,24 +125,6 @@ def request_constraints(req: _Sampling) -> list[tuple[str, str, Any]]:
     return given
 
 
-def token_budget(state: ServerState, prompt_len: int, requested: int | None, prompt: str) -> int:
-    engine = state.engine
-    limit = min(engine.context_len, state.pool_tokens)
-    if prompt_len >= limit:
-        raise bad_request(
-            f"{prompt}: the prompt has {prompt_len} tokens, but the model's context length is "
-            f"{limit} (prompt + output must fit)", prompt,
-        )  # fmt: skip
-    if requested is None:
-        return limit - prompt_len
-    if prompt_len + requested > limit:
-        raise bad_request(
-            f"max_tokens: the prompt ({prompt_len} tokens) plus max_tokens ({requested}) exceeds "
-            f"the model's context length ({limit})", "max_tokens",
-        )  # fmt: skip
-    return requested
-
-
 def response_schema(req: ChatCompletionRequest | CompletionRequest) -> Any:
     rf = req.response_format
     if rf is None or rf.type == "text":
@@ -193,7 +175,9 @@ async def chat_completions(request: Request) -> Response:
     requested = (
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
-    params = sampling_params(req, token_budget(state, len(ids), requested, "messages"), schema)
+    params = sampling_params(
+        req, calls.token_budget(state, len(ids), requested, "messages"), schema
+    )
     check_constraint(params, "response_format: " if req.response_format else "")
     rid = req.rid or f"chatcmpl-{uuid.uuid4().hex}"
     kwargs = {"input_ids": ids, "sampling_params": params, "rid": rid,
@@ -274,7 +258,7 @@ async def completions(request: Request) -> Response:
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request("best_of: only best_of == n is supported", "best_of")
     prompts = _prompts(req.prompt, tok)
-    budgets = [token_budget(state, len(p), req.max_tokens, "prompt") for p in prompts]
+    budgets = [calls.token_budget(state, len(p), req.max_tokens, "prompt") for p in prompts]
     params = [sampling_params(req, b, response_schema(req)) for b in budgets]
     check_constraint(params[0], "")
     batched = len(prompts) > 1

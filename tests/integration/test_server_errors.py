@@ -88,6 +88,31 @@ def test_native_bad_input(client, body, param):
     assert error["type"] == "invalid_request_error"
 
 
+def test_max_new_tokens_past_the_context_is_a_400_naming_the_limit(server, client):
+    context = server.engine.context_len  # 1024
+    words = "word " * 900  # 900 tokens or so: counted, not guessed from its length
+    refused = [
+        {"text": "a", "sampling_params": {"max_new_tokens": 100_000}},
+        {"text": words, "sampling_params": {"max_new_tokens": 200}},
+        {"input_ids": [5] * 1000, "sampling_params": {"max_new_tokens": 25}},
+        {"text": ["a", words], "sampling_params": [{"max_new_tokens": 2}, {"max_new_tokens": 200}]},
+        {"input_ids": [5] * 1000, "sampling_params": {"max_new_tokens": 25}, "stream": True},
+    ]
+    for body in refused:
+        r = client.post("/generate", json=body)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "max_new_tokens", error
+        assert f"context length ({context})" in error["message"], error
+    fits = client.post(
+        "/generate", json={"input_ids": [5] * 1000, "sampling_params": {"max_new_tokens": 24}}
+    )
+    assert fits.status_code == 200, fits.text
+    r = client.post("/generate", json={"text": words, "sampling_params": {"max_new_tokens": 2}})
+    assert r.status_code == 200, r.text
+    wait_until_idle(server.engine)
+
+
 @CONSTRAINTS_PENDING
 def test_invalid_regex_is_a_400(client):
     r = client.post("/generate", json={"text": "a", "sampling_params": {"regex": "(unclosed"}})
