@@ -119,6 +119,22 @@ def test_invalid_regex_is_a_400(client):
     assert r.status_code == 400 and r.json()["error"]["param"] == "regex"
 
 
+@pytest.mark.parametrize("backend", ["llguidance", "outlines"])
+def test_invalid_regex_message_shows_where(tiny_llama_dir, backend):
+    """The whole message, with the caret under the regex's faulty part and the reason."""
+    with tiny_server(tiny_llama_dir, {"grammar_backend": backend}) as srv:
+        body = {"text": "a", "sampling_params": {"max_new_tokens": 4, "regex": "ab{3,1}"}}
+        r = httpx.post(srv.url + "/generate", json=body, timeout=60)
+    assert r.status_code == 400
+    message = r.json()["error"]["message"]
+    assert message.startswith("regex: ") and "ab{3,1}" in message
+    assert "repetition count" in message or "repeat" in message, message  # the reason
+    if "\n" in message:  # a caret line points under the repetition
+        lines = message.splitlines()
+        caret = next(i for i, line in enumerate(lines) if line.strip().startswith("^"))
+        assert lines[caret - 1][lines[caret].index("^")] in "{3,1}", message
+
+
 def test_lone_surrogates_are_a_400_naming_the_string(client):
     # valid JSON, but no Unicode text: it could neither be tokenized nor echoed in an error
     for raw, param in ((rb'{"text": "\ud800"}', "text"), (rb'{"text": ["a", "b\udfff"]}', "text.1"),
