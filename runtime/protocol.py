@@ -5,6 +5,7 @@ Plain data only (no torch); `interpreter`, `runtime` and `server` all import it.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -37,7 +38,7 @@ class SamplingParams:
     n: int = 1
     seed: int | None = None
     regex: str | None = None
-    json_schema: str | None = None
+    json_schema: str | None = None  # JSON text (`from_dict` also takes the schema as a dict)
     ebnf: str | None = None  # a context-free grammar: GBNF / EBNF (`root ::= ...`) or Lark
     budget_closing: bool | None = None  # None: the engine's setting
     token_healing: bool = False  # back the prompt up over a last token that could merge
@@ -103,13 +104,17 @@ class SamplingParams:
         _check_int("n", self.n, 1, MAX_SAMPLES)
         if self.seed is not None:
             _check_int("seed", self.seed, -(1 << 63), (1 << 64) - 1)
+        if isinstance(self.json_schema, dict):  # the schema itself, or its JSON text
+            self.json_schema = json.dumps(self.json_schema)
         for name in ("regex", "json_schema", "ebnf"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name}: expected a string, got {type(value).__name__}")
         given = [n for n in ("regex", "json_schema", "ebnf") if getattr(self, n) is not None]
         if len(given) > 1:
-            raise ValueError(f"{given[1]}: give at most one of regex, json_schema, ebnf; got {', '.join(given)}")
+            raise ValueError(
+                f"{given[1]}: give at most one of regex, json_schema, ebnf; got {', '.join(given)}"
+            )
         if self.budget_closing is not None and not isinstance(self.budget_closing, bool):
             raise ValueError(f"budget_closing: expected a boolean, got {self.budget_closing!r}")
 

@@ -3,6 +3,7 @@ streaming, regex, rid + abort), model and server info, health, flush_cache, metr
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -124,6 +125,25 @@ def test_regex_is_honored(client):
     }
     for out in client.post("/generate", json={**body, "text": ["Answer:", "Q?", "x"]}).json():
         assert re.fullmatch(pattern, out["text"]), out["text"]
+
+
+def test_json_schema_as_an_object_or_its_text(client):
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    sampling = {"max_new_tokens": 16, "temperature": 0}
+    outs = [
+        client.post(
+            "/generate", json={"text": "JSON:", "sampling_params": {**sampling, "json_schema": s}}
+        )
+        for s in (schema, json.dumps(schema))
+    ]
+    assert [r.status_code for r in outs] == [200, 200], outs[0].text
+    assert outs[0].json()["text"] == outs[1].json()["text"]
+    assert set(json.loads(outs[0].json()["text"])) == {"n"}
 
 
 def test_abort_request_by_rid(server, client):
