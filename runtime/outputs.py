@@ -5,12 +5,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from plait.runtime.protocol import FinishReason
 from plait.runtime.request import Request
 from plait.runtime.tokenizer import Tokenizer
 
 
 def _entry(logprob: float | None, token: int, tokenizer: Tokenizer, with_text: bool) -> list[Any]:
-    return [logprob, token, tokenizer.decode([token], skip_special_tokens=False) if with_text else None]
+    return [
+        logprob,
+        token,
+        tokenizer.decode([token], skip_special_tokens=False) if with_text else None,
+    ]
 
 
 def _top_entries(
@@ -24,9 +29,12 @@ def _top_entries(
 
 def build_output(req: Request, tokenizer: Tokenizer, text: str) -> dict[str, Any]:
     end = req.finish_time or time.perf_counter()
+    reason = req.finish_reason
+    if req.closed_early and reason is not None and req.params.closed_finish_reason == "stop":
+        reason = FinishReason("stop")  # the output is complete; `closed_early` still says how
     meta: dict[str, Any] = {
         "id": req.rid,
-        "finish_reason": req.finish_reason.to_dict() if req.finish_reason else None,
+        "finish_reason": reason.to_dict() if reason else None,
         "prompt_tokens": len(req.prompt_ids),
         "completion_tokens": len(req.output_ids),
         "cached_tokens": req.cached_tokens,
@@ -52,7 +60,9 @@ def build_output(req: Request, tokenizer: Tokenizer, text: str) -> dict[str, Any
         ]
         if opts.top_logprobs_num:
             meta["input_top_logprobs"] = _top_entries(req.input_top_logprobs, tokenizer, with_text)
-            meta["output_top_logprobs"] = _top_entries(req.output_top_logprobs, tokenizer, with_text)
+            meta["output_top_logprobs"] = _top_entries(
+                req.output_top_logprobs, tokenizer, with_text
+            )
         else:
             meta["input_top_logprobs"] = []
             meta["output_top_logprobs"] = []

@@ -13,7 +13,8 @@ from typing import Any
 _MAX_NEW_TOKENS_LIMIT = 1 << 20
 _GREEDY_TEMPERATURE = 1e-5
 MAX_SAMPLES = 128  # the largest `n`
-_NULLABLE = ("seed", "regex", "json_schema", "ebnf", "budget_closing")
+_NULLABLE = ("seed", "regex", "json_schema", "ebnf", "budget_closing", "closed_finish_reason")
+CLOSED_FINISH_REASONS = ("length", "stop")
 
 
 @dataclass
@@ -41,6 +42,8 @@ class SamplingParams:
     json_schema: str | None = None  # JSON text (`from_dict` also takes the schema as a dict)
     ebnf: str | None = None  # a context-free grammar: GBNF / EBNF (`root ::= ...`) or Lark
     budget_closing: bool | None = None  # None: the engine's setting
+    # the finish reason of an output budget-aware closing finished: "length" (None) or "stop"
+    closed_finish_reason: str | None = None
     token_healing: bool = False  # back the prompt up over a last token that could merge
 
     @classmethod
@@ -117,6 +120,11 @@ class SamplingParams:
             )
         if self.budget_closing is not None and not isinstance(self.budget_closing, bool):
             raise ValueError(f"budget_closing: expected a boolean, got {self.budget_closing!r}")
+        if self.closed_finish_reason not in (None, *CLOSED_FINISH_REASONS):
+            raise ValueError(
+                f"closed_finish_reason: expected one of {', '.join(CLOSED_FINISH_REASONS)}, "
+                f"got {self.closed_finish_reason!r:.80}"
+            )
 
     @property
     def is_greedy(self) -> bool:

@@ -119,8 +119,16 @@ def client_of(request: Request, user: str | None = None) -> str:
 
 
 def _prepare(state: ServerState, request: Request, kwargs: dict[str, Any]) -> None:
+    """The server's defaults for what the request leaves out."""
     if kwargs.get("timeout") is None:
         kwargs["timeout"] = state.config.request_timeout
+    if state.config.closed_finish_reason != "length":
+        params = kwargs.get("sampling_params")
+        kwargs["sampling_params"] = (
+            [_closed_as(p, state) for p in params]
+            if isinstance(params, list)
+            else _closed_as(params, state)
+        )
     if kwargs.get("client_id") is None:
         kwargs["client_id"] = client_of(request)
 
@@ -148,6 +156,14 @@ def token_budget(
             field,
         )
     return requested
+
+
+def _closed_as(params: Any, state: ServerState) -> Any:
+    if params is None:
+        params = {}
+    if not isinstance(params, dict) or params.get("closed_finish_reason") is not None:
+        return params  # the request's own choice (or a malformed body, for the engine to refuse)
+    return {**params, "closed_finish_reason": state.config.closed_finish_reason}
 
 
 def _samples(kwargs: dict[str, Any]) -> int:

@@ -58,6 +58,14 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         "(default: the model file's stem or folder's name)",
     )
     parser.add_argument(
+        "--closed-finish-reason",
+        dest="closed_finish_reason",
+        default="length",
+        choices=["length", "stop"],
+        help="the finish_reason of an output budget-aware closing finished, unless a request sets "
+        "its own (`stop` for clients that refuse `length`; `closed_early` is set either way)",
+    )
+    parser.add_argument(
         "--accept-any-model",
         dest="accept_any_model",
         action="store_true",
@@ -116,6 +124,7 @@ def serve(args: argparse.Namespace) -> int:
     config = ServerConfig(
         host=args.host, port=args.port, api_key=args.api_key, programs=tuple(args.programs),
         served_model_name=args.served_model_name, accept_any_model=args.accept_any_model,
+        closed_finish_reason=args.closed_finish_reason,
         max_queue=args.max_queue, log_level=args.log_level,
         request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes,
     )  # fmt: skip

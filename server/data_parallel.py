@@ -14,7 +14,8 @@ from typing import Any
 from plait.server.launch import ServerProcess
 from plait.server.routing import POLICIES, RouterConfig
 
-_SERVER_FLAGS = ("api_key", "max_queue", "served_model_name", "accept_any_model", "log_level")
+_SERVER_FLAGS = ("api_key", "max_queue", "served_model_name", "accept_any_model",
+                 "closed_finish_reason", "log_level")  # fmt: skip
 
 
 def add_router_args(parser: argparse.ArgumentParser) -> None:

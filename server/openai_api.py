@@ -23,7 +23,7 @@ router = APIRouter(prefix="/v1")
 _PASSTHROUGH = (
     "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
     "repetition_penalty", "seed", "ignore_eos", "stop_token_ids", "skip_special_tokens",
-    "spaces_between_special_tokens", "no_stop_trim", "token_healing",
+    "spaces_between_special_tokens", "no_stop_trim", "token_healing", "closed_finish_reason",
 )  # fmt: skip
 
 

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from plait.runtime.protocol import CLOSED_FINISH_REASONS
 from plait.server.calls import Admission
 from plait.server.metrics import ServerMetrics
 
@@ -21,6 +22,7 @@ class ServerConfig:
     api_key: str | None = None
     programs: tuple[str, ...] = ()  # files or modules whose @program functions are served
     served_model_name: str | None = None  # the model id in /v1/models (else `default_model_name`)
+    closed_finish_reason: str = "length"  # a request's default (`stop`: parse-friendly)
     accept_any_model: bool = False  # OpenAI routes: any `model` is served (else 404 but this one)
     max_queue: int | None = None  # requests allowed to wait beyond the running batch
     retry_after: int = 1  # seconds, in the Retry-After header of a 503
@@ -41,6 +43,11 @@ class ServerConfig:
             )
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes: must be at least 1024, got {self.max_body_bytes}")
+        if self.closed_finish_reason not in CLOSED_FINISH_REASONS:
+            raise ValueError(
+                f"closed_finish_reason: expected one of {', '.join(CLOSED_FINISH_REASONS)}, "
+                f"got {self.closed_finish_reason!r}"
+            )
         if self.retry_after < 1:
             raise ValueError(f"retry_after: must be at least 1 second, got {self.retry_after}")
         if isinstance(self.programs, str):
