@@ -210,3 +210,17 @@ def test_metrics(client):
         assert name in text, name
     ttft = re.search(r"^plait_time_to_first_token_seconds_count (\S+)$", text, re.M)
     assert ttft and float(ttft.group(1)) >= 1  # streamed requests ran above
+
+
+def test_openapi_describes_every_sampling_param(client):
+    """`/openapi.json` documents each field `sampling_params` accepts, and no other."""
+    from dataclasses import fields
+
+    from plait.runtime.protocol import SamplingParams
+
+    spec = client.get("/openapi.json").json()
+    request = spec["paths"]["/generate"]["post"]["requestBody"]
+    body = request["content"]["application/json"]["schema"]
+    sampling = body["properties"]["sampling_params"]["oneOf"][0]
+    assert set(sampling["properties"]) == {f.name for f in fields(SamplingParams)}
+    assert "object" in sampling["properties"]["json_schema"]["type"]
