@@ -26,11 +26,15 @@ from plait.benchmarks.common import print_table, write_json
 
 
 def add_dashboard_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--output-len", dest="output_len", type=int, default=256)
+    parser.add_argument("--concurrency", type=int, default=8, help="requests decoded together")
+    parser.add_argument(
+        "--output-len", dest="output_len", type=int, default=256, help="tokens per request"
+    )
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per mode")
     parser.add_argument("--poll-hz", dest="poll_hz", default="1,10", help="comma-separated rates")
-    parser.add_argument("--output", default="bench-results/dashboard.json")
+    parser.add_argument(
+        "--output", default="bench-results/dashboard.json", help="JSON file of the results"
+    )
 
 
 @contextmanager

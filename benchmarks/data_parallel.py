@@ -22,16 +22,22 @@ from plait.benchmarks.common import print_table, write_json
 def add_data_parallel_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("data-parallel benchmark")
     g.add_argument("--model", dest="model_path", default=None, help="default: the embedded model")
-    g.add_argument("--num-prompts", dest="num_prompts", type=int, default=64)
+    g.add_argument(
+        "--num-prompts", dest="num_prompts", type=int, default=64, help="requests per setup"
+    )
     g.add_argument("--num-groups", dest="num_groups", type=int, default=8, help="shared prefixes")
     g.add_argument("--prefix-len", dest="prefix_len", type=int, default=200, help="words")
     g.add_argument("--input-len", dest="input_len", type=int, default=16, help="words per request")
     g.add_argument("--output-len", dest="output_len", type=int, default=16, help="tokens")
-    g.add_argument("--concurrency", type=int, default=8)
-    g.add_argument("--max-total-tokens", dest="max_total_tokens", type=int, default=32768)
-    g.add_argument("--setups", default="dp1,dp2-cache-aware,dp2-round-robin")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--output", default="bench-results/data_parallel.json")
+    g.add_argument("--concurrency", type=int, default=8, help="requests in flight")
+    g.add_argument("--max-total-tokens", dest="max_total_tokens", type=int, default=32768,
+                   help="KV pool tokens of each replica")  # fmt: skip
+    g.add_argument("--setups", default="dp1,dp2-cache-aware,dp2-round-robin",
+                   help="comma-separated, of dp1, dp2-cache-aware, dp2-round-robin")  # fmt: skip
+    g.add_argument("--seed", type=int, default=0, help="seed of the prompts and their order")
+    g.add_argument(
+        "--output", default="bench-results/data_parallel.json", help="JSON file of the results"
+    )
 
 
 def _replica_argv(args: argparse.Namespace) -> list[str]:

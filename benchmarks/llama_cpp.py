@@ -111,7 +111,9 @@ def _sampling(args: argparse.Namespace) -> dict[str, float]:
     return {"temperature": getattr(args, "temperature", 0.0), "top_p": getattr(args, "top_p", 1.0)}
 
 
-def _run_server(label: str, cmd: list[str], ready_path: str, port: int, args: argparse.Namespace) -> list[dict]:
+def _run_server(
+    label: str, cmd: list[str], ready_path: str, port: int, args: argparse.Namespace
+) -> list[dict]:
     process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     runs = []
@@ -123,7 +125,16 @@ def _run_server(label: str, cmd: list[str], ready_path: str, port: int, args: ar
         for level in [int(c) for c in args.concurrency.split(",")]:
             prompts = make_dataset(args, seed=level)
             results, duration = asyncio.run(
-                run_load(url, "openai", prompts, level, None, args.max_duration, args.model_name, sampling=sampling)
+                run_load(
+                    url,
+                    "openai",
+                    prompts,
+                    level,
+                    None,
+                    args.max_duration,
+                    args.model_name,
+                    sampling=sampling,
+                )
             )
             summary = summarize(results, duration)
             runs.append({"server": label, "concurrency": level, **summary})
@@ -139,7 +150,9 @@ def run_llama_cpp_bench(args: argparse.Namespace) -> int:
         import llama_cpp  # noqa: F401
         import llama_cpp.server  # noqa: F401
     except ImportError as e:
-        raise SystemExit(f"bench llama-cpp: needs llama-cpp-python[server] (`make bench-deps`): {e}") from e
+        raise SystemExit(
+            f"bench llama-cpp: needs llama-cpp-python[server] (`make bench-deps`): {e}"
+        ) from e
     import torch
 
     from plait.runtime.model_loader.locate import locate_checkpoint
@@ -169,7 +182,19 @@ def run_llama_cpp_bench(args: argparse.Namespace) -> int:
                      r["ttft_ms"]["median"], r["itl_ms"]["median"], ratio])  # fmt: skip
     print(f"\n{args.num_prompts} requests per run, ~{args.input_len} words in, <= {args.output_len} tokens out, "
           f"{threads} threads, {os.path.basename(loc.path)}, sampling {_sampling(args)}")  # fmt: skip
-    print_table(["server", "conc", "ok", "fail", "output tok/s", "TTFT med ms", "ITL med ms", "x llama.cpp"], rows)
+    print_table(
+        [
+            "server",
+            "conc",
+            "ok",
+            "fail",
+            "output tok/s",
+            "TTFT med ms",
+            "ITL med ms",
+            "x llama.cpp",
+        ],
+        rows,
+    )
     write_json(args.output, {"benchmark": "llama_cpp", "threads": threads, "model": loc.path,
                              "engine_flags": _engine_flags(args), "sampling": _sampling(args),
                              "results": results})  # fmt: skip
@@ -177,12 +202,32 @@ def run_llama_cpp_bench(args: argparse.Namespace) -> int:
 
 
 def add_llama_cpp_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--concurrency", default="1,16", help="comma-separated; one run each, per server")
-    parser.add_argument("--num-prompts", dest="num_prompts", type=int, default=32)
+    parser.add_argument(
+        "--concurrency", default="1,16", help="comma-separated; one run each, per server"
+    )
+    parser.add_argument(
+        "--num-prompts", dest="num_prompts", type=int, default=32, help="requests per run"
+    )
     parser.add_argument("--input-len", dest="input_len", type=int, default=128, help="words")
     parser.add_argument("--output-len", dest="output_len", type=int, default=128, help="tokens")
-    parser.add_argument("--max-duration", dest="max_duration", type=float, default=600.0)
-    parser.add_argument("--output", default="bench-results/llama_cpp.json")
+    parser.add_argument(
+        "--max-duration",
+        dest="max_duration",
+        type=float,
+        default=600.0,
+        help="seconds per run after which no request is launched",
+    )
+    parser.add_argument(
+        "--output", default="bench-results/llama_cpp.json", help="JSON file of the results"
+    )
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (both servers)")
-    parser.add_argument("--top-p", dest="top_p", type=float, default=1.0)
-    parser.set_defaults(dataset="random", range_ratio=0.5, prefix_len=0, num_groups=1, seed=0, model_name="default")
+    parser.add_argument(
+        "--top-p",
+        dest="top_p",
+        type=float,
+        default=1.0,
+        help="nucleus sampling (with --temperature)",
+    )
+    parser.set_defaults(
+        dataset="random", range_ratio=0.5, prefix_len=0, num_groups=1, seed=0, model_name="default"
+    )

@@ -38,7 +38,10 @@ def write_skinny_twin(engine: Any, path: Path) -> Path:
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen) * 0.08
 
-    tensors = {"model.embed_tokens.weight": rand(args.vocab_size, hidden), "model.norm.weight": torch.ones(hidden)}
+    tensors = {
+        "model.embed_tokens.weight": rand(args.vocab_size, hidden),
+        "model.norm.weight": torch.ones(hidden),
+    }
     for i in range(args.num_layers):
         p = f"model.layers.{i}."
         tensors |= {
@@ -63,7 +66,9 @@ def write_skinny_twin(engine: Any, path: Path) -> Path:
     tok = engine.tokenizer
     tok.backend.save(str(path / "tokenizer.json"))
     eos = tok.convert_ids_to_tokens([tok.eos_token_id])[0]
-    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": eos, "add_bos_token": False}))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": eos, "add_bos_token": False})
+    )
     return path
 
 
@@ -80,7 +85,9 @@ def kernels_stubbed() -> Iterator[None]:
     def nothing(*args: Any) -> int:
         return -1  # the decode stack's "every slot inside the pool"; the matmul's result is unused
 
-    def no_burst(layers, num_layers, shape, burst, ids: torch.Tensor, steps: int, *rest: Any) -> torch.Tensor:
+    def no_burst(
+        layers, num_layers, shape, burst, ids: torch.Tensor, steps: int, *rest: Any
+    ) -> torch.Tensor:
         return torch.full((ids.shape[0], steps), 100, dtype=torch.long)  # any token but a stop
 
     if decode_stack._kernel() is not None:
@@ -124,7 +131,9 @@ def run_overhead_bench(args: argparse.Namespace) -> int:
         for fmt in formats:
             kwargs = {"max_total_tokens": 2048, **_format_kwargs(fmt)}
             with Engine(model_path=args.model_path, **kwargs) as engine:
-                if twin_path is None:  # NOTE: torch ops on the main thread would leave an OpenMP team
+                if (
+                    twin_path is None
+                ):  # NOTE: torch ops on the main thread would leave an OpenMP team
                     # behind that throttles the engines' (see `off_main_thread`): the model's int4 step
                     # measured 4.5 ms here instead of 2.8
                     twin_path = off_main_thread(write_skinny_twin, engine, Path(tmp) / "twin")
@@ -138,18 +147,39 @@ def run_overhead_bench(args: argparse.Namespace) -> int:
                 "step_ms": full, "python_step_ms": python, "python_share": python / full,
                 "twin_step_ms": skinny, "overhead_share": skinny / full,
             }  # fmt: skip
-            rows.append([fmt, layers, full, 1e3 / full, python, f"{python / full:.0%}", skinny, f"{skinny / full:.0%}"])
-    print(f"\nsingle-stream decode, {args.decode_len} tokens, best of {args.repeats}, {torch.get_num_threads()} threads")
+            rows.append(
+                [
+                    fmt,
+                    layers,
+                    full,
+                    1e3 / full,
+                    python,
+                    f"{python / full:.0%}",
+                    skinny,
+                    f"{skinny / full:.0%}",
+                ]
+            )
+    print(
+        f"\nsingle-stream decode, {args.decode_len} tokens, best of {args.repeats}, {torch.get_num_threads()} threads"
+    )
     print_table(
         ["format", "layers", "step ms", "tok/s", "kernels stubbed ms", "python share", "skinny twin step ms",
          "overhead share (twin)"], rows,
     )  # fmt: skip
-    write_json(args.output, {"benchmark": "overhead", "decode_len": args.decode_len, "results": results})
+    write_json(
+        args.output, {"benchmark": "overhead", "decode_len": args.decode_len, "results": results}
+    )
     return 0
 
 
 def add_overhead_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--formats", default="float32,int4", help="comma-separated: float32, bfloat16, int8, int4")
-    parser.add_argument("--decode-len", dest="decode_len", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--output", default="bench-results/overhead.json")
+    parser.add_argument(
+        "--formats", default="float32,int4", help="comma-separated: float32, bfloat16, int8, int4"
+    )
+    parser.add_argument(
+        "--decode-len", dest="decode_len", type=int, default=128, help="tokens decoded"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="measurements per figure")
+    parser.add_argument(
+        "--output", default="bench-results/overhead.json", help="JSON file of the results"
+    )

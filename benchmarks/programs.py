@@ -215,9 +215,12 @@ def add_programs_args(parser: argparse.ArgumentParser) -> None:
         dest="torch_threads",
         type=int,
         default=None,
-        help="torch.set_num_threads for every system (on a busy machine 1 avoids thread stalls)",
+        help="torch.set_num_threads for every system (on a busy machine 1 avoids thread stalls; "
+        "default: torch's own)",
     )
-    parser.add_argument("--output", default="bench-results/programs.json")  # fmt: skip
+    parser.add_argument(
+        "--output", default="bench-results/programs.json", help="JSON file of the results"
+    )
 
 
 def parse_num_items(spec: str) -> dict[str, int]:

@@ -219,7 +219,7 @@ def _sample(values: list[float], limit: int = 2000, scale: float = 1000.0) -> li
 
 def add_serving_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("serving benchmark")
-    g.add_argument("--url", default="http://127.0.0.1:30000")
+    g.add_argument("--url", default="http://127.0.0.1:30000", help="the server")
     g.add_argument(
         "--backend",
         choices=["native", "openai"],
@@ -227,17 +227,33 @@ def add_serving_args(parser: argparse.ArgumentParser) -> None:
         help="native: POST /generate (plait, SGLang); openai: POST /v1/completions",
     )
     g.add_argument(
-        "--model-name", dest="model_name", default="default", help="the model field (openai)"
+        "--model-name",
+        dest="model_name",
+        default=None,
+        help="the model field (openai; default: the first id the server's /v1/models lists)",
     )
-    g.add_argument("--dataset", choices=["random", "shared-prefix"], default="random")
-    g.add_argument("--num-prompts", dest="num_prompts", type=int, default=64)
+    g.add_argument(
+        "--dataset",
+        choices=["random", "shared-prefix"],
+        default="random",
+        help="random words, or questions after one of --num-groups shared prefixes",
+    )
+    g.add_argument(
+        "--num-prompts", dest="num_prompts", type=int, default=64, help="requests per run"
+    )
     g.add_argument("--input-len", dest="input_len", type=int, default=128, help="words")
     g.add_argument("--output-len", dest="output_len", type=int, default=64, help="tokens")
-    g.add_argument("--range-ratio", dest="range_ratio", type=float, default=0.5)
+    g.add_argument(
+        "--range-ratio",
+        dest="range_ratio",
+        type=float,
+        default=0.5,
+        help="lengths are drawn from [len * (1 - ratio), len]",
+    )
     g.add_argument(
         "--prefix-len", dest="prefix_len", type=int, default=512, help="shared-prefix words"
     )
-    g.add_argument("--num-groups", dest="num_groups", type=int, default=4)
+    g.add_argument("--num-groups", dest="num_groups", type=int, default=4, help="shared prefixes")
     g.add_argument("--concurrency", default="1,4,16", help="comma-separated; one run each")
     g.add_argument(
         "--request-rate",
@@ -253,8 +269,10 @@ def add_serving_args(parser: argparse.ArgumentParser) -> None:
         default=120.0,
         help="seconds per run after which no request is launched",
     )
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--label", default=None, help="name of the server in the table and JSON")
+    g.add_argument("--seed", type=int, default=0, help="seed of the prompts and lengths")
+    g.add_argument(
+        "--label", default=None, help="name of the server in the table and JSON (default: its URL)"
+    )
     g.add_argument(
         "--output",
         "--serving-output",
@@ -270,13 +288,14 @@ def run_serving_bench(args: argparse.Namespace) -> int:
     if args.num_prompts < 1 or args.max_duration <= 0:
         raise SystemExit("bench serving: --num-prompts and --max-duration must be positive")
     label = args.label or args.url
+    model = args.model_name or (listed_model(args.url) if args.backend == "openai" else "default")
     rows, runs = [], []
     for level in [int(c) for c in str(args.concurrency).split(",") if c.strip()]:
         # NOTE: new prompts per run, so a run never hits the cache the previous one left
         prompts = make_dataset(args, seed=args.seed * 1000 + level)
         results, duration = asyncio.run(run_load(
             args.url, args.backend, prompts, level, args.request_rate, args.max_duration,
-            args.model_name, args.seed,
+            model, args.seed,
         ))  # fmt: skip
         summary = summarize(results, duration)
         runs.append({"concurrency": level, **summary})
@@ -291,10 +310,22 @@ def run_serving_bench(args: argparse.Namespace) -> int:
     print_table(["server", "conc", "ok", "fail", "req/s", "out tok/s", "tot tok/s", "TTFT mean",
                  "TTFT med", "TTFT p99", "ITL mean", "ITL med", "ITL p99", "TPOT mean",
                  "E2E med", "cache hit", "events/tok"], rows)  # fmt: skip
-    print(f"(latencies in ms; events/tok: stream events at least {SPACED_EVENT_S * 1000:g} ms apart per token)")
+    print(
+        f"(latencies in ms; events/tok: stream events at least {SPACED_EVENT_S * 1000:g} ms apart per token)"
+    )
     _write(args.output, {"label": label, "config": {k: v for k, v in vars(args).items()
                                  if isinstance(v, (str, int, float, bool, type(None)))}, "runs": runs})  # fmt: skip
     return 0
+
+
+def listed_model(url: str) -> str:
+    """The first model id the server lists (`GET /v1/models`), else "default"."""
+    import httpx
+
+    try:
+        return httpx.get(url.rstrip("/") + "/v1/models", timeout=10).json()["data"][0]["id"]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return "default"
 
 
 def _write(path: str, payload: dict[str, Any]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from plait.runtime.protocol import FinishReason
 from plait.runtime.request import Request
 from plait.runtime.tokenizer import Tokenizer
 
@@ -28,9 +29,12 @@ def _top_entries(
 
 def build_output(req: Request, tokenizer: Tokenizer, text: str) -> dict[str, Any]:
     end = req.finish_time or time.perf_counter()
+    reason = req.finish_reason
+    if req.closed_early and reason is not None and req.params.closed_finish_reason == "stop":
+        reason = FinishReason("stop")  # the output is complete; `closed_early` still says how
     meta: dict[str, Any] = {
         "id": req.rid,
-        "finish_reason": req.finish_reason.to_dict() if req.finish_reason else None,
+        "finish_reason": reason.to_dict() if reason else None,
         "prompt_tokens": len(req.prompt_ids),
         "completion_tokens": req.num_output_tokens,
         "cached_tokens": req.cached_tokens,

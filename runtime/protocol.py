@@ -5,6 +5,7 @@ Plain data only (no torch); `interpreter`, `runtime` and `server` all import it.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -12,7 +13,11 @@ from typing import Any
 _MAX_NEW_TOKENS_LIMIT = 1 << 20
 _GREEDY_TEMPERATURE = 1e-5
 MAX_SAMPLES = 128  # the largest `n`
-_NULLABLE = ("seed", "regex", "json_schema", "ebnf", "budget_closing", "json_whitespace")
+_NULLABLE = (
+    "seed", "regex", "json_schema", "ebnf", "budget_closing", "closed_finish_reason",
+    "json_whitespace",
+)  # fmt: skip
+CLOSED_FINISH_REASONS = ("length", "stop")
 # How JSON under a schema is spaced:
 # - conventional: one space after `:` and `,` and nowhere else (`{"a": 1, "b": [2, 3]}`), as
 #   Python's `json.dumps` writes it and as models mostly saw JSON; the default.
@@ -44,9 +49,11 @@ class SamplingParams:
     n: int = 1
     seed: int | None = None
     regex: str | None = None
-    json_schema: str | None = None
+    json_schema: str | None = None  # JSON text (`from_dict` also takes the schema as a dict)
     ebnf: str | None = None  # a context-free grammar: GBNF / EBNF (`root ::= ...`) or Lark
     budget_closing: bool | None = None  # None: the engine's setting
+    # the finish reason of an output budget-aware closing finished: "length" (None) or "stop"
+    closed_finish_reason: str | None = None
     json_whitespace: str | None = None  # JSON spacing (`JSON_WHITESPACE`); None: the engine's
     token_healing: bool = False  # back the prompt up over a last token that could merge
 
@@ -111,19 +118,28 @@ class SamplingParams:
         _check_int("n", self.n, 1, MAX_SAMPLES)
         if self.seed is not None:
             _check_int("seed", self.seed, -(1 << 63), (1 << 64) - 1)
+        if isinstance(self.json_schema, dict):  # the schema itself, or its JSON text
+            self.json_schema = json.dumps(self.json_schema)
         for name in ("regex", "json_schema", "ebnf"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name}: expected a string, got {type(value).__name__}")
         given = [n for n in ("regex", "json_schema", "ebnf") if getattr(self, n) is not None]
         if len(given) > 1:
-            raise ValueError(f"{given[1]}: give at most one of regex, json_schema, ebnf; got {', '.join(given)}")
+            raise ValueError(
+                f"{given[1]}: give at most one of regex, json_schema, ebnf; got {', '.join(given)}"
+            )
         if self.budget_closing is not None and not isinstance(self.budget_closing, bool):
             raise ValueError(f"budget_closing: expected a boolean, got {self.budget_closing!r}")
         if self.json_whitespace is not None and self.json_whitespace not in JSON_WHITESPACE:
             raise ValueError(
                 f"json_whitespace: expected one of {', '.join(JSON_WHITESPACE)}, "
                 f"got {self.json_whitespace!r}"[:200]
+            )
+        if self.closed_finish_reason not in (None, *CLOSED_FINISH_REASONS):
+            raise ValueError(
+                f"closed_finish_reason: expected one of {', '.join(CLOSED_FINISH_REASONS)}, "
+                f"got {self.closed_finish_reason!r:.80}"
             )
 
     @property

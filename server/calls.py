@@ -119,10 +119,51 @@ def client_of(request: Request, user: str | None = None) -> str:
 
 
 def _prepare(state: ServerState, request: Request, kwargs: dict[str, Any]) -> None:
+    """The server's defaults for what the request leaves out."""
     if kwargs.get("timeout") is None:
         kwargs["timeout"] = state.config.request_timeout
+    if state.config.closed_finish_reason != "length":
+        params = kwargs.get("sampling_params")
+        kwargs["sampling_params"] = (
+            [_closed_as(p, state) for p in params]
+            if isinstance(params, list)
+            else _closed_as(params, state)
+        )
     if kwargs.get("client_id") is None:
         kwargs["client_id"] = client_of(request)
+
+
+def token_budget(
+    state: ServerState, prompt_len: int, requested: int | None, prompt: str,
+    field: str = "max_tokens",
+) -> int:  # fmt: skip
+    """The output tokens a request gets: `requested`, or all that the context (and the KV pool)
+    holds after its prompt when None. A prompt or a `requested` that does not fit is a 400
+    naming `prompt` or `field`."""
+    limit = min(state.engine.context_len, state.pool_tokens)
+    if prompt_len >= limit:
+        raise bad_request(
+            f"{prompt}: the prompt has {prompt_len} tokens, but the model's context length is "
+            f"{limit} (prompt + output must fit)",
+            prompt,
+        )
+    if requested is None:
+        return limit - prompt_len
+    if prompt_len + requested > limit:
+        raise bad_request(
+            f"{field}: the prompt ({prompt_len} tokens) plus {field} ({requested}) exceeds the "
+            f"model's context length ({limit})",
+            field,
+        )
+    return requested
+
+
+def _closed_as(params: Any, state: ServerState) -> Any:
+    if params is None:
+        params = {}
+    if not isinstance(params, dict) or params.get("closed_finish_reason") is not None:
+        return params  # the request's own choice (or a malformed body, for the engine to refuse)
+    return {**params, "closed_finish_reason": state.config.closed_finish_reason}
 
 
 def _samples(kwargs: dict[str, Any]) -> int:
@@ -141,7 +182,10 @@ def _samples(kwargs: dict[str, Any]) -> int:
 
 
 async def generate(
-    state: ServerState, request: Request, endpoint: str, rename: dict[str, str] | None = None,
+    state: ServerState,
+    request: Request,
+    endpoint: str,
+    rename: dict[str, str] | None = None,
     **kwargs: Any,
 ) -> dict | list[dict]:
     """The native result(s); ValueError -> 400 (`rename`: see `from_value_error`); a disconnect
@@ -158,7 +202,10 @@ async def generate(
 
 
 async def stream(
-    state: ServerState, request: Request, endpoint: str, rename: dict[str, str] | None = None,
+    state: ServerState,
+    request: Request,
+    endpoint: str,
+    rename: dict[str, str] | None = None,
     **kwargs: Any,
 ) -> AsyncIterator[dict]:
     """Starts the call (raising a 400 or 503 before the first chunk) and returns its chunks."""

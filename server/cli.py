@@ -6,16 +6,21 @@ import argparse
 import logging
 import signal
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from plait.cli import Parser
+    from plait.server.state import ServerConfig
 
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from plait.cli import add_engine_args
 
-    parser = subparsers.add_parser(
+    parser: Parser = subparsers.add_parser(
         "serve", help="serve a model over HTTP (SGLang-native and OpenAI-compatible APIs)"
     )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    parser.add_argument("--port", type=int, default=30000, help="the port to listen on (0-65535)")
     parser.add_argument(
         "--programs",
         action="append",
@@ -27,21 +32,24 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         "--api-key",
         dest="api_key",
         default=None,
-        help="require 'Authorization: Bearer KEY' on every route but /health",
+        help="require 'Authorization: Bearer KEY' on every route but /health (default: none)",
     )
     parser.add_argument(
+        "--max-queued-requests",
         "--max-queue",
         dest="max_queue",
         type=int,
         default=None,
-        help="requests that may wait beyond the running batch; more get 503",
+        metavar="N",
+        help="requests that may wait beyond the running batch; more get a 503 (default: no limit)",
     )
     parser.add_argument(
         "--request-timeout",
         dest="request_timeout",
         type=float,
         default=None,
-        help="seconds a request may take unless it sets its own `timeout`; then a 504",
+        help="seconds a request may take unless it sets its own `timeout`; then a 504 "
+        "(default: no limit)",
     )
     parser.add_argument(
         "--max-body-bytes",
@@ -54,7 +62,22 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         "--served-model-name",
         dest="served_model_name",
         default=None,
-        help="the model id in /v1/models (default: the model path)",
+        help="the model id in /v1/models and the only `model` the OpenAI routes accept "
+        "(default: the model file's stem or folder's name)",
+    )
+    parser.add_argument(
+        "--closed-finish-reason",
+        dest="closed_finish_reason",
+        default="length",
+        choices=["length", "stop"],
+        help="the finish_reason of an output budget-aware closing finished, unless a request sets "
+        "its own (`stop` for clients that refuse `length`; `closed_early` is set either way)",
+    )
+    parser.add_argument(
+        "--accept-any-model",
+        dest="accept_any_model",
+        action="store_true",
+        help="serve OpenAI requests whatever `model` they name (by default another name is a 404)",
     )
     parser.add_argument(
         "--dashboard-show-prompts",
@@ -67,13 +90,27 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         dest="log_level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug"],
+        help="the server's log messages",
     )
     add_engine_args(parser)
     from plait.server.data_parallel import add_router_args
 
     add_router_args(parser)
+    parser.config_checks.append(server_config)
     parser.set_defaults(func=serve)
     return parser
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    from plait.server.state import ServerConfig
+
+    return ServerConfig(
+        host=args.host, port=args.port, api_key=args.api_key, programs=tuple(args.programs),
+        served_model_name=args.served_model_name, accept_any_model=args.accept_any_model,
+        closed_finish_reason=args.closed_finish_reason, max_queue=args.max_queue,
+        log_level=args.log_level, request_timeout=args.request_timeout,
+        max_body_bytes=args.max_body_bytes,
+    )  # fmt: skip
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -87,13 +124,10 @@ def serve(args: argparse.Namespace) -> int:
     from plait.server.dashboard import DashboardConfig
     from plait.server.limits import KEEP_ALIVE_SECONDS, UVICORN_HTTP
     from plait.server.programs import load_programs
-    from plait.server.state import ServerConfig
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
-    if args.dp_size < 1:
-        raise SystemExit(f"plait serve: --dp must be at least 1, got {args.dp_size}")
     if args.dp_size > 1 or args.replicas:
         from plait.server.data_parallel import serve_router
 
@@ -106,11 +140,7 @@ def serve(args: argparse.Namespace) -> int:
         run_worker(torchrun_rank(), None, EngineConfig.from_kwargs(**engine_kwargs(args)))
         return 0
     log = logging.getLogger("plait.server")
-    config = ServerConfig(
-        host=args.host, port=args.port, api_key=args.api_key, programs=tuple(args.programs),
-        served_model_name=args.served_model_name, max_queue=args.max_queue, log_level=args.log_level,
-        request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes,
-    )  # fmt: skip
+    config = server_config(args)
     registry = load_programs(config.programs) if config.programs else {}  # fail before loading
     start = time.perf_counter()
     engine = Engine(**engine_kwargs(args))
@@ -133,7 +163,9 @@ def serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m plait.server.cli ARGS` == `plait serve ARGS`."""
-    root = argparse.ArgumentParser(prog="plait")
+    from plait.cli import Parser
+
+    root = Parser(prog="plait")
     sub = root.add_subparsers(dest="command", required=True)
     add_serve_parser(sub)
     args = root.parse_args(["serve", *(argv if argv is not None else sys.argv[1:])])

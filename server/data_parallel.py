@@ -14,23 +14,45 @@ from typing import Any
 from plait.server.launch import ServerProcess
 from plait.server.routing import POLICIES, RouterConfig
 
-_SERVER_FLAGS = ("api_key", "max_queue", "served_model_name", "log_level")
+_SERVER_FLAGS = ("api_key", "max_queue", "served_model_name", "accept_any_model",
+                 "closed_finish_reason", "log_level")  # fmt: skip
+
+
+_ROUTER_HELP = {
+    "cache_threshold": "follow the cache when a replica holds this share of the prompt (0-1)",
+    "balance_abs_threshold": "loads are imbalanced when the busiest replica has this many more "
+    "requests than the idlest ...",
+    "balance_rel_threshold": "... and this many times as many (>= 1); then the idlest one is chosen",
+    "max_tree_chars": "prompt characters remembered per replica (least recently used are forgotten)",
+    "health_interval": "seconds between /health probes of each replica",
+}
 
 
 def add_router_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("data parallelism")
-    group.add_argument("--dp", dest="dp_size", type=int, default=1,
-                       help="start N engine replicas on loopback ports behind a cache-aware router")  # fmt: skip
+    group.add_argument("--dp", "--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1,
+                       help="engine replicas on loopback ports behind a cache-aware router (>= 1)")  # fmt: skip
     group.add_argument("--replica", dest="replicas", action="append", default=[], metavar="URL",
-                       help="route to a running plait server instead (repeatable; no local engine)")  # fmt: skip
+                       help="route to a running plait server instead (repeatable; no local engine; "
+                            "default: none)")  # fmt: skip
     group.add_argument("--router-policy", dest="router_policy", default="cache_aware",
-                       choices=POLICIES)  # fmt: skip
+                       choices=POLICIES, help="how the router picks a replica")  # fmt: skip
     defaults = RouterConfig()
-    for name in ("cache_threshold", "balance_abs_threshold", "balance_rel_threshold",
-                 "max_tree_chars", "health_interval"):  # fmt: skip
+    for name, help in _ROUTER_HELP.items():
         default = getattr(defaults, name)
         group.add_argument("--router-" + name.replace("_", "-"), dest="router_" + name,
-                           type=type(default), default=default, metavar=name.upper())  # fmt: skip
+                           type=type(default), default=default, metavar=name.upper(), help=help)  # fmt: skip
+    if hasattr(parser, "config_checks"):
+        parser.config_checks.append(check_router_args)
+
+
+def check_router_args(args: argparse.Namespace) -> None:
+    if args.dp_size < 1:
+        raise ValueError(f"dp_size: must be at least 1, got {args.dp_size}")
+    try:
+        router_config(args)
+    except ValueError as e:  # RouterConfig names its field; the flag is --router-<field>
+        raise ValueError(f"router_{e}") from None
 
 
 def router_config(args: argparse.Namespace) -> RouterConfig:
@@ -54,7 +76,9 @@ def replica_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--programs", spec]
     for name in _SERVER_FLAGS:
         value = getattr(args, name, None)
-        if value is not None:
+        if value is True:
+            argv.append("--" + name.replace("_", "-"))
+        elif value is not None and value is not False:
             argv += ["--" + name.replace("_", "-"), str(value)]
     return argv
 

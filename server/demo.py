@@ -45,7 +45,7 @@ def main() -> int:
 
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
         reply = client.chat.completions.create(
-            model="default",
+            model=client.models.list().data[0].id,
             messages=[{"role": "user", "content": "Maria Garcia, 34, lives in Lisbon. As JSON."}],
             response_format={
                 "type": "json_schema",

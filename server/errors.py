@@ -39,6 +39,7 @@ class APIError(Exception):
         param: str | None = None,
         type: str | None = None,
         headers: dict[str, str] | None = None,
+        code: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -46,10 +47,11 @@ class APIError(Exception):
         self.param = param
         self.type = type or _TYPES.get(status, "server_error")
         self.headers = headers or {}
+        self.code = code  # OpenAI's error code where it has one; else the status
 
     def response(self) -> JSONResponse:
         body = {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.status}}  # fmt: skip
+                          "code": self.code or self.status}}  # fmt: skip
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
@@ -76,6 +78,16 @@ def from_value_error(
     if prefix and param:
         message, param = prefix + message, prefix + param
     return APIError(400, message, param=param)
+
+
+def model_not_found(model: str, served: str) -> APIError:
+    """A request for a model this server does not serve (OpenAI's and vLLM's 404)."""
+    return APIError(
+        404,
+        f"model: the model `{model}` does not exist; this server serves `{served}`",
+        param="model",
+        code="model_not_found",
+    )
 
 
 def queue_full(limit: int, retry_after: int = 1) -> APIError:
@@ -152,9 +164,7 @@ async def read_json(request: Request) -> Any:
     except RecursionError:
         body = None
     if body is None or _too_deep(body, MAX_JSON_DEPTH):
-        raise APIError(
-            400, f"body: JSON nested deeper than {MAX_JSON_DEPTH} levels", param="body"
-        )
+        raise APIError(400, f"body: JSON nested deeper than {MAX_JSON_DEPTH} levels", param="body")
     # NOTE: JSON may escape half of a surrogate pair alone; such a string cannot be tokenized
     # (nor written back into an error message), so it is refused here, by its path.
     bad = _invalid_unicode(body) if _MAYBE_SURROGATE.search(raw) else None
@@ -198,7 +208,9 @@ def _invalid_unicode(value: Any) -> str | None:
                     return _shown_path((*path, key))
                 stack.append((child, (*path, key)))
         elif isinstance(node, list):
-            stack.extend((c, (*path, i)) for i, c in enumerate(node) if isinstance(c, (str, dict, list)))
+            stack.extend(
+                (c, (*path, i)) for i, c in enumerate(node) if isinstance(c, (str, dict, list))
+            )
     return None
 
 

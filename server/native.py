@@ -93,10 +93,14 @@ def check_generate_body(body: dict[str, Any]) -> None:
         raise bad_request("text: the list of prompts is empty")
     for name in ("text", "input_ids", "sampling_params", "rid"):
         value = body.get(name)
-        if isinstance(value, list) and len(value) > MAX_PROMPTS and not (
-            name == "input_ids" and value and isinstance(value[0], int)
+        if (
+            isinstance(value, list)
+            and len(value) > MAX_PROMPTS
+            and not (name == "input_ids" and value and isinstance(value[0], int))
         ):
-            raise bad_request(f"{name}: at most {MAX_PROMPTS} prompts per request, got {len(value)}")
+            raise bad_request(
+                f"{name}: at most {MAX_PROMPTS} prompts per request, got {len(value)}"
+            )
     ids = body.get("input_ids")
     if isinstance(ids, list) and not ids and text is None:
         raise bad_request("input_ids: the prompt is empty (no tokens)")
@@ -110,12 +114,48 @@ def check_constraint(params: Any, prefix: str = "") -> None:
     from plait.runtime.constrained import GrammarError, make_grammar_key
 
     for p in params if isinstance(params, list) else [params]:
-        if not isinstance(p, dict) or all(p.get(k) is None for k in ("json_schema", "regex", "ebnf")):
+        if not isinstance(p, dict) or all(
+            p.get(k) is None for k in ("json_schema", "regex", "ebnf")
+        ):
             continue
         try:
-            make_grammar_key(json_schema=p.get("json_schema"), regex=p.get("regex"), grammar=p.get("ebnf"))
+            make_grammar_key(
+                json_schema=p.get("json_schema"), regex=p.get("regex"), grammar=p.get("ebnf")
+            )
         except GrammarError as e:
             raise bad_request(prefix + str(e)) from None
+
+
+# NOTE: a token spells at least one byte, and a tokenizer adds few of its own (BOS, a leading
+# space): a text this many tokens shorter than its room fits without being tokenized here too.
+_ADDED_TOKENS = 8
+
+
+async def check_budgets(state: ServerState, body: dict[str, Any]) -> None:
+    """A `max_new_tokens` that the context cannot hold after its prompt is a 400 naming it, as
+    `max_tokens` is on the OpenAI routes (`calls.token_budget`). Malformed bodies are left to
+    the engine's checks."""
+    text = body.get("text")
+    source = "text" if text is not None else "input_ids"
+    prompts = text if text is not None else body.get("input_ids")
+    if isinstance(prompts, str) or (
+        isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+    ):
+        prompts = [prompts]
+    params = body.get("sampling_params")
+    if not isinstance(prompts, list) or (isinstance(params, list) and len(params) != len(prompts)):
+        return
+    limit = min(state.engine.context_len, state.pool_tokens)
+    for prompt, p in zip(prompts, params if isinstance(params, list) else [params] * len(prompts)):
+        requested = p.get("max_new_tokens") if isinstance(p, dict) else None
+        if isinstance(requested, bool) or not isinstance(requested, int) or requested < 0:
+            continue
+        if isinstance(prompt, str):
+            if len(prompt.encode()) + _ADDED_TOKENS + requested <= limit:
+                continue
+            prompt = await asyncio.to_thread(state.engine.tokenizer.encode, prompt)
+        if isinstance(prompt, list):
+            calls.token_budget(state, len(prompt), requested, source, "max_new_tokens")
 
 
 @router.post("/generate")
@@ -124,6 +164,7 @@ async def generate(request: Request) -> Response:
     body = await read_object(request)
     check_generate_body(body)
     check_constraint(body.get("sampling_params"))
+    await check_budgets(state, body)
     kwargs = {k: v for k, v in body.items() if k in _FIELDS and k != "stream" and v is not None}
     prompts = kwargs.get("text", kwargs.get("input_ids"))
     batched = isinstance(prompts, list) and bool(prompts) and not isinstance(prompts[0], int)
@@ -171,8 +212,14 @@ async def abort_request(request: Request) -> Response:
 
 
 @router.get("/health")
-async def health() -> Response:
-    return Response(status_code=200)
+async def health(request: Request) -> dict[str, Any]:
+    """200 once the model is loaded (the only route open without the API key)."""
+    state = state_of(request)
+    return {
+        "status": "ok",
+        "model": state.model_name,
+        "uptime_s": round(time.time() - state.started, 3),
+    }
 
 
 @router.get("/health_generate")

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from plait.server import calls
 from plait.server import openai_format as fmt
-from plait.server.errors import APIError, bad_request, parse_model, read_object
+from plait.server.errors import APIError, bad_request, model_not_found, parse_model, read_object
 from plait.server.native import MAX_PROMPTS, check_constraint, event_stream, sse, state_of
 from plait.server.openai_protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 from plait.server.state import ServerState
@@ -23,7 +23,8 @@ router = APIRouter(prefix="/v1")
 _PASSTHROUGH = (
     "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
     "repetition_penalty", "seed", "ignore_eos", "stop_token_ids", "skip_special_tokens",
-    "spaces_between_special_tokens", "no_stop_trim", "token_healing", "json_whitespace",
+    "spaces_between_special_tokens", "no_stop_trim", "token_healing", "closed_finish_reason",
+    "json_whitespace",
 )  # fmt: skip
 
 
@@ -36,8 +37,18 @@ async def list_models(request: Request) -> dict[str, Any]:
 async def get_model(model_id: str, request: Request) -> dict[str, Any]:
     state = state_of(request)
     if model_id != state.model_name:
-        raise APIError(404, f"model: {model_id!r} is not served here", param="model")
+        raise model_not_found(model_id, state.model_name)
     return _model_card(state)
+
+
+def served_model(state: ServerState, model: str | None) -> str:
+    """The `model` a response names: the request's, which must be the served one unless the
+    server takes any (`accept_any_model`); the served one when the request names none."""
+    if model is None:
+        return state.model_name
+    if model != state.model_name and not state.config.accept_any_model:
+        raise model_not_found(model, state.model_name)
+    return model
 
 
 def _model_card(state: ServerState) -> dict[str, Any]:
@@ -115,24 +126,6 @@ def request_constraints(req: _Sampling) -> list[tuple[str, str, Any]]:
     return given
 
 
-def token_budget(state: ServerState, prompt_len: int, requested: int | None, prompt: str) -> int:
-    engine = state.engine
-    limit = min(engine.context_len, state.pool_tokens)
-    if prompt_len >= limit:
-        raise bad_request(
-            f"{prompt}: the prompt has {prompt_len} tokens, but the model's context length is "
-            f"{limit} (prompt + output must fit)", prompt,
-        )  # fmt: skip
-    if requested is None:
-        return limit - prompt_len
-    if prompt_len + requested > limit:
-        raise bad_request(
-            f"max_tokens: the prompt ({prompt_len} tokens) plus max_tokens ({requested}) exceeds "
-            f"the model's context length ({limit})", "max_tokens",
-        )  # fmt: skip
-    return requested
-
-
 def response_schema(req: ChatCompletionRequest | CompletionRequest) -> Any:
     rf = req.response_format
     if rf is None or rf.type == "text":
@@ -154,6 +147,7 @@ def encode_prompt(tokenizer: Any, text: str) -> list[int]:
 async def chat_completions(request: Request) -> Response:
     state = state_of(request)
     req = parse_model(ChatCompletionRequest, await read_object(request))
+    model = served_model(state, req.model)
     tok = state.engine.tokenizer
     renders_tools = "tools" in (tok.chat_template or "")
     plan = plan_tools(req.tools, req.tool_choice, renders_tools)
@@ -182,14 +176,15 @@ async def chat_completions(request: Request) -> Response:
     requested = (
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
-    params = sampling_params(req, token_budget(state, len(ids), requested, "messages"), schema)
+    params = sampling_params(
+        req, calls.token_budget(state, len(ids), requested, "messages"), schema
+    )
     check_constraint(params, "response_format: " if req.response_format else "")
     rid = req.rid or f"chatcmpl-{uuid.uuid4().hex}"
     kwargs = {"input_ids": ids, "sampling_params": params, "rid": rid,
               "return_logprob": req.logprobs, "top_logprobs_num": req.top_logprobs or 0,
               "return_text_in_logprobs": True, "timeout": req.timeout,
               "client_id": calls.client_of(request, req.user), "rename": renames(req)}  # fmt: skip
-    model = req.model or state.model_name
     if req.stream:
         chunks = await calls.stream(state, request, "chat", **kwargs)
         return event_stream(_chat_events(state, req, plan, chunks, rid, model, len(ids)))
@@ -201,8 +196,13 @@ async def chat_completions(request: Request) -> Response:
         message, reason = fmt.chat_message(o, plan)
         logprobs = fmt.chat_logprobs(o["meta_info"], 0, tok) if req.logprobs else None
         choices.append(
-            {"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason,
-             **fmt.closed_early(o["meta_info"])}
+            {
+                "index": i,
+                "message": message,
+                "logprobs": logprobs,
+                "finish_reason": reason,
+                **fmt.closed_early(o["meta_info"]),
+            }
         )
     return JSONResponse({
         "id": rid, "object": "chat.completion", "created": fmt.now(), "model": model,
@@ -254,11 +254,12 @@ def _stream_error(out: dict) -> dict[str, Any]:
 async def completions(request: Request) -> Response:
     state = state_of(request)
     req = parse_model(CompletionRequest, await read_object(request))
+    model = served_model(state, req.model)
     tok = state.engine.tokenizer
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request("best_of: only best_of == n is supported", "best_of")
     prompts = _prompts(req.prompt, tok)
-    budgets = [token_budget(state, len(p), req.max_tokens, "prompt") for p in prompts]
+    budgets = [calls.token_budget(state, len(p), req.max_tokens, "prompt") for p in prompts]
     params = [sampling_params(req, b, response_schema(req)) for b in budgets]
     check_constraint(params[0], "")
     batched = len(prompts) > 1
@@ -276,7 +277,6 @@ async def completions(request: Request) -> Response:
         "client_id": calls.client_of(request, req.user),
     }
     texts = [tok.decode(p, skip_special_tokens=False) for p in prompts] if req.echo else None
-    model = req.model or state.model_name
     prompt_tokens = sum(len(p) for p in prompts)
     if req.stream:
         chunks = await calls.stream(state, request, "completions", **kwargs)

@@ -163,7 +163,8 @@ def chat_chunk(
 
 def closed_early(meta: dict[str, Any]) -> dict[str, Any]:
     """`{"closed_early": true}` for a choice that budget-aware closing finished (its
-    finish_reason stays "length"), else nothing: OpenAI's own fields are unchanged."""
+    finish_reason "length", or "stop" where the request asked), else nothing: OpenAI's own
+    fields are unchanged."""
     return {"closed_early": True} if meta.get("closed_early") and meta.get("finish_reason") else {}
 
 

@@ -137,6 +137,7 @@ class _Sampling(_Strict):
     regex: str | None = None
     ebnf: str | None = None  # SGLang: a grammar (GBNF / EBNF or Lark)
     budget_closing: bool | None = None
+    closed_finish_reason: Literal["length", "stop"] | None = None
     token_healing: bool | None = None
     json_whitespace: Literal["conventional", "compact", "flexible"] | None = None
     # vLLM's request fields for a constraint

@@ -33,7 +33,30 @@ _SAMPLING = {
         "n": {"type": "integer", "minimum": 1},
         "seed": {"type": ["integer", "null"]},
         "regex": {"type": ["string", "null"]},
-        "json_schema": {"type": ["string", "null"], "description": "a JSON schema, as a string"},
+        "json_schema": {
+            "type": ["object", "string", "null"],
+            "description": "a JSON schema, or its JSON text",
+        },
+        "ebnf": {"type": ["string", "null"], "description": "a grammar: GBNF / EBNF or Lark"},
+        "budget_closing": {
+            "type": ["boolean", "null"],
+            "description": "close the output on a valid end near max_new_tokens "
+            "(null: the engine's setting)",
+        },
+        "closed_finish_reason": {
+            "enum": ["length", "stop", None],
+            "description": "the finish reason of an output budget-aware closing finished "
+            "(null: the server's setting)",
+        },
+        "json_whitespace": {
+            "enum": ["conventional", "compact", "flexible", None],
+            "description": "how JSON under json_schema is spaced (null: the engine's setting)",
+        },
+        "token_healing": {
+            "type": "boolean",
+            "description": "back the prompt up over its last token; the output writes it again "
+            "(cut from the text, reported as meta_info.healed_text)",
+        },
     },
     "additionalProperties": False,
 }
@@ -51,7 +74,11 @@ GENERATE = {
         "return_text_in_logprobs": {"type": "boolean"},
         "stream": {"type": "boolean"},
         "rid": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-        "timeout": {"type": "number", "exclusiveMinimum": 0, "description": "seconds (504 past it)"},
+        "timeout": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "description": "seconds (504 past it)",
+        },
     },
     "additionalProperties": False,
 }

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from plait.runtime.protocol import CLOSED_FINISH_REASONS
 from plait.server.calls import Admission
 from plait.server.metrics import ServerMetrics
 
@@ -19,7 +21,9 @@ class ServerConfig:
     port: int = 30000
     api_key: str | None = None
     programs: tuple[str, ...] = ()  # files or modules whose @program functions are served
-    served_model_name: str | None = None  # the model id in /v1/models (default: the model path)
+    served_model_name: str | None = None  # the model id in /v1/models (else `default_model_name`)
+    closed_finish_reason: str = "length"  # a request's default (`stop`: parse-friendly)
+    accept_any_model: bool = False  # OpenAI routes: any `model` is served (else 404 but this one)
     max_queue: int | None = None  # requests allowed to wait beyond the running batch
     retry_after: int = 1  # seconds, in the Retry-After header of a 503
     request_timeout: float | None = None  # seconds; a request's default `timeout` (504 past it)
@@ -39,10 +43,22 @@ class ServerConfig:
             )
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes: must be at least 1024, got {self.max_body_bytes}")
+        if self.closed_finish_reason not in CLOSED_FINISH_REASONS:
+            raise ValueError(
+                f"closed_finish_reason: expected one of {', '.join(CLOSED_FINISH_REASONS)}, "
+                f"got {self.closed_finish_reason!r}"
+            )
         if self.retry_after < 1:
             raise ValueError(f"retry_after: must be at least 1 second, got {self.retry_after}")
         if isinstance(self.programs, str):
             object.__setattr__(self, "programs", (self.programs,))
+
+
+def default_model_name(model_path: str) -> str:
+    """The id a model is served under unless named: its GGUF file's stem, or its folder's name
+    (`.../SmolLM2-135M-Instruct.Q4_1.gguf` -> `SmolLM2-135M-Instruct.Q4_1`)."""
+    name = os.path.basename(model_path.rstrip("/" + os.sep)).removesuffix(".gguf")
+    return name or model_path
 
 
 @dataclass
@@ -66,7 +82,7 @@ class ServerState:
 
     @property
     def model_name(self) -> str:
-        return self.config.served_model_name or str(self.engine.model_path)
+        return self.config.served_model_name or default_model_name(str(self.engine.model_path))
 
     def backend(self) -> Any:
         """The interpreter backend programs run on: this server's engine, in process."""

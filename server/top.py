@@ -17,9 +17,16 @@ KEEP_ROWS = 120
 def add_top_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("top", help="a live view of a running server in the terminal")
     parser.add_argument("--url", default="http://127.0.0.1:30000", help="the server or router")
-    parser.add_argument("--api-key", dest="api_key", default=None)
+    parser.add_argument(
+        "--api-key", dest="api_key", default=None, help="the server's key (default: none)"
+    )
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
-    parser.add_argument("--replica", type=int, default=None, help="behind a router: which replica")
+    parser.add_argument(
+        "--replica",
+        type=int,
+        default=None,
+        help="behind a router: which replica (default: the router's view of all)",
+    )
     parser.add_argument("--once", action="store_true", help="print one screen and exit")
     parser.set_defaults(func=run_top)
     return parser

@@ -50,6 +50,9 @@ DEFAULT_PARSER_LIMITS = {
 }
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \["([^"]+)"')
 _UNKNOWN_FORMAT = re.compile(r"Unknown format: (\S+)")
+# llguidance ends an error with the line of its own grammar where it happened and a caret under
+# it (`   1 | start: /a(b/`): plait wrote that grammar around the user's regex, so it is dropped.
+_GRAMMAR_EXCERPT = re.compile(r"\n\s*\d+ \| .*\n\s*\^+\s*$")
 
 
 class LLGuidanceBackend(GrammarBackend):
@@ -75,7 +78,9 @@ class LLGuidanceBackend(GrammarBackend):
         self.vocab_size = vocab_size or tokenizer.vocab_size
         self.eos_token_ids = tuple(sorted(tokenizer.eos_token_ids))
         self.lltokenizer = LLTokenizer(
-            tokenizer.backend.to_str(), n_vocab=tokenizer.vocab_size, eos_token=list(self.eos_token_ids)
+            tokenizer.backend.to_str(),
+            n_vocab=tokenizer.vocab_size,
+            eos_token=list(self.eos_token_ids),
         )
         self.num_words = (tokenizer.vocab_size + 31) // 32
         self.limits = LLParserLimits(**{**DEFAULT_PARSER_LIMITS, **(parser_limits or {})})
@@ -148,12 +153,13 @@ class LLGuidanceBackend(GrammarBackend):
     def _matcher(self, key: GrammarKey, grammar: str) -> LLMatcher:
         matcher = LLMatcher(self.lltokenizer, grammar, log_level=0, limits=self.limits)
         if matcher.is_error():
-            error = _first_line(matcher.get_error())
+            error = matcher.get_error()
             if key.kind == "json_schema":
                 raise _schema_error(json.loads(key.pattern), error)
             if key.kind == "regex":
+                error = _GRAMMAR_EXCERPT.sub("", _whole(error))
                 raise InvalidRegexError(f"regex: cannot compile {_shown(key.pattern)!r}: {error}")
-            raise GrammarError(f"grammar: {error}")
+            raise GrammarError(f"grammar: {_whole(error)}")
         return matcher
 
 
@@ -190,9 +196,11 @@ def _with_prefix(grammar: str, prefix: str) -> str:
     """`grammar` (llguidance's JSON form) preceded by the literal `prefix`: a Lark start rule
     that names the original as a nested grammar."""
     # the grammar_from_* helpers give llguidance's JSON form, or plain Lark for a Lark grammar
-    spec = json.loads(grammar) if grammar.lstrip().startswith("{") else {
-        "grammars": [{"lark_grammar": grammar}]
-    }
+    spec = (
+        json.loads(grammar)
+        if grammar.lstrip().startswith("{")
+        else {"grammars": [{"lark_grammar": grammar}]}
+    )
     body = spec["grammars"]
     body[0]["name"] = "plait_body"
     start = {"lark_grammar": f"start: {json.dumps(prefix)} @plait_body"}
@@ -205,7 +213,7 @@ def _grammar_from_text(text: str) -> str:
         try:
             return llguidance.grammar_from("gbnf", text)
         except ValueError as e:
-            raise GrammarError(f"grammar: {_first_line(e)}") from None
+            raise GrammarError(f"grammar: {_whole(e)}") from None
     return LLMatcher.grammar_from_lark(text)
 
 
@@ -229,6 +237,12 @@ def _schema_error(schema: Any, error: str) -> GrammarError:
 
 def _first_line(error: Any) -> str:
     return " ".join(str(error).strip().split("\n")[0].split()) or type(error).__name__
+
+
+def _whole(error: Any) -> str:
+    """Every line of the message, indentation kept: a caret line points into the line above."""
+    lines = [line.rstrip() for line in str(error).strip("\n").splitlines()]
+    return "\n".join(lines).strip() or type(error).__name__
 
 
 def _shown(text: str) -> str:
@@ -279,7 +293,9 @@ class LLGuidanceGrammar(Grammar):
         if token_id in self._compiled.backend.eos_token_ids:
             if not m.is_accepting():
                 return False
-        elif token_id >= self._compiled.backend.num_words * 32 or m.validate_tokens([token_id]) != 1:
+        elif (
+            token_id >= self._compiled.backend.num_words * 32 or m.validate_tokens([token_id]) != 1
+        ):
             return False
         if not m.consume_token(token_id):  # pragma: no cover - validated above
             return False

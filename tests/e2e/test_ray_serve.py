@@ -9,6 +9,7 @@ import pytest
 
 pytest.importorskip("ray.serve")
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+MODEL = "SmolLM2-135M-Instruct.Q4_1"  # the served name: the default GGUF file's stem
 
 
 @pytest.fixture(scope="module")
@@ -36,17 +37,18 @@ def test_openai_requests_through_ray_serve(ray_url):
 
     client = OpenAI(base_url=ray_url + "/v1", api_key="none")
     reply = client.chat.completions.create(
-        model="default", messages=[{"role": "user", "content": "What is the capital of France?"}],
+        model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}],
         max_tokens=12, temperature=0,
     )  # fmt: skip
     assert "Paris" in reply.choices[0].message.content
     streamed = "".join(
         c.choices[0].text
-        for c in client.completions.create(model="default", prompt="1, 2, 3,", max_tokens=6,
-                                           temperature=0, stream=True)  # fmt: skip
+        for c in client.completions.create(
+            model=MODEL, prompt="1, 2, 3,", max_tokens=6, temperature=0, stream=True
+        )  # fmt: skip
         if c.choices
     )
-    whole = client.completions.create(model="default", prompt="1, 2, 3,", max_tokens=6, temperature=0)
+    whole = client.completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=6, temperature=0)
     assert streamed == whole.choices[0].text
 
 

@@ -14,6 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
+MODEL = "SmolLM2-135M-Instruct.Q4_1"  # the served name: the default GGUF file's stem
 
 
 def test_server_doc_examples_run(default_engine, monkeypatch):
@@ -51,14 +52,14 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
 
 def test_json_schema_chat(client):
     resp = client.chat.completions.create(
-        model="default", n=2, seed=0, max_tokens=64,
+        model=MODEL, n=2, seed=0, max_tokens=64,
         messages=[{"role": "user", "content": "Maria is a 34-year-old architect in Lisbon. Give her as JSON."}],
         response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
     )  # fmt: skip
     for choice in resp.choices:
         jsonschema.validate(json.loads(choice.message.content), PERSON)
     obj = client.chat.completions.create(
-        model="default", max_tokens=64, temperature=0, response_format={"type": "json_object"},
+        model=MODEL, max_tokens=64, temperature=0, response_format={"type": "json_object"},
         messages=[{"role": "user", "content": "A JSON object with your name."}],
     )  # fmt: skip
     assert isinstance(json.loads(obj.choices[0].message.content), dict)
@@ -70,7 +71,7 @@ def test_tool_call_round_trip(client):
     messages = [{"role": "user", "content": "What's the weather in Paris?"}]
     for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
         resp = client.chat.completions.create(
-            model="default",
+            model=MODEL,
             messages=messages,
             tools=[tool],
             tool_choice=choice,

@@ -12,7 +12,11 @@ import pytest
 def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "plait", *args], capture_output=True, text=True, timeout=timeout, env=env
+        [sys.executable, "-m", "plait", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
 
 
@@ -35,14 +39,33 @@ def test_engine_switches_that_default_on_can_be_turned_off():
 
 
 def test_generate_streams_to_stdout(tiny_llama_dir, tiny_engine):
-    out = run("generate", "Hello", "--model", str(tiny_llama_dir), "--max-tokens", "6", "--max-total-tokens", "256")
+    out = run(
+        "generate",
+        "Hello",
+        "--model",
+        str(tiny_llama_dir),
+        "--max-tokens",
+        "6",
+        "--max-total-tokens",
+        "256",
+    )
     assert out.returncode == 0, out.stderr
     expected = tiny_engine.generate("Hello", {"max_new_tokens": 6, "temperature": 0})["text"]
     assert out.stdout == expected + "\n"
 
 
 def test_generate_with_chat_template(tiny_llama_dir):
-    out = run("generate", "Hi", "--chat", "--model", str(tiny_llama_dir), "--max-tokens", "3", "--max-total-tokens", "256")
+    out = run(
+        "generate",
+        "Hi",
+        "--chat",
+        "--model",
+        str(tiny_llama_dir),
+        "--max-tokens",
+        "3",
+        "--max-total-tokens",
+        "256",
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -55,9 +78,23 @@ def test_missing_model_is_a_clear_error(tmp_path):
 def test_bench_throughput_smoke(tiny_llama_dir, tmp_path):
     out_file = tmp_path / "t.json"
     out = run(
-        "bench", "throughput", "--model", str(tiny_llama_dir), "--num-requests", "4",
-        "--output-len", "4", "--concurrency", "1,2", "--prefix-len", "40", "--no-transformers",
-        "--max-total-tokens", "4096", "--output", str(out_file),
+        "bench",
+        "throughput",
+        "--model",
+        str(tiny_llama_dir),
+        "--num-requests",
+        "4",
+        "--output-len",
+        "4",
+        "--concurrency",
+        "1,2",
+        "--prefix-len",
+        "40",
+        "--no-transformers",
+        "--max-total-tokens",
+        "4096",
+        "--output",
+        str(out_file),
     )
     assert out.returncode == 0, out.stderr
     assert "plait c=2" in out.stdout and "radix cache" in out.stdout
@@ -73,9 +110,27 @@ def test_bench_throughput_smoke(tiny_llama_dir, tmp_path):
 def test_bench_throughput_sampled(tiny_llama_dir, tmp_path):
     out_file = tmp_path / "t.json"
     out = run(
-        "bench", "throughput", "--model", str(tiny_llama_dir), "--num-requests", "3", "--output-len", "5",
-        "--concurrency", "2", "--prefix-len", "20", "--no-transformers", "--max-total-tokens", "4096",
-        "--temperature", "0.7", "--top-p", "0.9", "--output", str(out_file),
+        "bench",
+        "throughput",
+        "--model",
+        str(tiny_llama_dir),
+        "--num-requests",
+        "3",
+        "--output-len",
+        "5",
+        "--concurrency",
+        "2",
+        "--prefix-len",
+        "20",
+        "--no-transformers",
+        "--max-total-tokens",
+        "4096",
+        "--temperature",
+        "0.7",
+        "--top-p",
+        "0.9",
+        "--output",
+        str(out_file),
     )
     assert out.returncode == 0, out.stderr
     assert "temperature 0.7, top-p 0.9, seeded" in out.stdout
@@ -89,9 +144,24 @@ def test_bench_throughput_sampled(tiny_llama_dir, tmp_path):
 def test_bench_speculative_alternates_engines(tiny_llama_dir, tmp_path):
     out_file = tmp_path / "s.json"
     out = run(
-        "bench", "speculative", "--model", str(tiny_llama_dir), "--algorithms", "ngram", "--batch-sizes", "1,2",
-        "--num-prompts", "2", "--max-new-tokens", "12", "--rounds", "2", "--max-total-tokens", "8192",
-        "--output", str(out_file),
+        "bench",
+        "speculative",
+        "--model",
+        str(tiny_llama_dir),
+        "--algorithms",
+        "ngram",
+        "--batch-sizes",
+        "1,2",
+        "--num-prompts",
+        "2",
+        "--max-new-tokens",
+        "12",
+        "--rounds",
+        "2",
+        "--max-total-tokens",
+        "8192",
+        "--output",
+        str(out_file),
     )
     assert out.returncode == 0, out.stderr
     assert "2 alternating rounds" in out.stdout
@@ -100,7 +170,9 @@ def test_bench_speculative_alternates_engines(tiny_llama_dir, tmp_path):
     data = json.loads(out_file.read_text())
     assert data["rounds"] == 2
     rows = {(r["algorithm"], r["workload"], r["batch"]): r for r in data["results"]}
-    assert set(rows) == {(a, w, b) for a in ("none", "ngram") for w in ("extractive", "chat") for b in (1, 2)}
+    assert set(rows) == {
+        (a, w, b) for a in ("none", "ngram") for w in ("extractive", "chat") for b in (1, 2)
+    }
     assert all(r["decode_tok_s"] > 0 for r in rows.values())
     assert rows[("none", "chat", 1)]["speedup"] == 1.0
 
@@ -110,7 +182,11 @@ def test_bench_llama_cpp_names_its_setup_when_missing(tmp_path):
     (tmp_path / "llama_cpp.py").write_text("raise ImportError('not installed here')\n")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(tmp_path)}
     out = subprocess.run(
-        [sys.executable, "-m", "plait", "bench", "llama-cpp"], capture_output=True, text=True, timeout=120, env=env
+        [sys.executable, "-m", "plait", "bench", "llama-cpp"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
     assert out.returncode != 0 and "make bench-deps" in out.stderr
 
@@ -120,11 +196,27 @@ def test_bench_latency_reports_roofline_and_perplexity_per_format(tiny_llama_dir
 
     out_path = tmp_path / "latency.json"
     out = run(
-        "bench", "latency", "--model", str(tiny_llama_dir), "--formats", "float32,int4", "--prompt-len", "32",
-        "--decode-len", "6", "--repeats", "1", "--no-transformers", "--no-llama-cpp", "--output", str(out_path),
+        "bench",
+        "latency",
+        "--model",
+        str(tiny_llama_dir),
+        "--formats",
+        "float32,int4",
+        "--prompt-len",
+        "32",
+        "--decode-len",
+        "6",
+        "--repeats",
+        "1",
+        "--no-transformers",
+        "--no-llama-cpp",
+        "--output",
+        str(out_path),
     )
     assert out.returncode == 0, out.stderr
-    assert "of matmul" in out.stdout and "read bandwidth" in out.stdout and "of greedy" in out.stdout
+    assert (
+        "of matmul" in out.stdout and "read bandwidth" in out.stdout and "of greedy" in out.stdout
+    )
     report = json.loads(out_path.read_text())
     assert report["bandwidth_bytes_s"] > 1e8
     f32, int4 = report["results"]["float32"], report["results"]["int4"]
@@ -136,7 +228,9 @@ def test_bench_latency_reports_roofline_and_perplexity_per_format(tiny_llama_dir
         assert r["plait"]["sampled_decode_tok_s"] > 0
         # the roofline is a plain read of those very weights
         assert r["roofline_steps_s"] == pytest.approx(1 / r["plait"]["weights_read_s"])
-        assert 0 < r["plait"]["decode_share_of_roofline"]  # each decode run against the reads beside it
+        assert (
+            0 < r["plait"]["decode_share_of_roofline"]
+        )  # each decode run against the reads beside it
 
 
 def test_bench_overhead_compares_a_skinny_twin(tiny_llama_dir, tmp_path):
@@ -180,10 +274,121 @@ def test_kernels_stubbed_covers_bursts_of_decode_steps(tiny_llama_dir):
     real = decode_stack.run_burst
     params = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
     with Engine(model_path=str(tiny_llama_dir), max_total_tokens=512) as engine:
-        engine.generate(input_ids=[5, 6, 7], sampling_params=params)  # the engine learns a step's time
+        engine.generate(
+            input_ids=[5, 6, 7], sampling_params=params
+        )  # the engine learns a step's time
         bursts = engine.stats()["total_burst_steps"]
         with kernels_stubbed():
             out = engine.generate(input_ids=[5, 6, 7], sampling_params=params)
         assert engine.stats()["total_burst_steps"] > bursts
     assert out["output_ids"][-8:] == [100] * 8  # a burst's tokens came from the stub
     assert decode_stack.run_burst is real
+
+
+def _subparsers(parser, path=("plait",)):
+    """(command path, parser) of every command and bench workload."""
+    import argparse
+
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _subparsers(sub, (*path, name))
+
+
+def test_every_flag_has_help_that_says_its_default():
+    from plait.cli import build_parser
+
+    missing = []
+    for path, parser in _subparsers(build_parser()):
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            if action.option_strings and action.dest != "help":
+                shown = formatter._get_help_string(action)
+                if "default" not in shown or shown.startswith(" "):
+                    missing.append((" ".join(path), action.option_strings[0], shown))
+    assert not missing, missing
+
+
+def test_help_shows_defaults_choices_and_aliases():
+    out = run("serve", "--help")
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    assert "--port PORT the port to listen on (0-65535) (default: 30000)" in text
+    assert (
+        "--page-size PAGE_SIZE, --block-size PAGE_SIZE KV cache tokens per page (1-1024) (default: 1)"
+        in text
+    )
+    assert "--closed-finish-reason {length,stop}" in text and "(default: length)" in text
+    assert "--max-queued-requests N, --max-queue N" in text
+    assert "--dtype {auto,float32,bfloat16,float16}" in text
+
+
+BAD_VALUES = [
+    (["serve", "--page-size", "0"], "--page-size/--block-size", "must be an integer in [1, 1024]"),
+    (["serve", "--block-size", "0"], "--page-size/--block-size", "got 0"),
+    (["serve", "--port", "70000"], "--port", "must be in [0, 65535]"),
+    (["serve", "--dp", "0"], "--dp/--dp-size/--data-parallel-size", "at least 1"),
+    (["serve", "--router-cache-threshold", "2"], "--router-cache-threshold", "[0, 1]"),
+    (["serve", "--max-queue", "-1"], "--max-queued-requests/--max-queue", "non-negative"),
+    (["serve", "--closed-finish-reason", "eos"], "--closed-finish-reason", "invalid choice"),
+    (["serve", "--speculation", "always"], "--speculation", "needs a speculative_algorithm"),
+    (["serve", "--tensor-parallel-size", "0"], "--tp-size/--tp/--tensor-parallel-size", "positive"),
+    (["generate", "hi", "--max-total-tokens", "0"], "--max-total-tokens", "at least page_size"),
+    (["generate", "hi", "--dtype", "float64"], "--dtype", "invalid choice"),
+    (["generate", "hi", "--mem-fraction-static", "1.5"], "--mem-fraction-static", "(0, 1)"),
+    (["bench", "latency", "--max-num-seqs", "0"], "--max-running-requests/--max-num-seqs", "positive"),
+    (["bench", "json", "--mask-batch", "x"], "--mask-batch", "invalid int value"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "reason"), BAD_VALUES, ids=[" ".join(a) for a, _, _ in BAD_VALUES]
+)
+def test_a_bad_value_is_a_usage_error_naming_the_flag(argv, flag, reason, capsys):
+    from plait.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    usage, error = capsys.readouterr().err.splitlines()
+    command = "plait " + " ".join(a for a in argv[:2] if not a.startswith("-") and a != "hi")
+    assert usage.startswith(f"usage: {command} [options]")
+    assert error.startswith(f"{command}: error: argument {flag}: ") and reason in error, error
+
+
+def test_a_bad_value_is_refused_before_anything_loads():
+    out = run("serve", "--page-size", "0", "--model", "/no/such/model.gguf")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.splitlines()[-1].startswith(
+        "plait serve: error: argument --page-size/--block-size:"
+    )
+
+
+SAME = [
+    (["--model", "m.gguf"], ["--model-path", "m.gguf"]),
+    (["--context-length", "512"], ["--max-model-len", "512"]),
+    (["--page-size", "16"], ["--block-size", "16"]),
+    (["--max-running-requests", "8"], ["--max-num-seqs", "8"]),
+    (["--num-draft-tokens", "3"], ["--speculative-num-draft-tokens", "3"]),
+    (["--draft-model-path", "d"], ["--speculative-draft-model-path", "d"]),
+    (["--tp", "2"], ["--tp-size", "2"], ["--tensor-parallel-size", "2"]),
+    (["--dp", "2"], ["--dp-size", "2"], ["--data-parallel-size", "2"]),
+    (["--max-queue", "5"], ["--max-queued-requests", "5"]),
+]
+
+
+@pytest.mark.parametrize("spellings", SAME, ids=[s[-1][0] for s in SAME])
+def test_sglang_and_vllm_spellings_set_the_same_config(spellings):
+    from plait.cli import build_parser, engine_kwargs
+    from plait.server.cli import server_config
+
+    parser = build_parser()
+    parsed = [parser.parse_args(["serve", *argv]) for argv in spellings]
+    configs = [(engine_kwargs(a), server_config(a), a.dp_size) for a in parsed]
+    assert all(c == configs[0] for c in configs)
+    assert configs[0] != (
+        engine_kwargs(d := parser.parse_args(["serve"])),
+        server_config(d),
+        d.dp_size,
+    )

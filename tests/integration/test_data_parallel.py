@@ -9,11 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from openai import OpenAI
+from openai import NotFoundError, OpenAI
 
 from tests.integration.server_support import sse_events, tiny_server
 
-PROGRAMS = '''
+PROGRAMS = """
 from plait import assistant, gen, program, system, user
 
 
@@ -22,7 +22,7 @@ def qa(s, question: str):
     s += system("Answer in a few words.")
     s += user(question)
     s += assistant(gen("answer", max_tokens=6, temperature=0))
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,8 @@ def _workload(num_prefixes: int = 4, per_prefix: int = 6) -> list[str]:
     rng = random.Random(0)
     words = "alpha beta gamma delta river stone cloud maple ember quartz violet harbor".split()
     prefixes = [
-        f"System {p}: " + " ".join(rng.choice(words) for _ in range(40)) for p in range(num_prefixes)
+        f"System {p}: " + " ".join(rng.choice(words) for _ in range(40))
+        for p in range(num_prefixes)
     ]
     prompts = [f"{pre}\nQuestion {q}: what is {rng.choice(words)}?" for q in range(per_prefix)
                for pre in prefixes]  # fmt: skip
@@ -90,16 +91,20 @@ def test_shared_prefixes_land_on_the_replica_that_holds_them(cluster):
 
 
 def test_openai_streaming_and_chat_through_the_router(cluster):
-    oai = OpenAI(base_url=cluster.url + "/v1", api_key="none")
+    oai = OpenAI(base_url=cluster.url + "/v1", api_key="none", max_retries=0)
     model = oai.models.list().data[0].id
+    assert model == cluster.replicas[0].engine.model_path.rsplit("/", 1)[-1]  # the folder's name
+    with pytest.raises(NotFoundError):  # the replica's 404 comes back through the router
+        oai.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "Hi"}])
     chat = oai.chat.completions.create(
         model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=5, temperature=0
     )
     assert chat.usage.completion_tokens >= 1
     text = "".join(
         c.choices[0].text
-        for c in oai.completions.create(model=model, prompt="Once upon", max_tokens=6,
-                                        temperature=0, stream=True)  # fmt: skip
+        for c in oai.completions.create(
+            model=model, prompt="Once upon", max_tokens=6, temperature=0, stream=True
+        )  # fmt: skip
         if c.choices
     )
     direct = httpx.post(cluster.replicas[1].url + "/v1/completions", json={

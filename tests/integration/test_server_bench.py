@@ -19,7 +19,8 @@ def server(tiny_llama_dir):
 @pytest.mark.parametrize("backend", ["native", "openai"])
 def test_bench_serving_shared_prefix(server, backend, tmp_path, capsys):
     out = tmp_path / "serving.json"
-    argv = ["--url", server.url, "--backend", backend, "--model-name", "tiny", "--dataset",
+    # no --model-name: OpenAI requests name the model the server lists
+    argv = ["--url", server.url, "--backend", backend, "--dataset",
             "shared-prefix", "--num-prompts", "8", "--prefix-len", "60", "--num-groups", "2",
             "--input-len", "5", "--output-len", "4", "--concurrency", "1,4", "--max-duration", "30",
             "--label", backend, "--output", str(out)]  # fmt: skip
@@ -72,7 +73,9 @@ def test_sampled_runs_send_their_sampling(server, backend, monkeypatch):
     monkeypatch.setattr(serving, "_payload", spy)
     prompts = [Prompt("a story about", 6)] * 4
     sampling = {"temperature": 0.8, "top_p": 0.9}
-    results, _ = asyncio.run(run_load(server.url, backend, prompts, 2, None, 30, "tiny", sampling=sampling))
+    results, _ = asyncio.run(
+        run_load(server.url, backend, prompts, 2, None, 30, "tiny", sampling=sampling)
+    )
     assert all(r.ok and r.output_tokens == 6 for r in results), results
     assert all(s["temperature"] == 0.8 and s["top_p"] == 0.9 for s in sent) and len(sent) == 4
     asyncio.run(run_load(server.url, backend, prompts[:1], 1, None, 30, "tiny"))

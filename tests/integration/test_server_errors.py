@@ -13,7 +13,7 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_toke
 
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir):
-    with tiny_server(tiny_llama_dir) as srv:
+    with tiny_server(tiny_llama_dir, served_model_name="m") as srv:
         yield srv
 
 
@@ -47,8 +47,10 @@ NATIVE = [
     ({"text": "a", "stream": True, "sampling_params": {"stop": True}}, "stop"),
     ({"text": "a", "sampling_params": {"stop_token_ids": 1.5}}, "stop_token_ids"),
     ({"text": "a", "sampling_params": {"stop_token_ids": [10**30]}}, "stop_token_ids"),
-    ({"text": "a", "sampling_params": {**SP, "stop_token_ids": [60000], "min_new_tokens": 1}},
-     "stop_token_ids"),  # fmt: skip
+    (
+        {"text": "a", "sampling_params": {**SP, "stop_token_ids": [60000], "min_new_tokens": 1}},
+        "stop_token_ids",
+    ),  # fmt: skip
     ({"text": "a", "1 odd-key": 1}, "1 odd-key"),
     ({"text": "a", "": 1}, ""),
     ({"text": "a", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
@@ -86,10 +88,51 @@ def test_native_bad_input(client, body, param):
     assert error["type"] == "invalid_request_error"
 
 
+def test_max_new_tokens_past_the_context_is_a_400_naming_the_limit(server, client):
+    context = server.engine.context_len  # 1024
+    words = "word " * 900  # 900 tokens or so: counted, not guessed from its length
+    refused = [
+        {"text": "a", "sampling_params": {"max_new_tokens": 100_000}},
+        {"text": words, "sampling_params": {"max_new_tokens": 200}},
+        {"input_ids": [5] * 1000, "sampling_params": {"max_new_tokens": 25}},
+        {"text": ["a", words], "sampling_params": [{"max_new_tokens": 2}, {"max_new_tokens": 200}]},
+        {"input_ids": [5] * 1000, "sampling_params": {"max_new_tokens": 25}, "stream": True},
+    ]
+    for body in refused:
+        r = client.post("/generate", json=body)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "max_new_tokens", error
+        assert f"context length ({context})" in error["message"], error
+    fits = client.post(
+        "/generate", json={"input_ids": [5] * 1000, "sampling_params": {"max_new_tokens": 24}}
+    )
+    assert fits.status_code == 200, fits.text
+    r = client.post("/generate", json={"text": words, "sampling_params": {"max_new_tokens": 2}})
+    assert r.status_code == 200, r.text
+    wait_until_idle(server.engine)
+
+
 @CONSTRAINTS_PENDING
 def test_invalid_regex_is_a_400(client):
     r = client.post("/generate", json={"text": "a", "sampling_params": {"regex": "(unclosed"}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "regex"
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "outlines"])
+def test_invalid_regex_message_shows_where(tiny_llama_dir, backend):
+    """The whole message, with the caret under the regex's faulty part and the reason."""
+    with tiny_server(tiny_llama_dir, {"grammar_backend": backend}) as srv:
+        body = {"text": "a", "sampling_params": {"max_new_tokens": 4, "regex": "ab{3,1}"}}
+        r = httpx.post(srv.url + "/generate", json=body, timeout=60)
+    assert r.status_code == 400
+    message = r.json()["error"]["message"]
+    assert message.startswith("regex: ") and "ab{3,1}" in message
+    assert "repetition count" in message or "repeat" in message, message  # the reason
+    if "\n" in message:  # a caret line points under the repetition
+        lines = message.splitlines()
+        caret = next(i for i, line in enumerate(lines) if line.strip().startswith("^"))
+        assert lines[caret - 1][lines[caret].index("^")] in "{3,1}", message
 
 
 def test_lone_surrogates_are_a_400_naming_the_string(client):
@@ -102,7 +145,9 @@ def test_lone_surrogates_are_a_400_naming_the_string(client):
         assert r.status_code == 400, (raw, r.text)
         assert r.json()["error"]["param"] == param, r.json()
     chat = b'{"messages": [{"role": "user", "content": "\\udbff"}]}'
-    r = client.post("/v1/chat/completions", content=chat, headers={"content-type": "application/json"})
+    r = client.post(
+        "/v1/chat/completions", content=chat, headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.content", r.text
     emoji = rb'{"text": "\ud83d\ude00", "sampling_params": {"max_new_tokens": 1}}'  # a pair is fine
     r = client.post("/generate", content=emoji, headers={"content-type": "application/json"})
@@ -112,7 +157,10 @@ def test_lone_surrogates_are_a_400_naming_the_string(client):
 def test_abort_all_must_be_a_boolean(client):
     r = client.post("/abort_request", json={"abort_all": {"": None}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "abort_all", r.text
-    assert client.post("/abort_request", json={"rid": "nothing-runs", "abort_all": False}).status_code == 200
+    assert (
+        client.post("/abort_request", json={"rid": "nothing-runs", "abort_all": False}).status_code
+        == 200
+    )
 
 
 def test_malformed_bodies(client):

@@ -3,6 +3,7 @@ streaming, regex, rid + abort), model and server info, health, flush_cache, metr
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -126,6 +127,25 @@ def test_regex_is_honored(client):
         assert re.fullmatch(pattern, out["text"]), out["text"]
 
 
+def test_json_schema_as_an_object_or_its_text(client):
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    sampling = {"max_new_tokens": 16, "temperature": 0}
+    outs = [
+        client.post(
+            "/generate", json={"text": "JSON:", "sampling_params": {**sampling, "json_schema": s}}
+        )
+        for s in (schema, json.dumps(schema))
+    ]
+    assert [r.status_code for r in outs] == [200, 200], outs[0].text
+    assert outs[0].json()["text"] == outs[1].json()["text"]
+    assert set(json.loads(outs[0].json()["text"])) == {"n"}
+
+
 def test_abort_request_by_rid(server, client):
     results = {}
 
@@ -157,7 +177,11 @@ def test_info_health_and_flush(server, client):
     assert sinfo["context_length"] == server.engine.context_len
     assert {"kv_pages_total", "num_running", "cache_hit_rate"} <= set(sinfo["stats"])
     assert sinfo["server_config"]["api_key"] is None
-    assert client.get("/health").status_code == 200
+    health = client.get("/health")
+    assert health.status_code == 200
+    served = client.get("/v1/models").json()["data"][0]["id"]
+    assert health.json()["status"] == "ok" and health.json()["model"] == served
+    assert health.json()["uptime_s"] >= 0
     assert client.get("/health_generate").status_code == 200
     wait_until_idle(server.engine)
     r = client.post("/flush_cache")
@@ -186,3 +210,17 @@ def test_metrics(client):
         assert name in text, name
     ttft = re.search(r"^plait_time_to_first_token_seconds_count (\S+)$", text, re.M)
     assert ttft and float(ttft.group(1)) >= 1  # streamed requests ran above
+
+
+def test_openapi_describes_every_sampling_param(client):
+    """`/openapi.json` documents each field `sampling_params` accepts, and no other."""
+    from dataclasses import fields
+
+    from plait.runtime.protocol import SamplingParams
+
+    spec = client.get("/openapi.json").json()
+    request = spec["paths"]["/generate"]["post"]["requestBody"]
+    body = request["content"]["application/json"]["schema"]
+    sampling = body["properties"]["sampling_params"]["oneOf"][0]
+    assert set(sampling["properties"]) == {f.name for f in fields(SamplingParams)}
+    assert "object" in sampling["properties"]["json_schema"]["type"]

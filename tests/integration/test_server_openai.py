@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import jsonschema
 import openai
 import pytest
+from pydantic import BaseModel
 
-from tests.integration.server_support import CONSTRAINTS_PENDING, tiny_server, wait_until_idle
+from tests.integration.server_support import (
+    CONSTRAINTS_PENDING,
+    sse_events,
+    tiny_server,
+    wait_until_idle,
+)
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 PERSON = {
@@ -229,10 +236,113 @@ def test_tool_messages_and_tool_prompt(server, client):
 def test_streamed_completion_from_bursts_of_decode_steps(client, server):
     """Greedy decodes run in bursts of steps (num_continuous_decode_steps); a stream, whose
     tokens are handed on one by one, adds up to the text the same request gets whole."""
-    kwargs = dict(model="tiny", prompt="one two three", max_tokens=40, temperature=0, extra_body={"ignore_eos": True})
+    kwargs = dict(
+        model="tiny",
+        prompt="one two three",
+        max_tokens=40,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     before = server.engine.stats()["total_burst_steps"]
     whole = client.completions.create(**kwargs)
     chunks = list(client.completions.create(**kwargs, stream=True))
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == whole.choices[0].text and whole.usage.completion_tokens == 40
     assert server.engine.stats()["total_burst_steps"] > before
+
+
+def test_another_model_name_is_a_404_and_none_is_the_served_one(server, client):
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.chat.completions.create(model="gpt-4o", messages=MESSAGES, max_tokens=2)
+    error = caught.value.body
+    assert error["code"] == "model_not_found" and error["param"] == "model"
+    assert "gpt-4o" in error["message"] and "tiny" in error["message"]
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="tiny-2", prompt="a", max_tokens=2)
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o")
+    # `model` is optional on the wire: a request without it is for the served model
+    r = httpx.post(
+        server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 2}, timeout=60
+    )
+    assert r.status_code == 200 and r.json()["model"] == "tiny"
+    wait_until_idle(server.engine)
+
+
+def test_the_default_name_is_the_folder_and_any_name_is_opt_in(tiny_llama_dir):
+    with tiny_server(tiny_llama_dir) as srv:
+        models = httpx.get(srv.url + "/v1/models").json()["data"]
+        assert [m["id"] for m in models] == [tiny_llama_dir.name]
+        assert httpx.get(srv.url + "/get_model_info").json()["model_path"] == str(tiny_llama_dir)
+        r = httpx.post(
+            srv.url + "/v1/completions", json={"model": "x", "prompt": "a", "max_tokens": 1}
+        )
+        assert r.status_code == 404
+    with tiny_server(tiny_llama_dir, accept_any_model=True) as srv:
+        oai = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+        reply = oai.chat.completions.create(model="gpt-4o", messages=MESSAGES, max_tokens=2)
+        assert reply.model == "gpt-4o" and reply.usage.completion_tokens >= 1
+
+
+def test_default_name_of_a_gguf_file_is_its_stem():
+    from plait.server.state import default_model_name
+
+    assert default_model_name("/m/SmolLM2-135M-Instruct.Q4_1.gguf") == "SmolLM2-135M-Instruct.Q4_1"
+    assert default_model_name("/m/Qwen2.5-0.5B-Instruct/") == "Qwen2.5-0.5B-Instruct"
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+
+
+CLOSED = dict(
+    model="tiny", messages=[{"role": "user", "content": "A person, as JSON."}], max_tokens=24,
+    temperature=0, response_format=Person,
+)  # fmt: skip
+
+
+def test_a_closed_output_parses_when_reported_as_stop(server, client):
+    """Budget-aware closing finishes the JSON inside max_tokens; `finish_reason: length` makes
+    the SDK's `.parse()` refuse it, `closed_finish_reason: stop` reports it parseable."""
+    with pytest.raises(openai.LengthFinishReasonError) as caught:
+        client.chat.completions.parse(**CLOSED)
+    choice = caught.value.completion.choices[0]
+    assert choice.model_extra["closed_early"] is True  # closed, not cut: the JSON is whole
+    Person.model_validate_json(choice.message.content)
+    reply = client.chat.completions.parse(**CLOSED, extra_body={"closed_finish_reason": "stop"})
+    choice = reply.choices[0]
+    assert choice.finish_reason == "stop" and choice.model_extra["closed_early"] is True
+    assert isinstance(choice.message.parsed, Person)
+    assert choice.message.content == caught.value.completion.choices[0].message.content
+    wait_until_idle(server.engine)
+
+
+def test_closed_finish_reason_per_server_and_on_generate(tiny_llama_dir):
+    schema = json.dumps(Person.model_json_schema())
+    native = {"text": "JSON:", "sampling_params": {"max_new_tokens": 24, "json_schema": schema}}
+    with tiny_server(tiny_llama_dir, served_model_name="tiny", closed_finish_reason="stop") as srv:
+        oai = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+        reply = oai.chat.completions.parse(**CLOSED)
+        assert (
+            reply.choices[0].finish_reason == "stop"
+            and reply.choices[0].model_extra["closed_early"]
+        )
+        with pytest.raises(openai.LengthFinishReasonError):  # a request's own choice wins
+            oai.chat.completions.parse(**CLOSED, extra_body={"closed_finish_reason": "length"})
+        meta = httpx.post(srv.url + "/generate", json=native, timeout=60).json()["meta_info"]
+        assert meta["finish_reason"] == {"type": "stop", "matched": None} and meta["closed_early"]
+        stream = {**native, "stream": True}
+        with httpx.stream("POST", srv.url + "/generate", json=stream, timeout=60) as r:
+            events = sse_events(r.iter_lines())
+        assert events[-2]["meta_info"]["finish_reason"]["type"] == "stop"
+    with tiny_server(tiny_llama_dir) as srv:
+        url = srv.url + "/generate"
+        meta = httpx.post(url, json=native, timeout=60).json()["meta_info"]
+        assert meta["finish_reason"]["type"] == "length" and meta["closed_early"]
+        native["sampling_params"]["closed_finish_reason"] = "stop"
+        meta = httpx.post(url, json=native, timeout=60).json()["meta_info"]
+        assert meta["finish_reason"]["type"] == "stop" and meta["closed_early"]
+        native["sampling_params"]["closed_finish_reason"] = "eos"
+        r = httpx.post(url, json=native, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "closed_finish_reason"

@@ -19,7 +19,10 @@ TOKENS = 48
 
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir):
-    with pytest.MonkeyPatch.context() as patch, tiny_server(tiny_llama_dir) as srv:
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        tiny_server(tiny_llama_dir, served_model_name="tiny") as srv,
+    ):
         patch.setattr(bursts, "STREAM_BURST_MIN_STEP_SECONDS", float("inf"))
         srv.engine.generate("Warm up", {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True})
         assert srv.engine.stats()["total_burst_steps"] > 0, "requests that are not streamed burst"
