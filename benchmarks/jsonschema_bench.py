@@ -108,7 +108,9 @@ def user_message(schema: Any) -> str:
 
 
 def prompt_for(tokenizer: Any, schema: Any) -> str:
-    return tokenizer.apply_chat_template([{"role": "user", "content": user_message(schema)}], add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": user_message(schema)}], add_generation_prompt=True
+    )
 
 
 def classify(out: dict, schema: Any) -> str:
@@ -145,7 +147,9 @@ def _generate_one(engine: Any, prompt: str, params: dict) -> dict:
                                           "finish_reason": {"type": "abort", "message": str(e)}}}  # fmt: skip
 
 
-def generate_all(engine: Any, items: list[tuple[Any, Any]], max_tokens: int) -> tuple[list[str], float, int]:
+def generate_all(
+    engine: Any, items: list[tuple[Any, Any]], max_tokens: int
+) -> tuple[list[str], float, int]:
     prompts = [prompt_for(engine.tokenizer, schema) for schema, _ in items]
     params = [{"max_new_tokens": max_tokens, "temperature": 0, "json_schema": json.dumps(schema)}
               for schema, _ in items]  # fmt: skip
@@ -171,19 +175,29 @@ SPEED_SCHEMAS = {
     "strings": {"type": "array", "items": {"type": "string", "maxLength": 20}, "minItems": 8},
     # records: forced keys (jump-forward), free strings and numbers
     "records": {
-        "type": "array", "minItems": 4,
-        "items": {"type": "object", "required": ["name", "color", "price"],
-                  "properties": {"name": {"type": "string"}, "color": {"type": "string"},
-                                 "price": {"type": "number"}}},
+        "type": "array",
+        "minItems": 4,
+        "items": {
+            "type": "object",
+            "required": ["name", "color", "price"],
+            "properties": {
+                "name": {"type": "string"},
+                "color": {"type": "string"},
+                "price": {"type": "number"},
+            },
+        },
     },  # fmt: skip
 }
 
 
-def decode_speed(engine: Any, batch: int, tokens: int, schema: Any = SPEED_SCHEMAS["strings"]) -> dict[str, float]:
+def decode_speed(
+    engine: Any, batch: int, tokens: int, schema: Any = SPEED_SCHEMAS["strings"]
+) -> dict[str, float]:
     """Output tok/s of `batch` requests of up to `tokens` tokens each, free and under `schema`;
     each counts the tokens it wrote."""
     prompt = engine.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "List many fruits, with their color and price."}], add_generation_prompt=True
+        [{"role": "user", "content": "List many fruits, with their color and price."}],
+        add_generation_prompt=True,
     )
     out = {}
     for name, extra in (("free", {"ignore_eos": True}),
@@ -228,8 +242,11 @@ def run_jsonschema_bench(args: argparse.Namespace) -> int:
                 "first_compile_ms": 1e3 * first_compile,
                 "mask_mean_us": 1e6 * statistics.fmean(masks) if masks else float("nan"),
                 "mask_p99_us": 1e6 * percentile(masks, 0.99),
-                "refused": [f"{cat}/{name}: {c}" for (cat, name, _), (c, _) in zip(schemas, compiled)
-                            if isinstance(c, str)],  # fmt: skip
+                "refused": [
+                    f"{cat}/{name}: {c}"
+                    for (cat, name, _), (c, _) in zip(schemas, compiled)
+                    if isinstance(c, str)
+                ],  # fmt: skip
                 "by_budget": {},
             }
             coverage_rows.append([backend, f"{len(ok)}/{len(schemas)}", entry["compile_p50_ms"],
@@ -238,7 +255,9 @@ def run_jsonschema_bench(args: argparse.Namespace) -> int:
                 kinds, secs, tokens, outs = generate_all(engine, ok, budget)
                 counts = {k: kinds.count(k) for k in ("valid", "closed_valid", "finished_invalid", "truncated",
                                                        "closed_invalid", "unvalidated", "budget_refused")}  # fmt: skip
-                counts["valid_share_of_all"] = (counts["valid"] + counts["closed_valid"]) / len(schemas)
+                counts["valid_share_of_all"] = (counts["valid"] + counts["closed_valid"]) / len(
+                    schemas
+                )
                 counts["tok_per_s"] = tokens / secs
                 entry["by_budget"][budget] = counts
                 names = [f"{cat}/{name}" for (cat, name, _), (c, _) in zip(schemas, compiled)
@@ -254,7 +273,11 @@ def run_jsonschema_bench(args: argparse.Namespace) -> int:
             if not args.no_speed:
                 for schema_name, schema in SPEED_SCHEMAS.items():
                     for batch in (1, 16):
-                        key = f"decode_b{batch}" if schema_name == "strings" else f"decode_{schema_name}_b{batch}"
+                        key = (
+                            f"decode_b{batch}"
+                            if schema_name == "strings"
+                            else f"decode_{schema_name}_b{batch}"
+                        )
                         try:
                             speed = decode_speed(engine, batch, args.speed_tokens, schema)
                         except GrammarError as e:
@@ -270,25 +293,45 @@ def run_jsonschema_bench(args: argparse.Namespace) -> int:
         write_json(args.output, report)  # plait's part is kept should the baseline's run fail
         lc = llama_cpp_sample(args, schemas, budgets)
         report["llama.cpp"] = lc
-        coverage_rows.append(["llama.cpp", f"{round(lc['coverage'] * len(schemas))}/{len(schemas)}", None, None, None, None])
+        coverage_rows.append(
+            [
+                "llama.cpp",
+                f"{round(lc['coverage'] * len(schemas))}/{len(schemas)}",
+                None,
+                None,
+                None,
+                None,
+            ]
+        )
         for budget, c in lc["by_budget"].items():
             outcome_rows.append(["llama.cpp", budget, f"{c['valid']}/{len(schemas)}", None, c["finished_invalid"],
                                  c["truncated"], None, c["unvalidated"], c["tok_per_s"]])  # fmt: skip
-    print(f"JSONSchemaBench sample: {len(schemas)} schemas ({args.per_category} per category, seed {args.seed}); {cpu_model()}")
-    print_table(["backend", "covered", "compile p50 ms", "compile p99 ms", "mask mean us", "mask p99 us"], coverage_rows)
+    print(
+        f"JSONSchemaBench sample: {len(schemas)} schemas ({args.per_category} per category, seed {args.seed}); {cpu_model()}"
+    )
+    print_table(
+        ["backend", "covered", "compile p50 ms", "compile p99 ms", "mask mean us", "mask p99 us"],
+        coverage_rows,
+    )
     print_table(["backend", "max_tokens", "valid (of all)", "closed early", "finished invalid", "truncated",
                  "closed invalid", "unvalidated", "out tok/s"], outcome_rows)  # fmt: skip
     if speed_rows:
-        print_table(["backend", "schema", "batch", "free tok/s", "constrained tok/s", "ratio"], speed_rows)
+        print_table(
+            ["backend", "schema", "batch", "free tok/s", "constrained tok/s", "ratio"], speed_rows
+        )
     write_json(args.output, report)
     return 0
 
 
-def llama_cpp_sample(args: argparse.Namespace, schemas: list[tuple[str, str, Any]], budgets: list[int]) -> dict:
+def llama_cpp_sample(
+    args: argparse.Namespace, schemas: list[tuple[str, str, Any]], budgets: list[int]
+) -> dict:
     try:
         import llama_cpp.server  # noqa: F401
     except ImportError as e:
-        raise SystemExit(f"bench jsonschema --llama-cpp: needs llama-cpp-python[server] (`make bench-deps`): {e}") from e
+        raise SystemExit(
+            f"bench jsonschema --llama-cpp: needs llama-cpp-python[server] (`make bench-deps`): {e}"
+        ) from e
     import torch
 
     from plait.benchmarks.jsonschema_llama_cpp import run_llama_cpp_sample
@@ -296,22 +339,68 @@ def llama_cpp_sample(args: argparse.Namespace, schemas: list[tuple[str, str, Any
 
     loc = locate_checkpoint(args.model_path)
     if loc.kind != "gguf":
-        raise SystemExit("bench jsonschema --llama-cpp: llama.cpp needs a GGUF file (--model path/to/file.gguf)")
+        raise SystemExit(
+            "bench jsonschema --llama-cpp: llama.cpp needs a GGUF file (--model path/to/file.gguf)"
+        )
     items = [(f"{cat}/{name}", schema, user_message(schema)) for cat, name, schema in schemas]
-    return run_llama_cpp_sample(loc.path, torch.get_num_threads(), items, budgets, args.llama_cpp_timeout)
+    return run_llama_cpp_sample(
+        loc.path, torch.get_num_threads(), items, budgets, args.llama_cpp_timeout
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", required=True, help="the data/ folder of a jsonschemabench checkout")
-    parser.add_argument("--per-category", dest="per_category", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-tokens", dest="max_tokens", default="256,512")
-    parser.add_argument("--backends", default="llguidance,outlines")
-    parser.add_argument("--compile-timeout", dest="compile_timeout", type=float, default=10.0)
-    parser.add_argument("--speed-tokens", dest="speed_tokens", type=int, default=128)
-    parser.add_argument("--no-speed", dest="no_speed", action="store_true")
-    parser.add_argument("--llama-cpp", dest="llama_cpp", action="store_true",
-                        help="also llama.cpp's server on the sample (llama-cpp-python[server]: `make bench-deps`)")
-    parser.add_argument("--llama-cpp-timeout", dest="llama_cpp_timeout", type=float, default=120.0,
-                        help="seconds per llama.cpp request before it counts as failed")
-    parser.add_argument("--output", default="bench-results/jsonschema.json")
+    parser.add_argument(
+        "--data",
+        required=True,
+        help="the data/ folder of a jsonschemabench checkout (required, no default)",
+    )
+    parser.add_argument(
+        "--per-category",
+        dest="per_category",
+        type=int,
+        default=10,
+        help="schemas drawn from each category",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the draw")
+    parser.add_argument(
+        "--max-tokens",
+        dest="max_tokens",
+        default="256,512",
+        help="comma-separated token budgets; one run each",
+    )
+    parser.add_argument(
+        "--backends", default="llguidance,outlines", help="comma-separated grammar backends"
+    )
+    parser.add_argument(
+        "--compile-timeout",
+        dest="compile_timeout",
+        type=float,
+        default=10.0,
+        help="seconds a schema may take to compile",
+    )
+    parser.add_argument(
+        "--speed-tokens",
+        dest="speed_tokens",
+        type=int,
+        default=128,
+        help="tokens per request of the decode-speed runs",
+    )
+    parser.add_argument(
+        "--no-speed", dest="no_speed", action="store_true", help="skip the decode-speed runs"
+    )
+    parser.add_argument(
+        "--llama-cpp",
+        dest="llama_cpp",
+        action="store_true",
+        help="also llama.cpp's server on the sample (llama-cpp-python[server]: `make bench-deps`)",
+    )
+    parser.add_argument(
+        "--llama-cpp-timeout",
+        dest="llama_cpp_timeout",
+        type=float,
+        default=120.0,
+        help="seconds per llama.cpp request before it counts as failed",
+    )
+    parser.add_argument(
+        "--output", default="bench-results/jsonschema.json", help="JSON file of the results"
+    )
