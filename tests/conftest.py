@@ -57,19 +57,17 @@ def smollm_tokenizer(gguf_metadata: dict):
 def write_tiny_checkpoint(
     path: Path, arch: str, tokenizer, seed: int = 0, **overrides: object
 ) -> Path:
-    """Saves a random-weight Llama/Qwen2/Mistral with transformers plus the SmolLM2 tokenizer."""
+    """Saves a random-weight model of family `arch` (llama, qwen2, qwen3, mistral, phi3) with
+    transformers, plus the SmolLM2 tokenizer."""
     import torch
     import transformers
 
-    config_cls = {
-        "llama": transformers.LlamaConfig,
-        "qwen2": transformers.Qwen2Config,
-        "mistral": transformers.MistralConfig,
-    }[arch]
-    model_cls = {
-        "llama": transformers.LlamaForCausalLM,
-        "qwen2": transformers.Qwen2ForCausalLM,
-        "mistral": transformers.MistralForCausalLM,
+    config_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
     }[arch]
     shapes = {**TINY_SHAPES, **overrides}
     config = config_cls(

@@ -75,8 +75,17 @@ def rope_from_hf(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     return theta, rope or None
 
 
-def sliding_window_from_hf(config: dict[str, Any]) -> int | None:
-    return config.get("sliding_window") if config.get("use_sliding_window", True) else None
+def sliding_window_from_hf(config: dict[str, Any]) -> dict[str, Any]:
+    """`sliding_window` and `sliding_layers` from config.json: its window (unless
+    `use_sliding_window` is false) and, where it lists `layer_types`, which layers slide."""
+    window = config.get("sliding_window") if config.get("use_sliding_window", True) else None
+    types = config.get("layer_types")
+    if window is None or not types:
+        return {"sliding_window": window, "sliding_layers": None}
+    sliding = tuple(t == "sliding_attention" for t in types)
+    if not any(sliding):
+        return {"sliding_window": None, "sliding_layers": None}
+    return {"sliding_window": window, "sliding_layers": None if all(sliding) else sliding}
 
 
 def common_from_hf(config: dict[str, Any], architecture: str, family: str) -> dict[str, Any]:

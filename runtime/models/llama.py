@@ -123,7 +123,7 @@ def llama_args_from_hf(config: dict[str, Any], architecture: str) -> ModelArgs:
 def mistral_args_from_hf(config: dict[str, Any], architecture: str) -> ModelArgs:
     return ModelArgs(
         **common_from_hf(config, architecture, "mistral"),
-        sliding_window=sliding_window_from_hf(config),
+        **sliding_window_from_hf(config),
     )
 
 

@@ -20,7 +20,9 @@ def _check_rotary(fraction: float, where: str) -> None:
 
 
 def phi3_args_from_hf(config: dict[str, Any], architecture: str) -> ModelArgs:
-    _check_rotary(config.get("partial_rotary_factor", 1.0), "config.json partial_rotary_factor")
+    rope = config.get("rope_parameters") or {}
+    fraction = config.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+    _check_rotary(fraction, "config.json partial_rotary_factor")
     return ModelArgs(
         **common_from_hf(config, architecture, "phi3"), sliding_window=config.get("sliding_window")
     )

@@ -18,13 +18,13 @@ from plait.runtime.models.registry import LLAMA_GGUF_LAYERS, Family, register
 
 def qwen2_args_from_hf(config: dict[str, Any], architecture: str) -> ModelArgs:
     common = common_from_hf(config, architecture, "qwen2") | {"attention_bias": True}
-    return ModelArgs(**common, sliding_window=sliding_window_from_hf(config))
+    return ModelArgs(**common, **sliding_window_from_hf(config))
 
 
 def qwen3_args_from_hf(config: dict[str, Any], architecture: str) -> ModelArgs:
     return ModelArgs(
         **common_from_hf(config, architecture, "qwen3"),
-        sliding_window=sliding_window_from_hf(config),
+        **sliding_window_from_hf(config),
         qk_norm=True,
     )
 
