@@ -114,7 +114,7 @@ def choose_execution(model: torch.nn.Module, pool: KVPool, device: torch.device)
         if blocker is None:
             stack = native_decode.NativeDecodeStack(lm.model, pool)
         else:  # a family the stack cannot run yet: its layers run one by one, said in the stats
-            note = f"the native stack has no {blocker}"
+            note = f"not on the native stack: {blocker}"
     bursts = (
         stack is not None
         and embed is not None and embed.is_contiguous()

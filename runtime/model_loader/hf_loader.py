@@ -76,7 +76,7 @@ def iter_hf_weights(
                 hf_name = ckpt.family.hf_name(name)
                 if hf_name is None:
                     continue
-                tensor = f.get_tensor(name)
+                tensor = ckpt.family.hf_tensor(hf_name, f.get_tensor(name))
                 if sources is not None:
                     sources.append((hf_name, str(tensor.dtype).removeprefix("torch."), False))
                 yield hf_name, tensor

@@ -39,6 +39,7 @@ class ModelArgs:
     activation: str = "silu"  # the gated MLP's: "silu" or "gelu_tanh"
     attn_scale: float | None = None  # softmax scale; None: head_dim ** -0.5
     embed_scale: float | None = None  # embeddings multiplied by it (Gemma: sqrt(hidden))
+    final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap) where set
     architecture: str = "LlamaForCausalLM"  # the HF class name of the checkpoint's model
     family: str = "llama"  # the registry entry that builds it
 

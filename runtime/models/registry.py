@@ -14,11 +14,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
 
 from plait.runtime.models.args import ModelArgs
 
-FAMILY_MODULES = ("llama", "qwen", "phi3")
+FAMILY_MODULES = ("llama", "qwen", "phi3", "gemma3")
 
 # GGUF `blk.N.<kind>` → the module under `model.layers.N` (Hugging Face names), as llama.cpp
 # names the Llama decoder's tensors; families add or override entries.
@@ -58,6 +59,8 @@ class Family:
     hf_name: Callable[[str], str | None] = lambda name: (
         None if name.endswith("rotary_emb.inv_freq") else name
     )
+    # a Hugging Face tensor as this family's model holds it (Gemma's norms: 1 + w)
+    hf_tensor: Callable[[str, torch.Tensor], torch.Tensor] = lambda name, tensor: tensor
     tensor_parallel: bool = True
 
     def gguf_to_hf(self, name: str) -> str | None:

@@ -37,6 +37,13 @@ _LAYER = {
 _FAMILY_LAYER = {  # what llama.cpp calls the modules only some families have
     "qwen3": {"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"},
     "phi3": {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"},
+    "gemma3": {
+        "self_attn.q_norm": "attn_q_norm",
+        "self_attn.k_norm": "attn_k_norm",
+        "post_attention_layernorm": "post_attention_norm",
+        "pre_feedforward_layernorm": "ffn_norm",
+        "post_feedforward_layernorm": "post_ffw_norm",
+    },
 }
 _PERMUTED = ("llama", "mistral")  # llama.cpp stores their q/k rows in interleaved-rope order
 
@@ -90,8 +97,17 @@ def write_gguf(
     writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
-    theta = cfg.rope_parameters.get("rope_theta", 10000.0)
+    rope = cfg.rope_parameters.get(
+        "full_attention", cfg.rope_parameters
+    )  # Gemma 3: the global layers'
+    theta = rope.get("rope_theta", 10000.0)
     writer.add_rope_freq_base(theta)
+    if (
+        arch == "gemma3"
+    ):  # its sliding layers, and its logit cap; llama.cpp keeps their rope base at 10,000
+        writer.add_sliding_window_pattern([t == "sliding_attention" for t in cfg.layer_types])
+        if cfg.final_logit_softcapping is not None:
+            writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
     if getattr(cfg, "head_dim", None):
         writer.add_key_length(cfg.head_dim)
         writer.add_value_length(cfg.head_dim)
@@ -117,7 +133,10 @@ def write_gguf(
     for name, tensor in hf_model.state_dict().items():
         w = tensor.float().numpy()
         if w.ndim == 1:
-            writer.add_tensor(gguf_name(name, arch), w)
+            # Gemma's norms multiply by (1 + w): llama.cpp stores 1 + w
+            writer.add_tensor(
+                gguf_name(name, arch), w + 1 if arch == "gemma3" and "norm" in name else w
+            )
             stored[name] = tensor.float()
             continue
         if ".q_proj." in name and permuted:
@@ -181,6 +200,18 @@ FAMILIES = {  # GGUF architecture, family of the transformers checkpoint, its co
     "llama3-rope": ("llama", "llama", {"rope_parameters": LLAMA3_ROPE}),
     "qwen3": ("qwen3", "qwen3", {"head_dim": 16}),
     "phi3": ("phi3", "phi3", {"sliding_window": 24}),
+    "gemma3": (
+        "gemma3",
+        "gemma3",
+        {
+            "head_dim": 32,
+            "num_hidden_layers": 3,
+            "sliding_window": 12,
+            "query_pre_attn_scalar": 32,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "final_logit_softcapping": 30.0,
+        },
+    ),
 }
 
 
@@ -189,7 +220,9 @@ def test_family_ggufs_match_transformers(tmp_path, smollm_tokenizer, gguf_metada
     """Each family's GGUF names and layout (Llama 3's `rope_freqs`, Qwen3's q/k norms, Phi-3's
     fused `attn_qkv` and `ffn_up`) give transformers' logits."""
     arch, family, overrides = FAMILIES[case]
-    hf_dir = write_tiny_checkpoint(tmp_path / "hf", family, smollm_tokenizer, seed=5, **overrides)
+    hf_dir = write_tiny_checkpoint(
+        tmp_path / "hf", family, smollm_tokenizer, seed=5, random_norms=True, **overrides
+    )
     loaded = assert_gguf_matches_transformers(
         tmp_path, hf_dir, gguf_metadata, "Q8_0", None, arch, smollm_tokenizer
     )

@@ -24,8 +24,20 @@ LLAMA3_ROPE = {
 # family, config overrides, what the engine's execution must say about its layers
 CASES = {
     "llama3-rope": ("llama", {"rope_parameters": LLAMA3_ROPE}, "native stack"),
-    "qwen3": ("qwen3", {"head_dim": 16}, "layerwise (the native stack has no q/k norms)"),
+    "qwen3": ("qwen3", {"head_dim": 16}, "layerwise (not on the native stack: q/k norms)"),
     "phi3": ("phi3", {"sliding_window": 24}, "native stack"),
+    "gemma3": (
+        "gemma3",
+        {
+            "head_dim": 32,
+            "num_hidden_layers": 3,
+            "sliding_window": 12,
+            "query_pre_attn_scalar": 24,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "final_logit_softcapping": 30.0,
+        },
+        "layerwise (not on the native stack: the gemma3 decoder layer)",
+    ),
 }
 
 
