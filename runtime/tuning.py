@@ -104,7 +104,7 @@ CLOSING_BACKGROUND_SECONDS = 0.5
 CLOSING_WAIT_SECONDS = 0.01  # the loop's nap when every running request waits for its search
 CLOSING_MAX_MISSES = 4
 
-# Models (models/llama.py) -------------------------------------------------------------------------
+# Models (models/layers.py) -------------------------------------------------------------------------
 
 # Rows of x per block of the MLP on the CPU: long prefills run it block by block so that the
 # [rows, 2 x intermediate] activations stay small (memory, cache), at one more call per block.
