@@ -1,4 +1,5 @@
-"""Tensor parallelism for every family (their attention and MLP shard alike): shard a loaded model across the ranks of a group.
+"""Tensor parallelism for every family (their attention and MLP shard alike): shard a loaded
+model across the ranks of a group.
 
 Attention is split by KV-head groups (each rank keeps whole GQA groups: its KV heads and the
 query heads that read them), the MLP by columns of its intermediate dimension. `qkv_proj` and
