@@ -11,7 +11,11 @@ import pytest
 
 from tests.conftest import write_tiny_checkpoint
 
-PROMPTS = ["The quick brown fox jumps over the lazy dog and then it", "1, 2, 3, 4,", "<|im_start|>user\nHi<|im_end|>\n"]
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog and then it",
+    "1, 2, 3, 4,",
+    "<|im_start|>user\nHi<|im_end|>\n",
+]
 PARAMS = {"max_new_tokens": 24, "temperature": 0}
 
 
@@ -40,12 +44,16 @@ def uneven_dir(tmp_path_factory, smollm_tokenizer):
 
 @pytest.fixture(scope="module")
 def qwen3_dir(tmp_path_factory, smollm_tokenizer):
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-qwen3"), "qwen3", smollm_tokenizer, seed=2, head_dim=16)
+    return write_tiny_checkpoint(
+        tmp_path_factory.mktemp("tiny-qwen3"), "qwen3", smollm_tokenizer, seed=2, head_dim=16
+    )
 
 
 @pytest.fixture(scope="module")
 def phi3_dir(tmp_path_factory, smollm_tokenizer):
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-phi3"), "phi3", smollm_tokenizer, seed=2)
+    return write_tiny_checkpoint(
+        tmp_path_factory.mktemp("tiny-phi3"), "phi3", smollm_tokenizer, seed=2
+    )
 
 
 @pytest.mark.parametrize("checkpoint", ["tiny_llama_dir", "uneven_dir", "qwen3_dir", "phi3_dir"])
@@ -106,7 +114,9 @@ def test_plait_serve_tp_and_torchrun(tiny_llama_dir, tiny_engine, tmp_path):
         assert _served_text(server.url) == expected
         ranks = _children(server.process.pid)
         assert ranks, "rank 1 runs as a child process"
-    assert server.process.returncode == 0  # a clean exit through engine.shutdown(), not death by signal
+    assert (
+        server.process.returncode == 0
+    )  # a clean exit through engine.shutdown(), not death by signal
     # SIGTERM (what `stop` sends) shuts the engine down, and with it the other ranks
     deadline = time.monotonic() + 30
     while any(_alive(pid) for pid in ranks):

@@ -45,7 +45,11 @@ def triton_paths(monkeypatch):
     monkeypatch.setattr(layers, "use_triton", lambda t: True)
     monkeypatch.setattr(sampling, "use_triton", lambda t: True)
     monkeypatch.setattr(norm_rope, "rms_norm_triton", counting("norm", norm_rope.rms_norm_triton))
-    monkeypatch.setattr(norm_rope, "fused_add_rms_norm_triton", counting("norm", norm_rope.fused_add_rms_norm_triton))
+    monkeypatch.setattr(
+        norm_rope,
+        "fused_add_rms_norm_triton",
+        counting("norm", norm_rope.fused_add_rms_norm_triton),
+    )
     monkeypatch.setattr(norm_rope, "rotary_triton", counting("rotary", norm_rope.rotary_triton))
     monkeypatch.setattr(sampling, "sample_triton", counting("sample", sampling.sample_triton))
     return calls
