@@ -13,7 +13,7 @@ every layer.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 import torch
@@ -32,12 +32,30 @@ class CpuRows:
     first: torch.Tensor  # [R] long: first attended position (sliding window), else 0
     kv_len: torch.Tensor  # [R] long: attend positions [first, kv_len)
     row_extends: frozenset[int]  # extend entries handled as rows
+    window: int | None = None  # the sliding window `first` was computed for
+
+    def for_window(self, window: int | None) -> CpuRows:
+        """The same rows seen through another sliding window (a model whose layers differ)."""
+        if window == self.window:
+            return self
+        first = (
+            torch.zeros_like(self.kv_len)
+            if window is None
+            else (self.kv_len - window).clamp_(min=0)
+        )
+        return replace(self, first=first, window=window)
 
 
 @cache
 def _kernel() -> ctypes._CFuncPtr | None:
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    argtypes = [ptr] * 5 + [ctypes.c_int, ptr, i64] + [ptr] * 5 + [i64] * 4 + [ctypes.c_float, ctypes.c_int]
+    argtypes = (
+        [ptr] * 5
+        + [ctypes.c_int, ptr, i64]
+        + [ptr] * 5
+        + [i64] * 4
+        + [ctypes.c_float, ctypes.c_int]
+    )
     return native.function("cpu_kernels", "plait_paged_attention_rows", argtypes)
 
 
@@ -59,11 +77,17 @@ def use_native_attention(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
 
 def cpu_rows(meta: AttentionMetadata, sliding_window: int | None) -> CpuRows:
     """The rows of a forward: every decode token, and each token of the short extends."""
-    if not meta.extend_q_lens and meta.decode_kv_slots is not None:  # decodes only: their tables as built
+    if (
+        not meta.extend_q_lens and meta.decode_kv_slots is not None
+    ):  # decodes only: their tables as built
         lens = meta.decode_kv_lens.to(torch.long)
         rows = torch.arange(meta.num_decode)
-        first = torch.zeros_like(lens) if sliding_window is None else (lens - sliding_window).clamp_(min=0)
-        return CpuRows(meta.decode_kv_slots, rows, rows, first, lens, frozenset())
+        first = (
+            torch.zeros_like(lens)
+            if sliding_window is None
+            else (lens - sliding_window).clamp_(min=0)
+        )
+        return CpuRows(meta.decode_kv_slots, rows, rows, first, lens, frozenset(), sliding_window)
     tables: list[torch.Tensor] = []
     q_index: list[int] = []
     table_index: list[int] = []
@@ -101,7 +125,7 @@ def cpu_rows(meta: AttentionMetadata, sliding_window: int | None) -> CpuRows:
     first = torch.zeros_like(lens)
     if sliding_window is not None:
         first = (lens - sliding_window).clamp_(min=0)
-    return CpuRows(table, qi, ti, first, lens, frozenset(row_extends))
+    return CpuRows(table, qi, ti, first, lens, frozenset(row_extends), sliding_window)
 
 
 def attention_rows(
@@ -119,15 +143,33 @@ def attention_rows(
         return
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_flat.shape[1]
-    assert q.is_contiguous() and out.is_contiguous() and k_flat.is_contiguous() and v_flat.is_contiguous()
+    assert (
+        q.is_contiguous()
+        and out.is_contiguous()
+        and k_flat.is_contiguous()
+        and v_flat.is_contiguous()
+    )
     ks, vs = flat_scales(kv_scales) or (None, None)
     _kernel()(
-        q.data_ptr(), k_flat.data_ptr(), v_flat.data_ptr(),
-        None if ks is None else ks.data_ptr(), None if vs is None else vs.data_ptr(),
-        kv_type_code(k_flat.dtype), rows.tables.data_ptr(),
-        rows.tables.shape[1], rows.q_index.data_ptr(), rows.table_index.data_ptr(),
-        rows.first.data_ptr(), rows.kv_len.data_ptr(), out.data_ptr(), num_rows, num_heads,
-        num_kv_heads, head_dim, scale, torch.get_num_threads(),
+        q.data_ptr(),
+        k_flat.data_ptr(),
+        v_flat.data_ptr(),
+        None if ks is None else ks.data_ptr(),
+        None if vs is None else vs.data_ptr(),
+        kv_type_code(k_flat.dtype),
+        rows.tables.data_ptr(),
+        rows.tables.shape[1],
+        rows.q_index.data_ptr(),
+        rows.table_index.data_ptr(),
+        rows.first.data_ptr(),
+        rows.kv_len.data_ptr(),
+        out.data_ptr(),
+        num_rows,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        scale,
+        torch.get_num_threads(),
     )
 
 
@@ -146,7 +188,7 @@ def paged_attention_cpu(
     k_flat, v_flat = write_kv(k, v, k_cache, v_cache, meta.slot_mapping, kv_scales)
     if meta.cpu is None:
         meta.cpu = cpu_rows(meta, sliding_window)
-    rows: CpuRows = meta.cpu
+    rows: CpuRows = meta.cpu.for_window(sliding_window)
     q = q.contiguous()
     out = torch.empty_like(q)
     attend_extends(

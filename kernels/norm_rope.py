@@ -1,7 +1,7 @@
 """RMSNorm (plain and fused with the residual add) and rotary embedding: torch references and
 Triton kernels.
 
-The references are the model's own arithmetic (`runtime/models/llama.py`): RMSNorm normalizes in
+The references are the model's own arithmetic (`runtime/models/layers.py`): RMSNorm normalizes in
 float32, rounds to the activation dtype, then multiplies by the weight; rotary embedding is the
 "rotate half" (GPT-NeoX) form with cos/sin rows `[T, head_dim]` already in the activation dtype.
 """

@@ -55,7 +55,10 @@ class EngineCore:
         self.dtype = resolve_dtype(mc.dtype, self.device)
         loaded = off_main_thread(load_model, mc.model_path, self.dtype, self.device, mc.quantization)
         self.model, self.args, self.tokenizer = loaded.model, loaded.args, loaded.tokenizer
+        self.family, self.weight_types = loaded.family.name, loaded.weight_types
         self.tp: Any = None
+        if self.config.tp_size > 1 and not loaded.family.tensor_parallel:
+            raise ValueError(f"tp_size: the {self.family} family runs on one device (tp_size=1)")
         if self.config.tp_size > 1:
             from plait.runtime.tensor_parallel import start_tensor_parallel
 
@@ -379,6 +382,8 @@ class EngineCore:
             **self.speculation.stats(),
             "new_token_ratio": sched.new_token_ratio,
             "quantization": self.config.model.quantization,
+            "model_family": self.family,
+            "weight_types": self.weight_types,
             "cpu_threads": self.threads.current if self.device.type == "cpu" else None,
             "weight_bytes": self.weight_bytes,
             "kv_cache_dtype": str(self.kv_dtype).removeprefix("torch."),

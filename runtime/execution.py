@@ -52,9 +52,12 @@ class Execution:
     device: torch.device
     attention: str  # who attends CPU rows and decodes: "triton", "native" or "torch"
     native_stack: NativeDecodeStack | None  # all layers in one native call; None: never
-    bursts: bool  # whole decode steps natively (the stack, a float32 embedding and norm, a native head)
+    bursts: (
+        bool  # whole decode steps natively (the stack, a float32 embedding and norm, a native head)
+    )
     bf16_extends: bool  # quantized weights on an AMX CPU: long prefill chunks attend in bfloat16
     sliding_window: int | None
+    layers_note: str = ""  # why the layers never run in one native call, where they do not
 
     def layers_for(self, num_tokens: int, max_extend: int) -> Layers:
         """All layers in one native call for 1–47 rows that are all attention rows (decodes and
@@ -75,16 +78,24 @@ class Execution:
         return {
             "device": str(self.device),
             "attention": self.attention,
-            "layers": "native stack for small steps" if self.native_stack is not None else "layerwise",
+            "layers": "native stack for small steps"
+            if self.native_stack is not None
+            else f"layerwise ({self.layers_note})"
+            if self.layers_note
+            else "layerwise",
             "bursts": "native" if self.bursts else "off",
-            "prefill_attention": "bfloat16" if self.bf16_extends else "float32" if self.device.type == "cpu" else "-",
+            "prefill_attention": "bfloat16"
+            if self.bf16_extends
+            else "float32"
+            if self.device.type == "cpu"
+            else "-",
             "native_isa": quant_matmul.native_isa() or "-",
         }
 
 
 def choose_execution(model: torch.nn.Module, pool: KVPool, device: torch.device) -> Execution:
-    llama = model if isinstance(model, LlamaForCausalLM) else None
-    embed = llama.model.embed_tokens.weight if llama is not None else None
+    lm = model if isinstance(model, LlamaForCausalLM) else None  # every family's ...ForCausalLM
+    embed = lm.model.embed_tokens.weight if lm is not None else None
     probe = torch.empty(0, dtype=embed.dtype if embed is not None else torch.float32, device=device)
     if use_triton(probe):
         attention = "triton"
@@ -92,25 +103,28 @@ def choose_execution(model: torch.nn.Module, pool: KVPool, device: torch.device)
         attention = "native"
     else:
         attention = "torch"
-    stack = None
+    stack, note = None, ""
     if (
-        llama is not None
+        lm is not None
         and cpu_fused.usable(probe)
         and kv_type_code(pool.dtype) is not None
         and decode_stack.available()
-        and native_decode.model_eligible(llama.model)
     ):
-        stack = native_decode.NativeDecodeStack(llama.model, pool)
+        blocker = native_decode.unsupported(lm)
+        if blocker is None:
+            stack = native_decode.NativeDecodeStack(lm.model, pool)
+        else:  # a family the stack cannot run yet: its layers run one by one, said in the stats
+            note = f"not on the native stack: {blocker}"
     bursts = (
         stack is not None
         and embed is not None and embed.is_contiguous()
-        and native_decode.usable_linear(llama.lm_head)
-        and llama.model.norm.weight.dtype == torch.float32
+        and native_decode.usable_linear(lm.lm_head)
+        and lm.model.norm.weight.dtype == torch.float32
         and decode_stack.burst_available()
     )  # fmt: skip
     bf16_extends = (
         device.type == "cpu" and quant_matmul.bf16_gemm_enabled()
         and any(isinstance(m, QuantLinear) for m in model.modules())
     )  # fmt: skip
-    window = llama.model.layers[0].self_attn.sliding_window if llama is not None else None
-    return Execution(device, attention, stack, bursts, bf16_extends, window)
+    window = lm.args.sliding_window if lm is not None and lm.args.uniform_layers else None
+    return Execution(device, attention, stack, bursts, bf16_extends, window, note)

@@ -55,21 +55,20 @@ def smollm_tokenizer(gguf_metadata: dict):
 
 
 def write_tiny_checkpoint(
-    path: Path, arch: str, tokenizer, seed: int = 0, **overrides: object
+    path: Path, arch: str, tokenizer, seed: int = 0, random_norms: bool = False, **overrides: object
 ) -> Path:
-    """Saves a random-weight Llama/Qwen2/Mistral with transformers plus the SmolLM2 tokenizer."""
+    """Saves a random-weight model of family `arch` (llama, qwen2, qwen3, mistral, phi3, gemma3)
+    with transformers, plus the SmolLM2 tokenizer; `random_norms` draws the norms' weights too."""
     import torch
     import transformers
 
-    config_cls = {
-        "llama": transformers.LlamaConfig,
-        "qwen2": transformers.Qwen2Config,
-        "mistral": transformers.MistralConfig,
-    }[arch]
-    model_cls = {
-        "llama": transformers.LlamaForCausalLM,
-        "qwen2": transformers.Qwen2ForCausalLM,
-        "mistral": transformers.MistralForCausalLM,
+    config_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
+        "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
     }[arch]
     shapes = {**TINY_SHAPES, **overrides}
     config = config_cls(
@@ -85,6 +84,10 @@ def write_tiny_checkpoint(
         for p in model.parameters():
             if p.dim() > 1:
                 p.normal_(0, 0.08)
+            elif random_norms:
+                p.uniform_(0.5, 1.5) if p.mean() > 0.5 else p.uniform_(
+                    -0.5, 0.5
+                )  # w, or Gemma's 1 + w
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.backend.save(str(path / "tokenizer.json"))
@@ -110,7 +113,9 @@ def tiny_llama_dir(tmp_path_factory, smollm_tokenizer) -> Path:
 def tiny_engine(tiny_llama_dir):
     from plait import Engine
 
-    engine = Engine(model_path=str(tiny_llama_dir), max_total_tokens=4096, page_size=4, check_invariants=True)
+    engine = Engine(
+        model_path=str(tiny_llama_dir), max_total_tokens=4096, page_size=4, check_invariants=True
+    )
     yield engine
     engine.shutdown()
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -12,8 +12,9 @@ from plait.runtime.model_loader.locate import (
     default_model_path,
     locate_checkpoint,
 )
-from plait.runtime.model_loader.weights import fuse_hf_weights
-from plait.runtime.models.llama import LlamaArgs, LlamaForCausalLM
+from plait.runtime.model_loader.weights import check_names, fuse_hf_weights, weight_types
+from plait.runtime.models.args import ModelArgs
+from plait.runtime.models.registry import Family
 
 if TYPE_CHECKING:
     from plait.runtime.tokenizer import Tokenizer
@@ -23,40 +24,54 @@ __all__ = ["LoadedModel", "default_model_path", "load_model", "locate_checkpoint
 
 @dataclass
 class LoadedModel:
-    model: LlamaForCausalLM
-    args: LlamaArgs
+    model: torch.nn.Module  # the family's `...ForCausalLM`
+    args: ModelArgs
     tokenizer: Tokenizer
     location: CheckpointLocation
+    family: Family
+    # per tensor type in the checkpoint: how many of its tensors became what (`Engine.stats()`)
+    weight_types: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def load_model(
-    model_path: str | None, dtype: torch.dtype, device: torch.device, quantization: str | None = None
+    model_path: str | None,
+    dtype: torch.dtype,
+    device: torch.device,
+    quantization: str | None = None,
 ) -> LoadedModel:
     """Builds the model; `quantization` ("int8" / "int4") swaps its linear layers for weight-only
-    quantized ones (CPU float32 kernels; the reference elsewhere)."""
+    quantized ones (CPU float32 kernels; the reference elsewhere).
+
+    The checkpoint's family, hyperparameters, tensor types and tensor names are checked from its
+    header before any weight is read."""
     from plait.kernels.quant_matmul import QuantizedWeight
     from plait.runtime.tokenizer import Tokenizer
 
     location = locate_checkpoint(model_path)
+    sources: list[tuple[str, str, bool]] = []
     if location.kind == "gguf":
         from plait.runtime.model_loader.gguf_loader import iter_gguf_weights, open_gguf
 
-        reader, meta, args = open_gguf(location.path)
-        tokenizer = Tokenizer.from_gguf_metadata(meta)
-        named = iter_gguf_weights(reader, args, keep_blocks=quantization is not None)
+        ckpt = open_gguf(location.path)
+        show = ckpt.family.hf_to_gguf
     else:
-        from plait.runtime.model_loader.hf_loader import has_lm_head, iter_hf_weights, open_hf_dir
+        from plait.runtime.model_loader.hf_loader import iter_hf_weights, open_hf_dir
 
-        _, args = open_hf_dir(location.path)
-        if not args.tie_word_embeddings and not has_lm_head(location.path):
-            args = replace(args, tie_word_embeddings=True)
+        ckpt = open_hf_dir(location.path)
+        show = str
+    family, args = ckpt.family, ckpt.args
+    with torch.device("meta"):
+        model = family.build(args)
+    check_names(ckpt.hf_names(), model, args, location.path, show)
+    if location.kind == "gguf":
+        tokenizer = Tokenizer.from_gguf_metadata(ckpt.meta)
+        named = iter_gguf_weights(ckpt, keep_blocks=quantization is not None, sources=sources)
+    else:
         tokenizer = Tokenizer.from_hf_dir(location.path)
-        named = iter_hf_weights(location.path)
+        named = iter_hf_weights(ckpt, sources)
     state = fuse_hf_weights(named, args, dtype)
     prequantized = {n: w for n, w in state.items() if isinstance(w, QuantizedWeight)}
     state = {n: w for n, w in state.items() if n not in prequantized}
-    with torch.device("meta"):
-        model = LlamaForCausalLM(args)
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     missing = [m for m in missing if m not in prequantized]
     missing = [m for m in missing if not (args.tie_word_embeddings and m == "lm_head.weight")]
@@ -66,7 +81,13 @@ def load_model(
         )
     if args.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    model.model.rotary_emb = type(model.model.rotary_emb)(args)
+    model.rebuild_rope()  # its tables were built on the meta device
+    for name, module in model.named_modules():
+        for key, buf in list(module._buffers.items()):
+            if buf is not None and buf.is_meta:
+                raise ValueError(
+                    f"{family.name}: buffer {name}.{key} was not rebuilt after loading"
+                )
     for name in prequantized:  # placeholders on the meta device until the swap below
         module = model.get_submodule(name.rsplit(".", 1)[0])
         module.weight = torch.nn.Parameter(torch.empty(module.weight.shape), requires_grad=False)
@@ -75,4 +96,6 @@ def load_model(
 
         quantize_linears(model, quantization, prequantized)
     model = model.to(device).eval()
-    return LoadedModel(model=model, args=args, tokenizer=tokenizer, location=location)
+    return LoadedModel(
+        model, args, tokenizer, location, family, weight_types(sources, model, dtype)
+    )

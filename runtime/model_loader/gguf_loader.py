@@ -1,37 +1,44 @@
-"""Reading a GGUF file: hyperparameters and tokenizer from its metadata; weights dequantized, or
-kept in their blocks where plait's quantized kernels read them directly (Q4_1 and Q4_0 as int4,
-Q8_0 as int8, all with groups of 32)."""
+"""Reading a GGUF file: the family, hyperparameters and tokenizer from its metadata; weights
+dequantized by the `gguf` package (every type it reads, bit for bit), or kept in their blocks
+where plait's quantized kernels read them directly (Q4_1 and Q4_0 as int4, Q8_0 as int8, all
+with groups of 32).
+
+`open_gguf` reads only the header: it refuses a file that is not a GGUF, an architecture no
+family runs, tensor types the `gguf` package cannot read and tensors the family does not have,
+before any weight is touched.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from plait.kernels.quant_matmul import QuantizedWeight
-from plait.runtime.models.llama import LlamaArgs
+from plait.runtime.models.args import ModelArgs
+from plait.runtime.models.registry import Family, family_for_gguf
 
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "mistral")
-SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+_BLOCK_TYPES = ("Q4_1", "Q4_0", "Q8_0")  # kept as they are for the quantized kernels
 
-_LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
+
+@dataclass(frozen=True)
+class GgufCheckpoint:
+    path: str
+    reader: Any  # gguf.GGUFReader (memory-mapped; tensors are read when iterated)
+    meta: dict[str, Any]
+    family: Family
+    args: ModelArgs
+
+    def hf_names(self) -> list[str]:
+        """The Hugging Face names of the file's weights (read from the header only)."""
+        return [
+            n
+            for n in (self.family.gguf_to_hf(t.name) for t in self.reader.tensors)
+            if n is not None
+        ]
 
 
 def read_metadata(reader: Any) -> dict[str, Any]:
@@ -43,42 +50,47 @@ def read_metadata(reader: Any) -> dict[str, Any]:
     return meta
 
 
-def args_from_metadata(meta: dict[str, Any]) -> LlamaArgs:
+def readable_types() -> tuple[str, ...]:
+    """The tensor types `gguf.quants.dequantize` reads (F32 and F16 are built in)."""
+    from gguf import quants
+
+    return ("F32", "F16", *sorted(t.name for t in quants._type_traits))  # its table of block types
+
+
+def open_gguf(path: str) -> GgufCheckpoint:
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path)
+    except (ValueError, OSError) as exc:  # the reader checks the magic, version and layout
+        raise ValueError(f"model_path: {path} is not a GGUF file plait can read ({exc})") from None
+    meta = read_metadata(reader)
     arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_GGUF_ARCHITECTURES:
+    family = family_for_gguf(arch, f"GGUF {path}")
+    readable = readable_types()
+    unreadable: dict[str, str] = {}
+    for t in reader.tensors:
+        if t.tensor_type.name not in readable:
+            unreadable.setdefault(t.tensor_type.name, t.name)
+    if unreadable:
+        listed = ", ".join(f"{kind} (e.g. {name})" for kind, name in unreadable.items())
         raise ValueError(
-            f"GGUF: unsupported architecture {arch!r}; plait supports "
-            f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)}"
+            f"GGUF {path}: architecture {arch!r} with tensors of types plait cannot read: {listed}; "
+            f"it reads {', '.join(readable)}"
         )
-
-    def get(key: str, default: Any = None) -> Any:
-        return meta.get(f"{arch}.{key}", default)
-
-    num_heads = get("attention.head_count")
-    hidden = get("embedding_length")
-    vocab = get("vocab_size") or len(meta["tokenizer.ggml.tokens"])
-    rope_scaling = None
-    if get("rope.scaling.type") == "linear":
-        rope_scaling = {"rope_type": "linear", "factor": get("rope.scaling.factor")}
-    return LlamaArgs(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=get("feed_forward_length"),
-        num_layers=get("block_count"),
-        num_heads=num_heads,
-        num_kv_heads=get("attention.head_count_kv") or num_heads,
-        head_dim=get("attention.key_length") or hidden // num_heads,
-        rms_norm_eps=get("attention.layer_norm_rms_epsilon", 1e-5),
-        rope_theta=get("rope.freq_base", 10000.0),
-        rope_scaling=rope_scaling,
-        max_position_embeddings=get("context_length", 4096),
-        tie_word_embeddings=False,
-        attention_bias=arch == "qwen2",
-        sliding_window=get("attention.sliding_window"),
-        architecture={"qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}.get(
-            arch, "LlamaForCausalLM"
-        ),
-    )
+    try:
+        names = {t.name: family.gguf_to_hf(t.name) for t in reader.tensors}
+    except ValueError as exc:
+        raise ValueError(f"GGUF {path}: {exc}") from None
+    args = family.args_from_gguf(meta)
+    if "lm_head.weight" not in names.values():
+        args = replace(args, tie_word_embeddings=True)
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if freqs is not None:  # Llama 3's rope scaling, one divisor per frequency
+        args = replace(
+            args, rope_freq_factors=tuple(float(f) for f in _dequantize(freqs).reshape(-1))
+        )
+    return GgufCheckpoint(path, reader, meta, family, args)
 
 
 def _unpermute(w: np.ndarray, num_heads: int) -> np.ndarray:
@@ -92,24 +104,15 @@ def _unpermute(w: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 def _dequantize(tensor: Any) -> np.ndarray:
+    """The tensor as float32, rows first (as torch), exactly as `gguf.quants.dequantize` gives it."""
     import gguf
 
-    kind = tensor.tensor_type.name
-    if kind not in SUPPORTED_TENSOR_TYPES:
-        raise ValueError(
-            f"GGUF: tensor {tensor.name} has type {kind}; plait dequantizes "
-            f"{', '.join(SUPPORTED_TENSOR_TYPES)}"
-        )
-    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))  # rows first, as torch
-    if kind == "F32":
-        return np.asarray(tensor.data, dtype=np.float32).reshape(shape)
-    if kind == "BF16":
-        raw = np.asarray(tensor.data).view(np.uint16).astype(np.uint32) << 16
-        return raw.view(np.float32).reshape(shape)
-    return gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(shape)
-
-
-_BLOCK_TYPES = ("Q4_1", "Q4_0", "Q8_0")
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    return (
+        gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        .astype(np.float32, copy=False)
+        .reshape(shape)
+    )
 
 
 def _quantized_blocks(tensor: Any) -> QuantizedWeight:
@@ -118,7 +121,9 @@ def _quantized_blocks(tensor: Any) -> QuantizedWeight:
     n, k = (int(d) for d in reversed(tensor.shape.tolist()))
     block_bytes = {"Q4_1": 20, "Q4_0": 18, "Q8_0": 34}[kind]
     raw = np.asarray(tensor.data).view(np.uint8).reshape(n, k // 32, block_bytes)
-    scale = np.ascontiguousarray(raw[..., 0:2].copy().view(np.float16)[..., 0])  # float16, as the kernels read it
+    scale = np.ascontiguousarray(
+        raw[..., 0:2].copy().view(np.float16)[..., 0]
+    )  # float16, as the kernels read it
     if kind == "Q8_0":
         q = raw[..., 2:34].copy().view(np.int8).reshape(n, k)
         return QuantizedWeight("int8", torch.from_numpy(q), torch.from_numpy(scale), None, 32)
@@ -129,66 +134,57 @@ def _quantized_blocks(tensor: Any) -> QuantizedWeight:
         low = (scale * np.float16(-8.0)).astype(np.float16)
         packed = raw[..., 2:18]
     return QuantizedWeight(
-        "int4", torch.from_numpy(packed.reshape(n, k // 2).copy()), torch.from_numpy(scale),
-        torch.from_numpy(np.ascontiguousarray(low, dtype=np.float16)), 32,
+        "int4",
+        torch.from_numpy(packed.reshape(n, k // 2).copy()),
+        torch.from_numpy(scale),
+        torch.from_numpy(np.ascontiguousarray(low, dtype=np.float16)),
+        32,
     )
 
 
 def iter_gguf_weights(
-    reader: Any, args: LlamaArgs, keep_blocks: bool = False
+    ckpt: GgufCheckpoint,
+    keep_blocks: bool = False,
+    sources: list[tuple[str, str, bool]] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
-    """Yields (Hugging Face name, float32 tensor) for every tensor in the file.
+    """Yields (Hugging Face name, float32 tensor) for every weight in the file.
 
     With `keep_blocks`, 2-D Q4_1 / Q4_0 / Q8_0 tensors come as `QuantizedWeight`s instead; the
     token embedding then comes twice, as float32 (the lookup table) and quantized (under
-    `lm_head.weight` when the file has no separate output matrix).
+    `lm_head.weight` when the file has no separate output matrix). `sources`, if given, gets
+    (name, the file's type, kept in its blocks) for each weight yielded.
     """
-    permute = args.architecture != "Qwen2ForCausalLM"
-    for tensor in reader.tensors:
-        name = tensor.name
-        if name in _GLOBAL_NAMES:
-            hf_name = _GLOBAL_NAMES[name]
-        elif name.startswith("blk."):
-            _, layer, kind, leaf = name.split(".", 3)
-            if kind not in _LAYER_NAMES:
-                if kind in ("rope_freqs",):
-                    continue
-                raise ValueError(f"GGUF: unexpected tensor {name}")
-            hf_name = f"model.layers.{layer}.{_LAYER_NAMES[kind]}.{leaf}"
-        elif name == "rope_freqs.weight":
+    args, family = ckpt.args, ckpt.family
+    record = sources.append if sources is not None else lambda item: None
+    for tensor in ckpt.reader.tensors:
+        name, kind = tensor.name, tensor.tensor_type.name
+        hf_name = family.gguf_to_hf(name)
+        if hf_name is None:
             continue
-        else:
-            raise ValueError(f"GGUF: unexpected tensor {name}")
-        if keep_blocks and tensor.tensor_type.name in _BLOCK_TYPES and len(tensor.shape) == 2:
+        heads = None
+        if family.gguf_rope_permuted and (".attn_q." in name or ".attn_k." in name):
+            heads = args.num_heads if ".attn_q." in name else args.num_kv_heads
+        kept = keep_blocks and kind in _BLOCK_TYPES and len(tensor.shape) == 2
+        if kept:
             qw = _quantized_blocks(tensor)
-            if permute and leaf_is_qk(name):
-                heads = args.num_heads if ".attn_q." in name else args.num_kv_heads
+            if heads is not None:
                 qw = qw.rows(torch.from_numpy(_unpermute(np.arange(qw.shape[0]), heads).copy()))
             if name != "token_embd.weight":
+                record((hf_name, kind, True))
                 yield hf_name, qw
                 continue
             if args.tie_word_embeddings:
+                record(("lm_head.weight", kind, True))
                 yield "lm_head.weight", qw
-        array = _dequantize(tensor)
-        if permute and leaf_is_qk(name):
-            heads = args.num_heads if ".attn_q." in name else args.num_kv_heads
+        try:
+            array = _dequantize(tensor)
+        except Exception as exc:  # noqa: BLE001 (the gguf package's own errors, whatever they are)
+            raise ValueError(
+                f"GGUF {ckpt.path}: tensor {name} ({kind}) could not be read: {exc}"
+            ) from exc
+        if heads is not None:
             array = _unpermute(array, heads)
+        record((hf_name, kind, False))
+        if name == "token_embd.weight" and args.tie_word_embeddings and not kept:
+            record(("lm_head.weight", kind, False))
         yield hf_name, torch.from_numpy(np.array(array, dtype=np.float32, copy=True))
-
-
-def leaf_is_qk(name: str) -> bool:
-    return ".attn_q." in name or ".attn_k." in name
-
-
-def open_gguf(path: str) -> tuple[Any, dict[str, Any], LlamaArgs]:
-    import gguf
-
-    reader = gguf.GGUFReader(path)
-    meta = read_metadata(reader)
-    args = args_from_metadata(meta)
-    has_output = any(t.name == "output.weight" for t in reader.tensors)
-    if not has_output:
-        from dataclasses import replace
-
-        args = replace(args, tie_word_embeddings=True)
-    return reader, meta, args

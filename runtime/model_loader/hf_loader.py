@@ -6,11 +6,27 @@ import glob
 import json
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from plait.runtime.models.llama import LlamaArgs
+from plait.runtime.models.args import ModelArgs
+from plait.runtime.models.registry import Family, family_for_hf
+
+
+@dataclass(frozen=True)
+class HfCheckpoint:
+    path: str
+    config: dict[str, Any]
+    family: Family
+    args: ModelArgs
+
+    def hf_names(self) -> list[str]:
+        """The names of the folder's weights as the family's model calls them (headers only)."""
+        return [
+            n for n in (self.family.hf_name(name) for name, _ in _keys(self.path)) if n is not None
+        ]
 
 
 def read_hf_config(path: str) -> dict[str, Any]:
@@ -18,9 +34,14 @@ def read_hf_config(path: str) -> dict[str, Any]:
         return json.load(f)
 
 
-def open_hf_dir(path: str) -> tuple[dict[str, Any], LlamaArgs]:
+def open_hf_dir(path: str) -> HfCheckpoint:
     config = read_hf_config(path)
-    return config, LlamaArgs.from_hf_config(config)
+    family, arch = family_for_hf(config, f"{os.path.join(path, 'config.json')}")
+    args = family.args_from_hf(config, arch)
+    ckpt = HfCheckpoint(path, config, family, args)
+    if not args.tie_word_embeddings and "lm_head.weight" not in ckpt.hf_names():
+        ckpt = replace(ckpt, args=replace(args, tie_word_embeddings=True))
+    return ckpt
 
 
 def safetensors_files(path: str) -> list[str]:
@@ -32,20 +53,30 @@ def safetensors_files(path: str) -> list[str]:
     return files
 
 
-def iter_hf_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
+def _keys(path: str) -> Iterator[tuple[str, str]]:
+    """(name, file) of every tensor in the folder's safetensors files."""
     from safetensors import safe_open
 
     for file in safetensors_files(path):
         with safe_open(file, framework="pt") as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                yield name, file
 
 
-def has_lm_head(path: str) -> bool:
+def iter_hf_weights(
+    ckpt: HfCheckpoint, sources: list[tuple[str, str, bool]] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name as the family's model calls it, tensor) for every weight; `sources`, if given, gets
+    (name, the file's dtype, False) for each."""
     from safetensors import safe_open
 
-    for file in safetensors_files(path):
+    for file in safetensors_files(ckpt.path):
         with safe_open(file, framework="pt") as f:
-            if "lm_head.weight" in f.keys():
-                return True
-    return False
+            for name in f.keys():
+                hf_name = ckpt.family.hf_name(name)
+                if hf_name is None:
+                    continue
+                tensor = ckpt.family.hf_tensor(hf_name, f.get_tensor(name))
+                if sources is not None:
+                    sources.append((hf_name, str(tensor.dtype).removeprefix("torch."), False))
+                yield hf_name, tensor

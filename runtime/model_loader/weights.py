@@ -1,58 +1,123 @@
-"""Turning Hugging Face-named weights into the fused layout of plait's model."""
+"""Turning Hugging Face-named weights into the fused layout of plait's model, checking a
+checkpoint has every weight before any is read, and telling what each file type became."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 import torch
+from torch import nn
 
 from plait.kernels.quant_matmul import QuantizedWeight
-from plait.runtime.models.llama import LlamaArgs
+from plait.runtime.models.args import ModelArgs
 
 _FUSED = {
     "qkv_proj": ("q_proj", "k_proj", "v_proj"),
     "gate_up_proj": ("gate_proj", "up_proj"),
 }
+_PIECE_TO_FUSED = {p: f for f, pieces in _FUSED.items() for p in pieces}
+
+
+def fused_name(name: str) -> str:
+    """The parameter of plait's model a Hugging Face weight goes into (`...q_proj.weight` →
+    `...qkv_proj.weight`); other names are their own."""
+    prefix, _, leaf = name.rpartition(".")
+    owner, _, piece = prefix.rpartition(".")
+    if piece in _PIECE_TO_FUSED:
+        return f"{owner}.{_PIECE_TO_FUSED[piece]}.{leaf}"
+    return name
+
+
+def check_names(
+    names: Iterable[str], model: nn.Module, args: ModelArgs, where: str, show=str
+) -> None:
+    """Raises before any weight is read if the checkpoint lacks one of `model`'s weights (every
+    piece of a fused one) or holds one it does not have. `names` are Hugging Face names; `show`
+    turns one into the checkpoint's own spelling for the message."""
+    have = set(names)
+    expected = set(model.state_dict())
+    if args.tie_word_embeddings:
+        expected.discard("lm_head.weight")
+        have.discard("lm_head.weight")
+    missing: list[str] = []
+    for name in sorted(expected - have):
+        prefix, _, leaf = name.rpartition(".")
+        owner, _, fused = prefix.rpartition(".")
+        pieces = [f"{owner}.{p}.{leaf}" for p in _FUSED.get(fused, ())]
+        missing += [show(p) for p in pieces if p not in have] if pieces else [show(name)]
+    unexpected = sorted(show(n) for n in have if fused_name(n) not in expected)
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise ValueError(f"checkpoint {where}: missing tensor {', '.join(missing[:5])}{more}")
+    if unexpected:
+        more = f" (and {len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
+        raise ValueError(
+            f"checkpoint {where}: tensor {', '.join(unexpected[:5])}{more} is not part of a "
+            f"{args.family} model"
+        )
 
 
 def fuse_hf_weights(
-    named: Iterable[tuple[str, torch.Tensor | QuantizedWeight]], args: LlamaArgs, dtype: torch.dtype
+    named: Iterable[tuple[str, torch.Tensor | QuantizedWeight]], args: ModelArgs, dtype: torch.dtype
 ) -> dict[str, torch.Tensor | QuantizedWeight]:
     """Maps `model.layers.N.self_attn.q_proj.weight`-style names onto plait's fused parameters.
 
     Quantized weights fuse by stacking their rows; they keep their format (no `dtype` cast)."""
     parts: dict[str, dict[str, torch.Tensor]] = {}
     out: dict[str, torch.Tensor] = {}
-    piece_to_fused = {p: (f, i) for f, pieces in _FUSED.items() for i, p in enumerate(pieces)}
     for name, tensor in named:
-        if "rotary_emb.inv_freq" in name:
-            continue
         if isinstance(tensor, torch.Tensor):
             tensor = tensor.to(dtype)
         prefix, _, leaf = name.rpartition(".")  # leaf: weight or bias
         owner, _, piece = prefix.rpartition(".")
-        if piece in piece_to_fused:
-            fused, _ = piece_to_fused[piece]
-            parts.setdefault(f"{owner}.{fused}.{leaf}", {})[piece] = tensor
+        if piece in _PIECE_TO_FUSED:
+            parts.setdefault(f"{owner}.{_PIECE_TO_FUSED[piece]}.{leaf}", {})[piece] = tensor
         else:
             out[name] = tensor
-    for fused_name, pieces in parts.items():
-        fused = fused_name.rsplit(".", 2)[1]
-        order = _FUSED[fused]
+    for fused, pieces in parts.items():
+        order = _FUSED[fused.rsplit(".", 2)[1]]
         missing = [p for p in order if p not in pieces]
         if missing:
-            raise ValueError(f"checkpoint: {fused_name} is missing {', '.join(missing)}")
+            raise ValueError(f"checkpoint: {fused} is missing {', '.join(missing)}")
         parts_in_order = [pieces[p] for p in order]
         if all(isinstance(p, QuantizedWeight) for p in parts_in_order):
-            out[fused_name] = QuantizedWeight.cat(parts_in_order)
+            out[fused] = QuantizedWeight.cat(parts_in_order)
         else:  # mixed formats in one fused matrix: fall back to float
             from plait.kernels.quant_matmul import dequantize_ref
 
-            out[fused_name] = torch.cat(
-                [dequantize_ref(p).to(dtype) if isinstance(p, QuantizedWeight) else p for p in parts_in_order]
+            out[fused] = torch.cat(
+                [
+                    dequantize_ref(p).to(dtype) if isinstance(p, QuantizedWeight) else p
+                    for p in parts_in_order
+                ]
             )
     if isinstance(out.get("lm_head.weight"), QuantizedWeight):
         return out  # a tied head kept quantized from the embedding's blocks
     if args.tie_word_embeddings or "lm_head.weight" not in out:
         out.pop("lm_head.weight", None)
     return out
+
+
+def weight_types(
+    sources: list[tuple[str, str, bool]], model: nn.Module, dtype: torch.dtype
+) -> dict[str, dict[str, int]]:
+    """For each tensor type in the checkpoint, how many of its tensors became what in the built
+    model: `sources` holds (Hugging Face name, the file's type, kept in its blocks)."""
+    from plait.runtime.models.quantized import QuantLinear
+
+    counts: dict[str, dict[str, int]] = {}
+    float_name = str(dtype).removeprefix("torch.")
+    for name, file_type, kept in sources:
+        owner = fused_name(name).rpartition(".")[0]
+        module = model.get_submodule(owner) if owner else model
+        if isinstance(module, QuantLinear) and name.endswith(".weight"):
+            became = (
+                f"{module.format} blocks as stored"
+                if kept
+                else f"{module.format} quantized at load"
+            )
+        else:
+            became = float_name
+        by_type = counts.setdefault(file_type, {})
+        by_type[became] = by_type.get(became, 0) + 1
+    return counts

@@ -40,20 +40,34 @@ class NativeDecodeStack:
             k_cache, v_cache = pool.layer(i)
             scales = pool.scales(i) or (None, None)
             self.layers[i] = decode_stack.DecodeLayer(
-                layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
+                layer.input_layernorm.weight.data_ptr(),
+                layer.post_attention_layernorm.weight.data_ptr(),
                 *(_linear(p) for p in (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)),
-                k_cache.data_ptr(), v_cache.data_ptr(),
+                k_cache.data_ptr(),
+                v_cache.data_ptr(),
                 *(None if s is None else s.data_ptr() for s in scales),
             )
         self.shape = decode_stack.DecodeShape(
-            0, model.embed_tokens.weight.shape[1], attn.num_heads, attn.num_kv_heads, attn.head_dim,
-            mlp.intermediate_size, first.input_layernorm.eps, attn.scale, kv_type_code(pool.dtype),
+            0,
+            model.embed_tokens.weight.shape[1],
+            attn.num_heads,
+            attn.num_kv_heads,
+            attn.head_dim,
+            mlp.intermediate_size,
+            first.input_layernorm.eps,
+            attn.scale,
+            kv_type_code(pool.dtype),
             pool.layer(0)[0].numel() // (attn.num_kv_heads * attn.head_dim),
         )
         self.scratch = torch.empty(0)
 
     def run(
-        self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, batch: ForwardBatch, num_layers: int
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+        batch: ForwardBatch,
+        num_layers: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(the last layer's MLP output, the residual stream before it), as the layers return."""
         meta = batch.attn
@@ -66,15 +80,31 @@ class NativeDecodeStack:
         x = x.contiguous()  # the embedding lookup's own copy, updated in place
         residual = torch.empty_like(x)
         decode_stack.run_layers(
-            self.layers, num_layers, self.shape, meta.cpu, positions.contiguous(), inv_freq,
-            meta.slot_mapping.contiguous(), x, residual, False, self.scratch,
+            self.layers,
+            num_layers,
+            self.shape,
+            meta.cpu,
+            positions.contiguous(),
+            inv_freq,
+            meta.slot_mapping.contiguous(),
+            x,
+            residual,
+            False,
+            self.scratch,
         )
         return x, residual
 
     def burst(
-        self, lm: LlamaForCausalLM, ids: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor, steps: int,
-        stop_ids: list[list[int]], interrupt: ctypes.c_int32 | None = None,
-        sampling: decode_stack.BurstSampling | None = None, out: torch.Tensor | None = None,
+        self,
+        lm: LlamaForCausalLM,
+        ids: torch.Tensor,
+        tables: torch.Tensor,
+        lens: torch.Tensor,
+        steps: int,
+        stop_ids: list[list[int]],
+        interrupt: ctypes.c_int32 | None = None,
+        sampling: decode_stack.BurstSampling | None = None,
+        out: torch.Tensor | None = None,
         masks: decode_stack.BurstMasks | None = None,
     ) -> torch.Tensor:
         """Up to `steps` steps from `ids` [B] (see `ModelRunner.decode_burst`), greedy unless
@@ -96,15 +126,30 @@ class NativeDecodeStack:
         tables, lens = tables.contiguous(), lens.contiguous()
         embed = model.embed_tokens.weight
         burst = decode_stack.DecodeBurst(
-            embed.data_ptr(), embed.shape[0], model.norm.weight.data_ptr(), _linear(lm.lm_head), tables.data_ptr(),
-            tables.shape[1], lens.data_ptr(), flat_stops.data_ptr(), offsets_t.data_ptr(), self.sliding_window or 0,
+            embed.data_ptr(),
+            embed.shape[0],
+            model.norm.weight.data_ptr(),
+            _linear(lm.lm_head),
+            tables.data_ptr(),
+            tables.shape[1],
+            lens.data_ptr(),
+            flat_stops.data_ptr(),
+            offsets_t.data_ptr(),
+            self.sliding_window or 0,
             None if interrupt is None else ctypes.addressof(interrupt),
             *(sampling.pointers(rows, steps) if sampling is not None else (None,) * 5),
             *(masks.pointers(rows) if masks is not None else (None, None, None, 0)),
         )
         return decode_stack.run_burst(
-            self.layers, len(model.layers), self.shape, burst, ids.contiguous(), steps, model.rotary_emb.inv_freq,
-            self.scratch, out,
+            self.layers,
+            len(model.layers),
+            self.shape,
+            burst,
+            ids.contiguous(),
+            steps,
+            model.rotary_emb.inv_freq,
+            self.scratch,
+            out,
         )
 
 
@@ -118,12 +163,40 @@ def usable_linear(layer: torch.nn.Module) -> bool:
     if isinstance(layer, QuantLinear):
         return True
     w = layer.weight if type(layer) is torch.nn.Linear else None
-    return w is not None and w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous()
-
-
-def model_eligible(model: LlamaModel) -> bool:
-    return model.layers[0].self_attn.head_dim <= 1024 and all(
-        usable_linear(p)
-        for layer in model.layers
-        for p in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+    return (
+        w is not None and w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous()
     )
+
+
+def unsupported(model: torch.nn.Module) -> str | None:
+    """Why the native stack cannot run `model`'s layers, or None where it can. The stack runs the
+    Llama decoder layer: RMSNorm, qkv (with bias), rotary, paged attention with one sliding window
+    for all layers, o, RMSNorm, SiLU-gated MLP."""
+    from plait.runtime.models.llama import DecoderLayer
+
+    args = getattr(model, "args", None)
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if args is None or layers is None or not all(type(layer) is DecoderLayer for layer in layers):
+        return f"the {getattr(args, 'family', type(model).__name__)} decoder layer"
+    if args.qk_norm:
+        return "q/k norms"
+    if args.activation != "silu":
+        return f"{args.activation} activation"
+    if not args.uniform_layers:
+        return "layers with different windows or rope bases"
+    if args.embed_scale is not None:
+        return "scaled embeddings"
+    if args.head_dim > 1024:
+        return f"head_dim {args.head_dim}"
+    if not all(
+        usable_linear(p)
+        for layer in layers
+        for p in (
+            layer.self_attn.qkv_proj,
+            layer.self_attn.o_proj,
+            layer.mlp.gate_up_proj,
+            layer.mlp.down_proj,
+        )
+    ):
+        return "projections that are neither quantized nor contiguous float32 on the CPU"
+    return None

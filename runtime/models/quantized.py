@@ -26,7 +26,9 @@ class QuantLinear(nn.Module):
         self.register_buffer("qweight", qw.qweight)
         self.register_buffer("scales", qw.scales)
         self.register_buffer("mins", qw.mins)
-        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+        self.bias = (
+            None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+        )
         self._refresh()
 
     def _refresh(self) -> None:
@@ -58,8 +60,10 @@ def quantize_linears(
     """Swaps the model's projections and LM head for `QuantLinear`s (in place)."""
     prequantized = prequantized or {}
     targets = [
-        name for name, module in model.named_modules()
-        if isinstance(module, nn.Linear) and (name.rsplit(".", 1)[-1] in PROJECTIONS or name == "lm_head")
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear)
+        and (name.rsplit(".", 1)[-1] in PROJECTIONS or name == "lm_head")
     ]
     for name in targets:
         parent_name, _, leaf = name.rpartition(".")
@@ -83,7 +87,11 @@ def weight_tensors(model: nn.Module) -> list[torch.Tensor]:
             found += [t for t in (module.weight, module.bias) if t is not None]
         elif isinstance(module, nn.Embedding):
             found.append(module.weight[0])
-        elif hasattr(module, "weight") and isinstance(module.weight, nn.Parameter) and not list(module.children()):
+        elif (
+            hasattr(module, "weight")
+            and isinstance(module.weight, nn.Parameter)
+            and not list(module.children())
+        ):
             found.append(module.weight)
     return [t.detach() for t in found]
 

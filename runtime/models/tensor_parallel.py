@@ -1,4 +1,5 @@
-"""Tensor parallelism for the Llama family: shard a loaded model across the ranks of a group.
+"""Tensor parallelism for every family (their attention and MLP shard alike): shard a loaded
+model across the ranks of a group.
 
 Attention is split by KV-head groups (each rank keeps whole GQA groups: its KV heads and the
 query heads that read them), the MLP by columns of its intermediate dimension. `qkv_proj` and
@@ -8,7 +9,7 @@ all-reduced). Embeddings, norms and the LM head stay whole on every rank. The sp
 even: SmolLM2's 3 KV heads over 2 ranks give 2 and 1.
 
 `shard_llama` works on the model `load_model` built, after loading, so the single-process model
-code stays untouched; it returns the rank's `LlamaArgs` (its heads and intermediate size), which
+code stays untouched; it returns the rank's `ModelArgs` (its heads and intermediate size), which
 size its share of the KV pool.
 """
 
@@ -21,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plait.runtime.models.llama import LlamaArgs, LlamaForCausalLM
+from plait.runtime.models.args import ModelArgs
+from plait.runtime.models.llama import LlamaForCausalLM
 
 
 def partition(n: int, parts: int, rank: int) -> tuple[int, int]:
@@ -61,7 +63,7 @@ def _column(rows: list[tuple[int, int]], linear: nn.Linear) -> nn.Linear:
     return out
 
 
-def check_shardable(args: LlamaArgs, tp_size: int) -> None:
+def check_shardable(args: ModelArgs, tp_size: int) -> None:
     if tp_size > args.num_kv_heads:
         raise ValueError(
             f"tp_size: {tp_size} ranks exceed the model's {args.num_kv_heads} KV heads "
@@ -71,12 +73,15 @@ def check_shardable(args: LlamaArgs, tp_size: int) -> None:
         raise ValueError(f"tp_size: {tp_size} exceeds the MLP width {args.intermediate_size}")
 
 
-def shard_llama(model: LlamaForCausalLM, rank: int, tp_size: int, group: Any) -> LlamaArgs:
+def shard_llama(model: LlamaForCausalLM, rank: int, tp_size: int, group: Any) -> ModelArgs:
     """Replaces the model's attention and MLP projections by `rank`'s shards, in place."""
     args = model.args
     check_shardable(args, tp_size)
     for layer in model.model.layers:
-        if not isinstance(layer.self_attn.qkv_proj, nn.Linear) or type(layer.mlp.down_proj) is not nn.Linear:
+        if (
+            not isinstance(layer.self_attn.qkv_proj, nn.Linear)
+            or type(layer.mlp.down_proj) is not nn.Linear
+        ):
             raise ValueError("tp_size: tensor parallelism needs float weights (no quantization)")
     d = args.head_dim
     group_size = args.num_heads // args.num_kv_heads  # query heads per KV head

@@ -34,33 +34,90 @@ _LAYER = {
 }
 
 
-def gguf_name(hf: str) -> str:
+_FAMILY_LAYER = {  # what llama.cpp calls the modules only some families have
+    "qwen3": {"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"},
+    "phi3": {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"},
+    "gemma3": {
+        "self_attn.q_norm": "attn_q_norm",
+        "self_attn.k_norm": "attn_k_norm",
+        "post_attention_layernorm": "post_attention_norm",
+        "pre_feedforward_layernorm": "ffn_norm",
+        "post_feedforward_layernorm": "post_ffw_norm",
+    },
+}
+_PERMUTED = ("llama", "mistral")  # llama.cpp stores their q/k rows in interleaved-rope order
+
+
+def gguf_name(hf: str, arch: str = "llama") -> str:
     if hf in _NAMES:
         return _NAMES[hf]
     _, _, layer, rest = hf.split(".", 3)
     module, leaf = rest.rsplit(".", 1)
-    return f"blk.{layer}.{_LAYER[module]}.{leaf}"
+    return f"blk.{layer}.{({**_LAYER, **_FAMILY_LAYER.get(arch, {})})[module]}.{leaf}"
+
+
+def llama3_rope_freqs(rope: dict, head_dim: int, theta: float) -> np.ndarray:
+    """Llama 3's rope scaling as the per-frequency divisors a GGUF's `rope_freqs` holds: the
+    factor for long wavelengths, 1 for short ones, and the smooth blend between."""
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * np.pi * theta ** (i / head_dim)
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
 
 
 def permute(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's conversion of q/k rows to interleaved-rope order."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    )
 
 
-def write_gguf(path, hf_model, tokenizer_meta: dict, qtype: str) -> dict[str, torch.Tensor]:
-    """Writes hf_model as a llama GGUF; returns the weights as the file stores them, dequantized."""
+def write_gguf(
+    path, hf_model, tokenizer_meta: dict, qtype: str, arch: str = "llama"
+) -> dict[str, torch.Tensor]:
+    """Writes hf_model as a GGUF of `arch`; returns the weights as the file stores them, dequantized."""
     import gguf
 
     cfg = hf_model.config
     kind = gguf.GGMLQuantizationType[qtype]
-    writer = gguf.GGUFWriter(str(path), "llama")
+    permuted = arch in _PERMUTED
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(cfg.num_hidden_layers)
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
     writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_rope_freq_base(10000.0)
+    rope = cfg.rope_parameters.get(
+        "full_attention", cfg.rope_parameters
+    )  # Gemma 3: the global layers'
+    theta = rope.get("rope_theta", 10000.0)
+    writer.add_rope_freq_base(theta)
+    if (
+        arch == "gemma3"
+    ):  # its sliding layers, and its logit cap; llama.cpp keeps their rope base at 10,000
+        writer.add_sliding_window_pattern([t == "sliding_attention" for t in cfg.layer_types])
+        if cfg.final_logit_softcapping is not None:
+            writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    if getattr(cfg, "head_dim", None):
+        writer.add_key_length(cfg.head_dim)
+        writer.add_value_length(cfg.head_dim)
+    if getattr(cfg, "sliding_window", None):
+        writer.add_sliding_window(cfg.sliding_window)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if cfg.rope_parameters.get("rope_type") == "llama3":
+        writer.add_tensor(
+            "rope_freqs.weight", llama3_rope_freqs(cfg.rope_parameters, head_dim, theta)
+        )
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_tokenizer_model("gpt2")
@@ -76,19 +133,22 @@ def write_gguf(path, hf_model, tokenizer_meta: dict, qtype: str) -> dict[str, to
     for name, tensor in hf_model.state_dict().items():
         w = tensor.float().numpy()
         if w.ndim == 1:
-            writer.add_tensor(gguf_name(name), w)
+            # Gemma's norms multiply by (1 + w): llama.cpp stores 1 + w
+            writer.add_tensor(
+                gguf_name(name, arch), w + 1 if arch == "gemma3" and "norm" in name else w
+            )
             stored[name] = tensor.float()
             continue
-        if ".q_proj." in name:
+        if ".q_proj." in name and permuted:
             w = permute(w, cfg.num_attention_heads)
-        elif ".k_proj." in name:
+        elif ".k_proj." in name and permuted:
             w = permute(w, cfg.num_key_value_heads)
         if qtype == "F32":
             data, raw_dtype = w, None
         else:
             data = gguf.quants.quantize(w, kind)
             raw_dtype = kind
-        writer.add_tensor(gguf_name(name), data, raw_dtype=raw_dtype)
+        writer.add_tensor(gguf_name(name, arch), data, raw_dtype=raw_dtype)
         # rows are quantized independently, so the permutation commutes with the round trip
         roundtrip = w if qtype == "F32" else gguf.quants.dequantize(data, kind)
         stored[name] = torch.from_numpy(np.array(roundtrip, dtype=np.float32)).reshape(tensor.shape)
@@ -96,7 +156,9 @@ def write_gguf(path, hf_model, tokenizer_meta: dict, qtype: str) -> dict[str, to
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    for name in list(stored):  # undo the permutation for the transformers reference
+    for name in (
+        list(stored) if permuted else []
+    ):  # undo the permutation for the transformers reference
         heads = {".q_proj.": cfg.num_attention_heads, ".k_proj.": cfg.num_key_value_heads}
         for key, h in heads.items():
             if key in name:
@@ -104,7 +166,9 @@ def write_gguf(path, hf_model, tokenizer_meta: dict, qtype: str) -> dict[str, to
                 rows = w.shape[0]
                 stored[name] = torch.from_numpy(
                     np.ascontiguousarray(
-                        w.reshape(h, rows // h // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+                        w.reshape(h, rows // h // 2, 2, *w.shape[1:])
+                        .swapaxes(1, 2)
+                        .reshape(w.shape)
                     )
                 )
     return stored
@@ -114,18 +178,68 @@ def write_gguf(path, hf_model, tokenizer_meta: dict, qtype: str) -> dict[str, to
     "qtype,quantization",
     [(t, None) for t in TYPES] + [("Q8_0", "int8"), ("Q4_0", "int4"), ("Q4_1", "int4")],
 )
-def test_gguf_types_match_transformers(tmp_path, smollm_tokenizer, gguf_metadata, qtype, quantization, monkeypatch):
+def test_gguf_types_match_transformers(
+    tmp_path, smollm_tokenizer, gguf_metadata, qtype, quantization, monkeypatch
+):
     """Dequantized, or (with `quantization`) kept in their blocks for the quantized kernels."""
-    import transformers
-
     from plait.kernels import quant_matmul
 
     # the native kernels' rows: a bfloat16 GEMM (AMX machines) would blur a misread block's error
     monkeypatch.setattr(quant_matmul, "bf16_gemm_enabled", lambda: False)
-
     hf_dir = write_tiny_checkpoint(tmp_path / "hf", "llama", smollm_tokenizer, seed=3)
+    assert_gguf_matches_transformers(
+        tmp_path, hf_dir, gguf_metadata, qtype, quantization, "llama", smollm_tokenizer
+    )
+
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32, "rope_theta": 10000.0,
+}  # fmt: skip
+FAMILIES = {  # GGUF architecture, family of the transformers checkpoint, its config overrides
+    "llama3-rope": ("llama", "llama", {"rope_parameters": LLAMA3_ROPE}),
+    "qwen3": ("qwen3", "qwen3", {"head_dim": 16}),
+    "phi3": ("phi3", "phi3", {"sliding_window": 24}),
+    "gemma3": (
+        "gemma3",
+        "gemma3",
+        {
+            "head_dim": 32,
+            "num_hidden_layers": 3,
+            "sliding_window": 12,
+            "query_pre_attn_scalar": 32,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "final_logit_softcapping": 30.0,
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(FAMILIES))
+def test_family_ggufs_match_transformers(tmp_path, smollm_tokenizer, gguf_metadata, case):
+    """Each family's GGUF names and layout (Llama 3's `rope_freqs`, Qwen3's q/k norms, Phi-3's
+    fused `attn_qkv` and `ffn_up`) give transformers' logits."""
+    arch, family, overrides = FAMILIES[case]
+    hf_dir = write_tiny_checkpoint(
+        tmp_path / "hf", family, smollm_tokenizer, seed=5, random_norms=True, **overrides
+    )
+    loaded = assert_gguf_matches_transformers(
+        tmp_path, hf_dir, gguf_metadata, "Q8_0", None, arch, smollm_tokenizer
+    )
+    assert loaded.family.name == family
+    if case == "llama3-rope":
+        assert (
+            loaded.args.rope_freq_factors is not None and max(loaded.args.rope_freq_factors) == 8.0
+        )
+
+
+def assert_gguf_matches_transformers(
+    tmp_path, hf_dir, gguf_metadata, qtype, quantization, arch, tokenizer
+):
+    import transformers
+
     hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    stored = write_gguf(tmp_path / f"tiny-{qtype}.gguf", hf, gguf_metadata, qtype)
+    stored = write_gguf(tmp_path / f"tiny-{qtype}.gguf", hf, gguf_metadata, qtype, arch)
     hf.load_state_dict(stored)
     loaded = load_model(
         str(tmp_path / f"tiny-{qtype}.gguf"), torch.float32, torch.device("cpu"), quantization
@@ -137,19 +251,34 @@ def test_gguf_types_match_transformers(tmp_path, smollm_tokenizer, gguf_metadata
 
         linears = [m for m in loaded.model.modules() if isinstance(m, QuantLinear)]
         assert {m.format for m in linears} == {"int8" if qtype == "Q8_0" else "int4"}
-        if native_q8_rows(DEQUANT_GEMM_MIN_ROWS, linears[0].qw):  # AVX-512 VNNI rounds x at any row count
+        if native_q8_rows(
+            DEQUANT_GEMM_MIN_ROWS, linears[0].qw
+        ):  # AVX-512 VNNI rounds x at any row count
             tolerance = 1e-2  # two levels: 1/256 of a step of x (2.4e-3 seen); a misread block is off by O(1)
     # a prefill's worth of rows: on AVX2, fewer (a decode batch) would round x to int8 for the quantized kernels
-    ids = torch.randint(3, 49152, (1, DEQUANT_GEMM_MIN_ROWS), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(
+        3, 49152, (1, DEQUANT_GEMM_MIN_ROWS), generator=torch.Generator().manual_seed(0)
+    )
     with torch.no_grad():
         ref = hf(ids).logits[0]
     args = loaded.args
-    pool = KVPool(128, 1, args.num_layers, args.num_kv_heads, args.head_dim, torch.float32, torch.device("cpu"))
+    pool = KVPool(
+        128,
+        1,
+        args.num_layers,
+        args.num_kv_heads,
+        args.head_dim,
+        torch.float32,
+        torch.device("cpu"),
+    )
     runner = ModelRunner(loaded.model, pool, torch.device("cpu"), frozenset([2]), torch.Generator())
     req = request(ids[0].tolist(), 0, 1)
-    ours = all_logits(runner, ScheduleBatch(extends=[ExtendEntry(req, 0, DEQUANT_GEMM_MIN_ROWS, True)]))
+    ours = all_logits(
+        runner, ScheduleBatch(extends=[ExtendEntry(req, 0, DEQUANT_GEMM_MIN_ROWS, True)])
+    )
     assert (ours - ref).abs().max().item() < tolerance
-    assert loaded.tokenizer.encode("Hello world") == smollm_tokenizer.encode("Hello world")
+    assert loaded.tokenizer.encode("Hello world") == tokenizer.encode("Hello world")
+    return loaded
 
 
 def test_unsupported_gguf_architecture_is_named(tmp_path):

@@ -1,5 +1,6 @@
 """Tensor parallelism on gloo over loopback: TP=2 gives TP=1's logits (float32 tolerance) and
-the same greedy output, for an even head split and an uneven one (SmolLM2's 3 KV heads)."""
+the same greedy output, for an even head split and an uneven one (SmolLM2's 3 KV heads), and for
+the families whose heads shard alike (Qwen3 with its q/k norms, Phi-3 from its fused weights)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ import pytest
 
 from tests.conftest import write_tiny_checkpoint
 
-PROMPTS = ["The quick brown fox jumps over the lazy dog and then it", "1, 2, 3, 4,", "<|im_start|>user\nHi<|im_end|>\n"]
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog and then it",
+    "1, 2, 3, 4,",
+    "<|im_start|>user\nHi<|im_end|>\n",
+]
 PARAMS = {"max_new_tokens": 24, "temperature": 0}
 
 
@@ -37,7 +42,21 @@ def uneven_dir(tmp_path_factory, smollm_tokenizer):
                                  num_key_value_heads=3)  # fmt: skip
 
 
-@pytest.mark.parametrize("checkpoint", ["tiny_llama_dir", "uneven_dir"])
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory, smollm_tokenizer):
+    return write_tiny_checkpoint(
+        tmp_path_factory.mktemp("tiny-qwen3"), "qwen3", smollm_tokenizer, seed=2, head_dim=16
+    )
+
+
+@pytest.fixture(scope="module")
+def phi3_dir(tmp_path_factory, smollm_tokenizer):
+    return write_tiny_checkpoint(
+        tmp_path_factory.mktemp("tiny-phi3"), "phi3", smollm_tokenizer, seed=2
+    )
+
+
+@pytest.mark.parametrize("checkpoint", ["tiny_llama_dir", "uneven_dir", "qwen3_dir", "phi3_dir"])
 def test_tp2_matches_tp1(checkpoint, request):
     from plait import Engine
 
@@ -95,7 +114,9 @@ def test_plait_serve_tp_and_torchrun(tiny_llama_dir, tiny_engine, tmp_path):
         assert _served_text(server.url) == expected
         ranks = _children(server.process.pid)
         assert ranks, "rank 1 runs as a child process"
-    assert server.process.returncode == 0  # a clean exit through engine.shutdown(), not death by signal
+    assert (
+        server.process.returncode == 0
+    )  # a clean exit through engine.shutdown(), not death by signal
     # SIGTERM (what `stop` sends) shuts the engine down, and with it the other ranks
     deadline = time.monotonic() + 30
     while any(_alive(pid) for pid in ranks):

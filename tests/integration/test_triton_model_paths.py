@@ -29,10 +29,10 @@ def _generate(model_dir, params):
 @pytest.fixture
 def triton_paths(monkeypatch):
     from plait.runtime import sampling
-    from plait.runtime.models import llama
+    from plait.runtime.models import layers
 
     calls = {"norm": 0, "rotary": 0, "sample": 0}
-    norm_rope = llama.norm_rope
+    norm_rope = layers.norm_rope
 
     def counting(name, fn):
         def wrapped(*args, **kwargs):
@@ -42,10 +42,14 @@ def triton_paths(monkeypatch):
         return wrapped
 
     monkeypatch.setattr(native, "DISABLED", True)
-    monkeypatch.setattr(llama, "use_triton", lambda t: True)
+    monkeypatch.setattr(layers, "use_triton", lambda t: True)
     monkeypatch.setattr(sampling, "use_triton", lambda t: True)
     monkeypatch.setattr(norm_rope, "rms_norm_triton", counting("norm", norm_rope.rms_norm_triton))
-    monkeypatch.setattr(norm_rope, "fused_add_rms_norm_triton", counting("norm", norm_rope.fused_add_rms_norm_triton))
+    monkeypatch.setattr(
+        norm_rope,
+        "fused_add_rms_norm_triton",
+        counting("norm", norm_rope.fused_add_rms_norm_triton),
+    )
     monkeypatch.setattr(norm_rope, "rotary_triton", counting("rotary", norm_rope.rotary_triton))
     monkeypatch.setattr(sampling, "sample_triton", counting("sample", sampling.sample_triton))
     return calls

@@ -8,9 +8,12 @@ import torch
 import torch.nn.functional as F
 
 from plait.kernels import cpu_fused
-from plait.runtime.models.llama import LlamaArgs, RMSNorm, RotaryEmbedding, apply_rotary
+from plait.runtime.models.args import ModelArgs
+from plait.runtime.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
 
-pytestmark = pytest.mark.skipif(not cpu_fused.usable(torch.zeros(1)), reason="native CPU kernels did not build")
+pytestmark = pytest.mark.skipif(
+    not cpu_fused.usable(torch.zeros(1)), reason="native CPU kernels did not build"
+)
 
 GEN = torch.Generator().manual_seed(0)
 
@@ -29,9 +32,15 @@ def test_rms_norm_and_add_rms_norm(rows):
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 32), (8, 2, 128)])
 def test_rope_in_place_on_fused_qkv(heads, kv_heads, head_dim):
-    args = LlamaArgs(
-        vocab_size=10, hidden_size=heads * head_dim, intermediate_size=8, num_layers=1, num_heads=heads,
-        num_kv_heads=kv_heads, head_dim=head_dim, rope_theta=100000.0,
+    args = ModelArgs(
+        vocab_size=10,
+        hidden_size=heads * head_dim,
+        intermediate_size=8,
+        num_layers=1,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        rope_theta=100000.0,
     )
     rotary = RotaryEmbedding(args)
     tokens = 11
@@ -46,7 +55,9 @@ def test_rope_in_place_on_fused_qkv(heads, kv_heads, head_dim):
     cpu_fused.rope_(qkv, positions, rotary.inv_freq, heads, kv_heads, head_dim)
     q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
     torch.testing.assert_close(q.reshape(tokens, heads, head_dim), expected_q, atol=2e-5, rtol=1e-5)
-    torch.testing.assert_close(k.reshape(tokens, kv_heads, head_dim), expected_k, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        k.reshape(tokens, kv_heads, head_dim), expected_k, atol=2e-5, rtol=1e-5
+    )
     assert torch.equal(v, expected_v)
 
 
@@ -64,16 +75,22 @@ def test_usable_only_for_float32_cpu(monkeypatch):
 
 def test_mlp_in_row_blocks_equals_one_pass(monkeypatch):
     """A long prefill's MLP runs in blocks of rows on the CPU; the result is the one-pass result."""
-    from plait.runtime.models import llama
+    from plait.runtime.models import layers
 
-    args = LlamaArgs(
-        vocab_size=10, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=4,
-        num_kv_heads=2, head_dim=8, rope_theta=10000.0,
+    args = ModelArgs(
+        vocab_size=10,
+        hidden_size=32,
+        intermediate_size=48,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        rope_theta=10000.0,
     )
-    mlp = llama.MLP(args)
+    mlp = layers.MLP(args)
     x = torch.randn(23, 32, generator=GEN)
     whole = mlp(x)
-    monkeypatch.setattr(llama, "CPU_MLP_ROWS", 5)
+    monkeypatch.setattr(layers, "CPU_MLP_ROWS", 5)
     torch.testing.assert_close(mlp(x), whole)
     gate, up = mlp.gate_up_proj(x).split(48, dim=-1)
     torch.testing.assert_close(whole, mlp.down_proj(F.silu(gate) * up), atol=1e-5, rtol=1e-5)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from plait.kernels.norm_rope import fused_add_rms_norm_ref, rms_norm_ref, rotary_ref
-from plait.runtime.models.llama import LlamaArgs, RMSNorm, RotaryEmbedding, apply_rotary
+from plait.runtime.models.args import ModelArgs
+from plait.runtime.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
 
 pytest.importorskip("triton")
 
@@ -24,7 +25,7 @@ TOL = {
 def cos_sin(
     num_tokens: int, head_dim: int, dtype: torch.dtype, device: str = "cpu", theta: float = 10000.0
 ):
-    args = LlamaArgs(
+    args = ModelArgs(
         vocab_size=10,
         hidden_size=head_dim,
         intermediate_size=1,

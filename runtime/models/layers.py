@@ -1,0 +1,206 @@
+"""The building blocks every family's decoder is made of: RMSNorm, rotary embeddings, attention over
+paged KV (with optional q/k norms and a sliding window), and the gated MLP with the family's
+activation. Each operation calls its kernel's dispatch point (native CPU, Triton, or torch).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from plait.kernels import attention, cpu_fused, norm_rope
+from plait.kernels.dispatch import use_triton
+from plait.runtime.forward_batch import ForwardBatch
+from plait.runtime.models.args import ModelArgs
+from plait.runtime.tuning import CPU_MLP_ROWS
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """rmsnorm(x) * weight; with `residual`, (rmsnorm(x + residual) * weight, x + residual)."""
+        if cpu_fused.usable(x):
+            if residual is None:
+                return cpu_fused.rms_norm(x, self.weight, self.eps)
+            return cpu_fused.add_rms_norm(x, residual, self.weight, self.eps)
+        if x.dim() == 2 and use_triton(x):  # CUDA: one pass over memory (kernels/norm_rope.py)
+            if residual is None:
+                return norm_rope.rms_norm_triton(x, self.weight, self.eps)
+            return norm_rope.fused_add_rms_norm_triton(x, residual, self.weight, self.eps)
+        if residual is not None:
+            residual = x + residual
+            return self._norm(residual), residual
+        return self._norm(x)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_inv_freq(args: ModelArgs, local: bool = False) -> torch.Tensor:
+    """The inverse frequencies [head_dim / 2]; `local`: those of the sliding-window layers where
+    the family gives them their own base (`rope_local_theta`, unscaled)."""
+    dim = args.head_dim
+    theta = args.rope_local_theta if local else args.rope_theta
+    # NOTE: float32 throughout, as Hugging Face computes it, so positions far out match exactly.
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if local:
+        return inv_freq
+    if args.rope_freq_factors is not None:
+        return inv_freq / torch.tensor(args.rope_freq_factors, dtype=torch.float32)
+    scaling = args.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        pass
+    elif kind == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    elif kind == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+        inv_freq = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        is_medium = (wavelen <= old_len / low) & (wavelen >= old_len / high)
+        inv_freq = torch.where(is_medium, smoothed, inv_freq)
+    else:
+        raise NotImplementedError(
+            f"rope_scaling: type {kind!r} is not supported (supported: default, linear, llama3)"
+        )
+    return inv_freq
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, args: ModelArgs, local: bool = False) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", rope_inv_freq(args, local), persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, head_dim / 2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [T, head_dim]
+        return emb.cos(), emb.sin()
+
+
+@dataclass
+class Rope:
+    """What every layer needs to rotate q and k: cos/sin tables, or (on the CPU fused path) the
+    positions and inverse frequencies the kernel computes them from."""
+
+    cos: torch.Tensor | None
+    sin: torch.Tensor | None
+    positions: torch.Tensor
+    inv_freq: torch.Tensor
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [T, heads, head_dim]; cos, sin: [T, head_dim]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos[:, None, :] + rotated * sin[:, None, :]).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, layer_id: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads = args.num_heads
+        self.num_kv_heads = args.num_kv_heads
+        self.head_dim = args.head_dim
+        self.q_size = args.num_heads * args.head_dim
+        self.kv_size = args.num_kv_heads * args.head_dim
+        self.scale = args.attn_scale or args.head_dim**-0.5
+        self.sliding_window = args.layer_window(layer_id)
+        self.qkv_proj = nn.Linear(
+            args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.attention_bias
+        )
+        self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=False)
+        # one weight [head_dim] shared by every query (key) head
+        self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
+        self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
+
+    def forward(self, x: torch.Tensor, rope: Rope, batch: ForwardBatch) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        qkv = self.qkv_proj(x)
+        if self.q_norm is not None:
+            qkv = self._norm_qk(qkv)
+        if rope.cos is None:  # the CPU fused path: rotate q and k inside qkv, in place
+            qkv = qkv.contiguous()
+            cpu_fused.rope_(
+                qkv, rope.positions, rope.inv_freq, self.num_heads, self.num_kv_heads, self.head_dim
+            )
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        if rope.cos is not None and use_triton(q):  # CUDA: in place on the qkv views
+            norm_rope.rotary_triton(q, rope.cos, rope.sin)
+            norm_rope.rotary_triton(k, rope.cos, rope.sin)
+        elif rope.cos is not None:
+            q = apply_rotary(q, rope.cos, rope.sin)
+            k = apply_rotary(k, rope.cos, rope.sin)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        k_cache, v_cache = batch.kv_pool.layer(self.layer_id)
+        out = attention.paged_attention(
+            q,
+            k,
+            v,
+            k_cache,
+            v_cache,
+            batch.attn,
+            self.scale,
+            self.sliding_window,
+            batch.kv_pool.scales(self.layer_id),
+        )  # [T, num_heads, head_dim]
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+    def _norm_qk(self, qkv: torch.Tensor) -> torch.Tensor:
+        """qkv [T, q_size + 2 kv_size] with each query and key head RMS-normalized (before rotary)."""
+        num_tokens = qkv.shape[0]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = self.q_norm(q.reshape(num_tokens * self.num_heads, self.head_dim))
+        k = self.k_norm(k.reshape(num_tokens * self.num_kv_heads, self.head_dim))
+        return torch.cat([q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v], dim=-1)
+
+
+class MLP(nn.Module):
+    """down(act(gate(x)) * up(x)), with the family's activation (SiLU, or GELU with tanh)."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.intermediate_size = args.intermediate_size
+        self.activation = args.activation
+        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0]
+        if x.device.type == "cpu" and x.dim() == 2 and rows > CPU_MLP_ROWS:
+            # NOTE: glibc maps allocations over 32 MB fresh from the OS each time: an 8192-token
+            # prefill's [tokens, 2 x intermediate] activations page-faulted ~4% of the step away.
+            # Blocks of rows keep every activation under that size, reused from the heap.
+            out = torch.empty(rows, self.down_proj.out_features, dtype=x.dtype)
+            for s in range(0, rows, CPU_MLP_ROWS):
+                out[s : s + CPU_MLP_ROWS] = self._forward(x[s : s + CPU_MLP_ROWS])
+            return out
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        if self.activation == "silu" and cpu_fused.usable(gate_up):
+            return self.down_proj(cpu_fused.silu_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
+        if self.activation == "gelu_tanh":
+            return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+        return self.down_proj(F.silu(gate) * up)

@@ -1,0 +1,117 @@
+"""Every family against transformers on a tiny random checkpoint of its own config, through the
+Engine: greedy tokens, prompt logprobs, and the serving paths that must not change them (a cached
+prefix, a batch, a prefill in chunks)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from plait import Engine
+from tests.conftest import write_tiny_checkpoint
+
+NEW_TOKENS = 64
+TOL = 1e-3
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+    "rope_theta": 10000.0,
+}
+# family, config overrides, what the engine's execution must say about its layers
+CASES = {
+    "llama3-rope": ("llama", {"rope_parameters": LLAMA3_ROPE}, "native stack"),
+    "qwen3": ("qwen3", {"head_dim": 16}, "layerwise (not on the native stack: q/k norms)"),
+    "phi3": ("phi3", {"sliding_window": 24}, "native stack"),
+    "gemma3": (
+        "gemma3",
+        {
+            "head_dim": 32,
+            "num_hidden_layers": 3,
+            "sliding_window": 12,
+            "query_pre_attn_scalar": 24,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "final_logit_softcapping": 30.0,
+        },
+        "layerwise (not on the native stack: the gemma3 decoder layer)",
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request, tmp_path_factory, smollm_tokenizer):
+    import transformers
+
+    family, overrides, layers = CASES[request.param]
+    path = write_tiny_checkpoint(
+        tmp_path_factory.mktemp(request.param), family, smollm_tokenizer, seed=7, **overrides
+    )
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None  # run the whole budget, as ignore_eos does
+    engine = Engine(model_path=str(path), max_total_tokens=4096, page_size=4, check_invariants=True)
+    yield family, path, hf, engine, layers
+    engine.shutdown()
+
+
+def prompt(seed: int, n: int = 40) -> list[int]:
+    return torch.randint(3, 49152, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+GREEDY = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
+
+
+def hf_greedy(hf, ids: list[int]) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(
+            torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
+        )
+    return out[0, len(ids) :].tolist()
+
+
+def test_greedy_tokens_equal_transformers(case):
+    family, _, hf, engine, layers = case
+    ids = prompt(1)
+    out = engine.generate(input_ids=ids, sampling_params=GREEDY)
+    assert out["output_ids"] == hf_greedy(hf, ids)
+    stats = engine.stats()
+    assert stats["model_family"] == family
+    assert stats["execution_layers"].startswith(layers)
+
+
+def test_prompt_logprobs_match_transformers(case):
+    _, _, hf, engine, _ = case
+    ids = prompt(2, 50)
+    out = engine.generate(
+        input_ids=ids,
+        sampling_params={"max_new_tokens": 1},
+        return_logprob=True,
+        logprob_start_len=0,
+    )
+    ours = [entry[0] for entry in out["meta_info"]["input_token_logprobs"][1:]]
+    with torch.no_grad():
+        logp = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), dim=-1)
+    ref = logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+    assert torch.allclose(torch.tensor(ours), ref, atol=TOL, rtol=0)
+
+
+def test_cached_batched_and_chunked_runs_equal_one_whole_run(case):
+    _, path, _, engine, _ = case
+    prompts = [prompt(10 + i, 30 + 7 * i) for i in range(3)]
+    alone = [engine.generate(input_ids=p, sampling_params=GREEDY)["output_ids"] for p in prompts]
+    again = engine.generate(
+        input_ids=prompts[0] + [5, 6], sampling_params={**GREEDY, "max_new_tokens": 0}
+    )
+    assert again["meta_info"]["cached_tokens"] > 0
+    cached = engine.generate(input_ids=prompts[0], sampling_params=GREEDY)
+    assert cached["meta_info"]["cached_tokens"] > 0 and cached["output_ids"] == alone[0]
+    together = engine.generate(input_ids=prompts, sampling_params=GREEDY)
+    assert [o["output_ids"] for o in together] == alone
+    with Engine(
+        model_path=str(path), max_total_tokens=4096, page_size=4, chunked_prefill_size=8
+    ) as chunked:
+        assert [
+            chunked.generate(input_ids=p, sampling_params=GREEDY)["output_ids"] for p in prompts
+        ] == alone
