@@ -32,15 +32,13 @@ LLAMA_1B = dict(  # Llama-3.2-1B shapes, SmolLM2's vocabulary
 
 def write_random_llama(sz: Any, path: Path) -> Path:
     """A random-weight Llama checkpoint (1B-class on the GPU) with the default model's tokenizer."""
-    import gguf
-
-    from plait.runtime.model_loader.gguf_loader import read_metadata
+    from plait.runtime.model_loader.gguf_file import read_gguf_metadata
     from plait.runtime.model_loader.locate import default_model_path
     from plait.runtime.tokenizer import Tokenizer
     from plait.thirdparty import import_transformers
 
     transformers = import_transformers()
-    tokenizer = Tokenizer.from_gguf_metadata(read_metadata(gguf.GGUFReader(default_model_path())))
+    tokenizer = Tokenizer.from_gguf_metadata(read_gguf_metadata(default_model_path()))
     config = transformers.LlamaConfig(
         vocab_size=tokenizer.vocab_size, bos_token_id=1, eos_token_id=2, **sz.llama
     )

@@ -100,13 +100,20 @@ def _prompt_ids(tokenizer: Any, n: int) -> list[int]:
 
 
 def measure_plait(
-    model_path: str | None, fmt: str, prompt_len: int, decode_len: int, repeats: int, kv_cache_dtype: str = "auto"
+    model_path: str | None,
+    fmt: str,
+    prompt_len: int,
+    decode_len: int,
+    repeats: int,
+    kv_cache_dtype: str = "auto",
 ) -> dict:
     from plait.runtime.engine import Engine
 
     engine = Engine(
-        model_path=model_path, max_total_tokens=max(prompt_len + decode_len + 64, 1024),
-        kv_cache_dtype=kv_cache_dtype, **_format_kwargs(fmt),
+        model_path=model_path,
+        max_total_tokens=max(prompt_len + decode_len + 64, 1024),
+        kv_cache_dtype=kv_cache_dtype,
+        **_format_kwargs(fmt),
     )
     try:
         ids = _prompt_ids(engine.tokenizer, prompt_len)
@@ -147,14 +154,20 @@ def measure_plait(
         text_ids = engine.tokenizer.encode(PERPLEXITY_TEXT)
         half = len(text_ids) // 2
         engine.flush_cache()
-        engine.generate(input_ids=text_ids[:half], sampling_params={"max_new_tokens": 0})  # now cached
+        engine.generate(
+            input_ids=text_ids[:half], sampling_params={"max_new_tokens": 0}
+        )  # now cached
         out = engine.generate(
-            input_ids=text_ids, sampling_params={"max_new_tokens": 0}, return_logprob=True, logprob_start_len=half
+            input_ids=text_ids,
+            sampling_params={"max_new_tokens": 0},
+            return_logprob=True,
+            logprob_start_len=half,
         )
         logprobs = [e[0] for e in out["meta_info"]["input_token_logprobs"][1:]]
         perplexity = float(torch.tensor(logprobs).neg().mean().exp())
         linear_params = sum(
-            m.in_features * m.out_features for name, m in engine.model.named_modules()
+            m.in_features * m.out_features
+            for name, m in engine.model.named_modules()
             if hasattr(m, "in_features") and name != "lm_head"
         )
         weight_bytes = engine.stats()["weight_bytes"]
@@ -165,14 +178,20 @@ def measure_plait(
     finally:
         engine.shutdown()
     return {
-        "prefill_tok_s": prompt_len / prefill_s, "decode_tok_s": decode_tps, "sampled_decode_tok_s": sampled_tps,
+        "prefill_tok_s": prompt_len / prefill_s,
+        "decode_tok_s": decode_tps,
+        "sampled_decode_tok_s": sampled_tps,
         "weight_bytes": weight_bytes,
-        "weights_read_s": weights_read_s, "decode_share_of_roofline": decode_share,
-        "perplexity": perplexity, "prefill_flops_per_token": 2 * linear_params + attention_flops // prompt_len,
+        "weights_read_s": weights_read_s,
+        "decode_share_of_roofline": decode_share,
+        "perplexity": perplexity,
+        "prefill_flops_per_token": 2 * linear_params + attention_flops // prompt_len,
     }
 
 
-def measure_transformers(model_path: str | None, dtype: str, prompt_len: int, decode_len: int, repeats: int) -> dict:
+def measure_transformers(
+    model_path: str | None, dtype: str, prompt_len: int, decode_len: int, repeats: int
+) -> dict:
     from plait.thirdparty import import_transformers
 
     transformers = import_transformers()
@@ -185,11 +204,9 @@ def measure_transformers(model_path: str | None, dtype: str, prompt_len: int, de
         model = transformers.AutoModelForCausalLM.from_pretrained(
             os.path.dirname(loc.path), gguf_file=os.path.basename(loc.path), dtype=torch.float32
         )
-        import gguf
+        from plait.runtime.model_loader.gguf_file import read_gguf_metadata
 
-        from plait.runtime.model_loader.gguf_loader import read_metadata
-
-        tokenizer = Tokenizer.from_gguf_metadata(read_metadata(gguf.GGUFReader(loc.path)))
+        tokenizer = Tokenizer.from_gguf_metadata(read_gguf_metadata(loc.path))
     else:
         model = transformers.AutoModelForCausalLM.from_pretrained(loc.path, dtype=torch.float32)
         tokenizer = Tokenizer.from_hf_dir(loc.path)
@@ -200,17 +217,31 @@ def measure_transformers(model_path: str | None, dtype: str, prompt_len: int, de
     with torch.inference_mode():
         model(ids[:, :32])
         prefill_s = best_of(lambda: model(ids, attention_mask=mask, use_cache=True), repeats)
-        kwargs = dict(do_sample=False, pad_token_id=0, eos_token_id=None, attention_mask=torch.ones_like(short))
-        one = best_of(lambda: model.generate(short, max_new_tokens=1, min_new_tokens=1, **kwargs), repeats)
+        kwargs = dict(
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+            attention_mask=torch.ones_like(short),
+        )
+        one = best_of(
+            lambda: model.generate(short, max_new_tokens=1, min_new_tokens=1, **kwargs), repeats
+        )
         full = best_of(
-            lambda: model.generate(short, max_new_tokens=decode_len, min_new_tokens=decode_len, **kwargs),
+            lambda: model.generate(
+                short, max_new_tokens=decode_len, min_new_tokens=decode_len, **kwargs
+            ),
             repeats,
         )
     gc.collect()
-    return {"prefill_tok_s": prompt_len / prefill_s, "decode_tok_s": (decode_len - 1) / (full - one)}
+    return {
+        "prefill_tok_s": prompt_len / prefill_s,
+        "decode_tok_s": (decode_len - 1) / (full - one),
+    }
 
 
-def measure_llama_cpp(model_path: str | None, prompt_len: int, decode_len: int, repeats: int) -> dict | None:
+def measure_llama_cpp(
+    model_path: str | None, prompt_len: int, decode_len: int, repeats: int
+) -> dict | None:
     """llama-cpp-python on the same GGUF file and thread count, or None when not installed."""
     try:
         import llama_cpp
@@ -226,8 +257,12 @@ def measure_llama_cpp(model_path: str | None, prompt_len: int, decode_len: int, 
     keep_llama_cpp_off_amx()
     threads = torch.get_num_threads()
     llm = llama_cpp.Llama(
-        loc.path, n_ctx=prompt_len + decode_len + 64, n_threads=threads, n_threads_batch=threads,
-        n_batch=prompt_len, verbose=False,
+        loc.path,
+        n_ctx=prompt_len + decode_len + 64,
+        n_threads=threads,
+        n_threads_batch=threads,
+        n_batch=prompt_len,
+        verbose=False,
     )
     ids = llm.tokenize(PERPLEXITY_TEXT.encode())
     ids = (ids * (prompt_len // len(ids) + 1))[:prompt_len]
@@ -248,7 +283,11 @@ def measure_llama_cpp(model_path: str | None, prompt_len: int, decode_len: int, 
         return decode_len / (time.perf_counter() - start)
 
     decode_tps = max(decode_once() for _ in range(repeats))
-    return {"prefill_tok_s": prompt_len / prefill_s, "decode_tok_s": decode_tps, "version": llama_cpp.__version__}
+    return {
+        "prefill_tok_s": prompt_len / prefill_s,
+        "decode_tok_s": decode_tps,
+        "version": llama_cpp.__version__,
+    }
 
 
 def run_latency_bench(args: argparse.Namespace) -> int:
@@ -267,48 +306,118 @@ def run_latency_bench(args: argparse.Namespace) -> int:
     rows = []
     for fmt in formats:
         ours = measure_plait(
-            args.model_path, fmt, args.prompt_len, args.decode_len, repeats, getattr(args, "kv_cache_dtype", "auto")
+            args.model_path,
+            fmt,
+            args.prompt_len,
+            args.decode_len,
+            repeats,
+            getattr(args, "kv_cache_dtype", "auto"),
         )
         ref = (
-            off_main_thread(measure_transformers, args.model_path, fmt, args.prompt_len, args.decode_len, repeats)
+            off_main_thread(
+                measure_transformers,
+                args.model_path,
+                fmt,
+                args.prompt_len,
+                args.decode_len,
+                repeats,
+            )
             if args.transformers and fmt in _DTYPES
             else None
         )
         roofline = roofline_steps_s(ours["weights_read_s"], bandwidth, ours["weight_bytes"])
         probe_roofline = bandwidth / ours["weight_bytes"]  # by the 1 GiB probe, in parentheses
         prefill_share = ours["prefill_tok_s"] * ours["prefill_flops_per_token"] / matmul_flops
-        results[fmt] = {"plait": ours, "transformers": ref, "roofline_steps_s": roofline,
-                        "probe_roofline_steps_s": probe_roofline,
-                        "prefill_share_of_matmul": prefill_share}
-        rows.append([fmt, f"prefill tok/s ({args.prompt_len})", ours["prefill_tok_s"],
-                     f"{prefill_share:.0%} of matmul", ref and ref["prefill_tok_s"], ours["perplexity"]])
+        results[fmt] = {
+            "plait": ours,
+            "transformers": ref,
+            "roofline_steps_s": roofline,
+            "probe_roofline_steps_s": probe_roofline,
+            "prefill_share_of_matmul": prefill_share,
+        }
+        rows.append(
+            [
+                fmt,
+                f"prefill tok/s ({args.prompt_len})",
+                ours["prefill_tok_s"],
+                f"{prefill_share:.0%} of matmul",
+                ref and ref["prefill_tok_s"],
+                ours["perplexity"],
+            ]
+        )
         share = ours["decode_share_of_roofline"] or ours["decode_tok_s"] / roofline
-        rows.append([fmt, f"decode tok/s ({args.decode_len})", ours["decode_tok_s"],
-                     f"{share:.0%} of {roofline:.0f} "
-                     f"({ours['decode_tok_s'] / probe_roofline:.0%} of {probe_roofline:.0f})", ref and ref["decode_tok_s"],
-                     None])
-        rows.append([fmt, f"decode tok/s ({args.decode_len}, sampled)", ours["sampled_decode_tok_s"],
-                     f"{ours['sampled_decode_tok_s'] / ours['decode_tok_s']:.0%} of greedy", None, None])
-    llama = measure_llama_cpp(args.model_path, args.prompt_len, args.decode_len, repeats) if args.llama_cpp else None
+        rows.append(
+            [
+                fmt,
+                f"decode tok/s ({args.decode_len})",
+                ours["decode_tok_s"],
+                f"{share:.0%} of {roofline:.0f} "
+                f"({ours['decode_tok_s'] / probe_roofline:.0%} of {probe_roofline:.0f})",
+                ref and ref["decode_tok_s"],
+                None,
+            ]
+        )
+        rows.append(
+            [
+                fmt,
+                f"decode tok/s ({args.decode_len}, sampled)",
+                ours["sampled_decode_tok_s"],
+                f"{ours['sampled_decode_tok_s'] / ours['decode_tok_s']:.0%} of greedy",
+                None,
+                None,
+            ]
+        )
+    llama = (
+        measure_llama_cpp(args.model_path, args.prompt_len, args.decode_len, repeats)
+        if args.llama_cpp
+        else None
+    )
     if llama is not None:
         results["llama_cpp"] = llama
-        rows.append(["llama.cpp (gguf)", f"prefill tok/s ({args.prompt_len})", llama["prefill_tok_s"], None, None, None])
-        rows.append(["llama.cpp (gguf)", f"decode tok/s ({args.decode_len})", llama["decode_tok_s"], None, None, None])
+        rows.append(
+            [
+                "llama.cpp (gguf)",
+                f"prefill tok/s ({args.prompt_len})",
+                llama["prefill_tok_s"],
+                None,
+                None,
+                None,
+            ]
+        )
+        rows.append(
+            [
+                "llama.cpp (gguf)",
+                f"decode tok/s ({args.decode_len})",
+                llama["decode_tok_s"],
+                None,
+                None,
+                None,
+            ]
+        )
     print()
     weights_read = ", ".join(
         f"{fmt} {r['plait']['weight_bytes'] / r['plait']['weights_read_s'] / 1e9:.1f}"
-        for fmt, r in results.items() if fmt in FORMATS and r["plait"]["weights_read_s"]
+        for fmt, r in results.items()
+        if fmt in FORMATS and r["plait"]["weights_read_s"]
     )
-    print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s (1 GiB probe; the weights themselves read at GB/s: "
-          f"{weights_read or '-'}), float32 matmul {matmul_flops / 1e9:.0f} GFLOP/s, {torch.get_num_threads()} threads, "
-          f"native kernels {native_isa()}{', bfloat16 prefill GEMM (AMX)' if bf16_gemm_enabled() else ''}, "
-          f"{cpu_model()}")
+    print(
+        f"read bandwidth {bandwidth / 1e9:.1f} GB/s (1 GiB probe; the weights themselves read at GB/s: "
+        f"{weights_read or '-'}), float32 matmul {matmul_flops / 1e9:.0f} GFLOP/s, {torch.get_num_threads()} threads, "
+        f"native kernels {native_isa()}{', bfloat16 prefill GEMM (AMX)' if bf16_gemm_enabled() else ''}, "
+        f"{cpu_model()}"
+    )
     print_table(["format", "metric", "plait", "vs limit", "transformers", "perplexity"], rows)
     write_json(
         args.output,
-        {"benchmark": "latency", "prompt_len": args.prompt_len, "decode_len": args.decode_len,
-         "kv_cache_dtype": getattr(args, "kv_cache_dtype", "auto"),
-         "bandwidth_bytes_s": bandwidth, "matmul_flops": matmul_flops,
-         "torch_threads": torch.get_num_threads(), "results": results},
+        {
+            "benchmark": "latency",
+            "prompt_len": args.prompt_len,
+            "decode_len": args.decode_len,
+            "kv_cache_dtype": getattr(args, "kv_cache_dtype", "auto"),
+            "bandwidth_bytes_s": bandwidth,
+            "matmul_flops": matmul_flops,
+            "torch_threads": torch.get_num_threads(),
+            "results": results,
+        },
     )
     return 0

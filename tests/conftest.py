@@ -40,11 +40,9 @@ def gguf_path() -> str:
 
 @pytest.fixture(scope="session")
 def gguf_metadata(gguf_path: str) -> dict:
-    import gguf
+    from plait.runtime.model_loader.gguf_file import read_gguf_metadata
 
-    from plait.runtime.model_loader.gguf_loader import read_metadata
-
-    return read_metadata(gguf.GGUFReader(gguf_path))
+    return read_gguf_metadata(gguf_path)
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """Reading a GGUF file: the family, hyperparameters and tokenizer from its metadata; weights
-dequantized by the `gguf` package (every type it reads, bit for bit), or kept in their blocks
+dequantized as the `gguf` package does (every type it reads, bit for bit), or kept in their blocks
 where plait's quantized kernels read them directly (Q4_1 and Q4_0 as int4, Q8_0 as int8, all
 with groups of 32).
 
@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from plait.kernels.quant_matmul import QuantizedWeight
+from plait.runtime.model_loader.gguf_file import GgufFile, GgufTensor, dequantize
 from plait.runtime.models.args import ModelArgs
 from plait.runtime.models.registry import Family, family_for_gguf
 
@@ -27,7 +28,7 @@ _BLOCK_TYPES = ("Q4_1", "Q4_0", "Q8_0")  # kept as they are for the quantized ke
 @dataclass(frozen=True)
 class GgufCheckpoint:
     path: str
-    reader: Any  # gguf.GGUFReader (memory-mapped; tensors are read when iterated)
+    reader: GgufFile  # memory-mapped; tensors are read when iterated
     meta: dict[str, Any]
     family: Family
     args: ModelArgs
@@ -41,15 +42,6 @@ class GgufCheckpoint:
         ]
 
 
-def read_metadata(reader: Any) -> dict[str, Any]:
-    meta: dict[str, Any] = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        meta[key] = field.contents()
-    return meta
-
-
 def readable_types() -> tuple[str, ...]:
     """The tensor types `gguf.quants.dequantize` reads (F32 and F16 are built in)."""
     from gguf import quants
@@ -58,13 +50,11 @@ def readable_types() -> tuple[str, ...]:
 
 
 def open_gguf(path: str) -> GgufCheckpoint:
-    import gguf
-
     try:
-        reader = gguf.GGUFReader(path)
-    except (ValueError, OSError) as exc:  # the reader checks the magic, version and layout
+        reader = GgufFile(path)
+    except ValueError as exc:  # the magic, version and layout
         raise ValueError(f"model_path: {path} is not a GGUF file plait can read ({exc})") from None
-    meta = read_metadata(reader)
+    meta = reader.meta
     arch = meta.get("general.architecture")
     family = family_for_gguf(arch, f"GGUF {path}")
     readable = readable_types()
@@ -103,22 +93,15 @@ def _unpermute(w: np.ndarray, num_heads: int) -> np.ndarray:
     )
 
 
-def _dequantize(tensor: Any) -> np.ndarray:
+def _dequantize(tensor: GgufTensor) -> np.ndarray:
     """The tensor as float32, rows first (as torch), exactly as `gguf.quants.dequantize` gives it."""
-    import gguf
-
-    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-    return (
-        gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        .astype(np.float32, copy=False)
-        .reshape(shape)
-    )
+    return dequantize(tensor)
 
 
-def _quantized_blocks(tensor: Any) -> QuantizedWeight:
+def _quantized_blocks(tensor: GgufTensor) -> QuantizedWeight:
     """A Q4_1 / Q4_0 / Q8_0 matrix as a `QuantizedWeight`, its blocks copied, not re-quantized."""
     kind = tensor.tensor_type.name
-    n, k = (int(d) for d in reversed(tensor.shape.tolist()))
+    n, k = tensor.dims
     block_bytes = {"Q4_1": 20, "Q4_0": 18, "Q8_0": 34}[kind]
     raw = np.asarray(tensor.data).view(np.uint8).reshape(n, k // 32, block_bytes)
     scale = np.ascontiguousarray(
@@ -164,7 +147,7 @@ def iter_gguf_weights(
         heads = None
         if family.gguf_rope_permuted and (".attn_q." in name or ".attn_k." in name):
             heads = args.num_heads if ".attn_q." in name else args.num_kv_heads
-        kept = keep_blocks and kind in _BLOCK_TYPES and len(tensor.shape) == 2
+        kept = keep_blocks and kind in _BLOCK_TYPES and len(tensor.dims) == 2
         if kept:
             qw = _quantized_blocks(tensor)
             if heads is not None:
@@ -187,4 +170,6 @@ def iter_gguf_weights(
         record((hf_name, kind, False))
         if name == "token_embd.weight" and args.tie_word_embeddings and not kept:
             record(("lm_head.weight", kind, False))
-        yield hf_name, torch.from_numpy(np.array(array, dtype=np.float32, copy=True))
+        if not array.flags.writeable:  # a view of the mapped file (F32)
+            array = array.copy()
+        yield hf_name, torch.from_numpy(array)

@@ -220,3 +220,44 @@ def test_a_tensor_the_family_lacks_is_named_with_its_file(tmp_path, no_weight_re
         match=r"m\.gguf: tensor blk\.0\.attn_q_norm\.weight is not one the qwen2 family has",
     ):
         load_model(str(tmp_path / "m.gguf"), torch.float32, CPU)
+
+
+def test_the_header_reads_as_the_gguf_package_reads_it(gguf_path):
+    import gguf
+
+    from plait.runtime.model_loader.gguf_file import GgufFile
+
+    theirs = gguf.GGUFReader(gguf_path)
+    ours = GgufFile(gguf_path)
+    expected = {k: f.contents() for k, f in theirs.fields.items() if not k.startswith("GGUF.")}
+    assert ours.meta == expected
+    assert [type(v) for v in ours.meta.values()] == [type(v) for v in expected.values()]
+    assert len(ours.tensors) == len(theirs.tensors) == 272
+    for a, b in zip(ours.tensors, theirs.tensors):
+        assert (a.name, a.tensor_type, a.data.dtype, a.data.shape) == (
+            b.name, b.tensor_type, b.data.dtype, b.data.shape,
+        )  # fmt: skip
+        assert a.dims == tuple(reversed(b.shape.tolist()))
+        assert np.array_equal(a.data, b.data)
+
+
+@pytest.mark.parametrize("qtype", ["F16", "BF16", *gguf_types()])
+def test_dequantizing_in_runs_of_blocks_is_bit_exact(tmp_path, monkeypatch, qtype):
+    import gguf
+
+    from plait.runtime.model_loader import gguf_file
+
+    monkeypatch.setattr(gguf_file, "_DEQUANT_BLOCKS", 3)  # many runs, on several threads
+    stored = write_tiny_gguf(tmp_path / "m.gguf", qtype)
+    for tensor in gguf_file.GgufFile(str(tmp_path / "m.gguf")).tensors:
+        ours = gguf_file.dequantize(tensor)
+        theirs = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(tensor.dims)
+        assert ours.dtype == np.float32 and ours.shape == stored[tensor.name].shape
+        assert np.array_equal(ours.view(np.uint32), theirs.astype(np.float32).view(np.uint32))
+
+
+@pytest.mark.parametrize("content", [b"", b"GGUF", b"GGUF\x03\x00\x00\x00" + b"\xff" * 16])
+def test_an_empty_or_truncated_file_is_refused_by_name(tmp_path, content):
+    (tmp_path / "cut.gguf").write_bytes(content)
+    with pytest.raises(ValueError, match=r"cut\.gguf is not a GGUF file plait can read \(.+\)$"):
+        load_model(str(tmp_path / "cut.gguf"), torch.float32, CPU)

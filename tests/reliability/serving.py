@@ -12,20 +12,20 @@ from typing import Any
 
 def tiny_model_dir() -> Path:
     """A random-weight Llama with the SmolLM2 tokenizer, as the tests use (written once per run)."""
-    import gguf
-
-    from plait.runtime.model_loader.gguf_loader import read_metadata
+    from plait.runtime.model_loader.gguf_file import read_gguf_metadata
     from plait.runtime.model_loader.locate import default_model_path
     from plait.runtime.tokenizer import Tokenizer
     from tests.conftest import write_tiny_checkpoint
 
-    tokenizer = Tokenizer.from_gguf_metadata(read_metadata(gguf.GGUFReader(default_model_path())))
+    tokenizer = Tokenizer.from_gguf_metadata(read_gguf_metadata(default_model_path()))
     path = Path(tempfile.mkdtemp(prefix="plait-reliability-")) / "tiny-llama"
     return write_tiny_checkpoint(path, "llama", tokenizer)
 
 
 @contextmanager
-def running_server(model: str | Path, engine_args: dict | None = None, **config: Any) -> Iterator[Any]:
+def running_server(
+    model: str | Path, engine_args: dict | None = None, **config: Any
+) -> Iterator[Any]:
     """Yields the `ServerThread` with `.engine` and `.app_state` (the routes' `ServerState`)."""
     from plait import Engine
     from plait.server.app import create_app

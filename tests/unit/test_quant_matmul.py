@@ -29,14 +29,18 @@ def test_int8_per_channel_error_is_at_most_half_a_step() -> None:
     assert qw.qweight.dtype == torch.int8 and qw.scales.shape == (37, 1) and qw.group == 96
     err = (dequantize_ref(qw) - w).abs()
     assert torch.all(err <= qw.scales / 2 + 1e-6)
-    assert qw.scales.dtype == torch.float16 and qw.nbytes == 37 * 96 + 37 * 2  # float16 scales, as GGUF's
+    assert (
+        qw.scales.dtype == torch.float16 and qw.nbytes == 37 * 96 + 37 * 2
+    )  # float16 scales, as GGUF's
 
 
 def test_int4_group_error_is_at_most_half_a_step_and_packing_round_trips() -> None:
     w = torch.randn(10, 128, generator=torch.Generator().manual_seed(1)) * 3
     qw = quantize_int4(w, group=32)
     assert qw.qweight.shape == (10, 64) and qw.scales.shape == (10, 4)
-    assert qw.scales.dtype == qw.mins.dtype == torch.float16 and qw.nbytes == 10 * 64 + 2 * 10 * 4 * 2
+    assert (
+        qw.scales.dtype == qw.mins.dtype == torch.float16 and qw.nbytes == 10 * 64 + 2 * 10 * 4 * 2
+    )
     err = (dequantize_ref(qw) - w).abs().reshape(10, 4, 32)
     assert torch.all(err <= qw.scales[..., None] / 2 + 1e-5)
     q = torch.randint(0, 16, (3, 64), dtype=torch.uint8)
@@ -67,13 +71,26 @@ def test_bad_arguments_name_the_argument() -> None:
         QuantizedWeight("int4", good.qweight, good.scales, good.mins.float(), 32)
 
 
-needs_native = pytest.mark.skipif(not qm.native_quant_available(), reason="native CPU kernels did not build")
+needs_native = pytest.mark.skipif(
+    not qm.native_quant_available(), reason="native CPU kernels did not build"
+)
 
 
 # k / 32 groups: 3, 5, 1, then 18 (two runs of eight and a pair), 19 (and an odd one), 9 (eight and
 # one), 2, 16, 12 (eight and four) and 6 (four and a pair: the 512-bit int4 rows take four groups at
 # a time); n: single-row int4 sums eight rows at a time, so 45 and 21 leave rows over in a task
-SHAPES = [(64, 96), (37, 160), (6, 32), (40, 576), (33, 608), (9, 288), (45, 64), (21, 512), (19, 384), (11, 192)]
+SHAPES = [
+    (64, 96),
+    (37, 160),
+    (6, 32),
+    (40, 576),
+    (33, 608),
+    (9, 288),
+    (45, 64),
+    (21, 512),
+    (19, 384),
+    (11, 192),
+]
 # int8 in groups of 96 (where a pair of 32-blocks may straddle two groups) needs k a multiple of 96
 FORMAT_SHAPES = [(fmt, n, k) for fmt in ("int8", "int8-g32", "int8-g96", "int4") for n, k in SHAPES
                  if fmt != "int8-g96" or k % 96 == 0]  # fmt: skip
@@ -83,7 +100,9 @@ FORMAT_SHAPES = [(fmt, n, k) for fmt in ("int8", "int8-g32", "int8-g96", "int4")
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 6, 8, 16, 17, qm.DEQUANT_GEMM_MIN_ROWS, 100])
 @pytest.mark.parametrize("fmt,n,k", FORMAT_SHAPES)
 def test_native_kernel_matches_reference(fmt: str, m: int, n: int, k: int, monkeypatch) -> None:
-    monkeypatch.setattr(qm, "bf16_gemm_enabled", lambda: False)  # AMX machines: see the bfloat16 tests
+    monkeypatch.setattr(
+        qm, "bf16_gemm_enabled", lambda: False
+    )  # AMX machines: see the bfloat16 tests
     gen = torch.Generator().manual_seed(m * 1000 + n + k)
     w = torch.randn(n, k, generator=gen)
     qw = {"int8": lambda: quantize_int8(w), "int8-g32": lambda: quantize_int8(w, 32), "int8-g96": lambda: quantize_int8(w, 96),
@@ -121,7 +140,9 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(fmt: str, n: int, k
         assert torch.equal(quant_matmul(x[:m], qw), alone[:m]), f"{m} rows"
 
 
-def _bf16_reference(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+def _bf16_reference(
+    x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
+) -> torch.Tensor:
     """What `bf16_matmul` computes, summed in float32 by torch: x and the weights in bfloat16."""
     y = (x.bfloat16().float() @ dequantize_ref(qw).bfloat16().float().t()).bfloat16().float()
     return y if bias is None else y + bias
@@ -135,8 +156,15 @@ def test_bf16_gemm_rows_round_x_and_weights_to_bfloat16(fmt: str, monkeypatch) -
     monkeypatch.setattr(qm, "bf16_gemm_enabled", lambda: True)
     gen = torch.Generator().manual_seed(3)
     w = torch.randn(200, 576, generator=gen)
-    qw = {"int8": lambda: quantize_int8(w), "int8-g32": lambda: quantize_int8(w, 32), "int4": lambda: quantize_int4(w)}[fmt]()
-    x, bias = torch.randn(qm.BF16_GEMM_MIN_ROWS + 5, 576, generator=gen), torch.randn(200, generator=gen)
+    qw = {
+        "int8": lambda: quantize_int8(w),
+        "int8-g32": lambda: quantize_int8(w, 32),
+        "int4": lambda: quantize_int4(w),
+    }[fmt]()
+    x, bias = (
+        torch.randn(qm.BF16_GEMM_MIN_ROWS + 5, 576, generator=gen),
+        torch.randn(200, generator=gen),
+    )
     expected = _bf16_reference(x, qw, bias)
     scale = (x.abs() @ dequantize_ref(qw).abs().t()).amax()
     y = quant_matmul(x.reshape(1, -1, 576), qw, bias).reshape(-1, 200)
@@ -155,17 +183,23 @@ def test_bf16_gemm_dequantizes_a_large_matrix_slice_by_slice(monkeypatch) -> Non
     """An LM head is dequantized a slice of rows at a time (no full-size bfloat16 copy); the slices
     give the whole product."""
     monkeypatch.setattr(qm, "bf16_gemm_enabled", lambda: True)
-    monkeypatch.setattr(qm, "BF16_GEMM_SLICE", 64 * 7)  # 7 rows of 64 at a time: 6 slices and a tail of 3
+    monkeypatch.setattr(
+        qm, "BF16_GEMM_SLICE", 64 * 7
+    )  # 7 rows of 64 at a time: 6 slices and a tail of 3
     gen = torch.Generator().manual_seed(4)
     qw = quantize_int4(torch.randn(45, 64, generator=gen))
     x, bias = torch.randn(60, 64, generator=gen), torch.randn(45, generator=gen)
     sizes = []
     dequant = qm.dequantize
-    monkeypatch.setattr(qm, "dequantize", lambda part, dtype: sizes.append(part.shape[0]) or dequant(part, dtype))
+    monkeypatch.setattr(
+        qm, "dequantize", lambda part, dtype: sizes.append(part.shape[0]) or dequant(part, dtype)
+    )
     y = quant_matmul(x, qw, bias)
     assert sizes == [7] * 6 + [3]
     scale = (x.abs() @ dequantize_ref(qw).abs().t()).amax()
-    torch.testing.assert_close(y, _bf16_reference(x, qw, bias), rtol=2**-7, atol=float(scale) * 2**-12)
+    torch.testing.assert_close(
+        y, _bf16_reference(x, qw, bias), rtol=2**-7, atol=float(scale) * 2**-12
+    )
 
 
 @needs_native
@@ -173,7 +207,11 @@ def test_bf16_gemm_dequantizes_a_large_matrix_slice_by_slice(monkeypatch) -> Non
 def test_native_bf16_dequantization_rounds_to_nearest_even(fmt: str) -> None:
     gen = torch.Generator().manual_seed(5)
     w = torch.randn(33, 160, generator=gen) * torch.logspace(-3, 3, 160)
-    qw = {"int8": lambda: quantize_int8(w), "int8-g32": lambda: quantize_int8(w, 32), "int4": lambda: quantize_int4(w)}[fmt]()
+    qw = {
+        "int8": lambda: quantize_int8(w),
+        "int8-g32": lambda: quantize_int8(w, 32),
+        "int4": lambda: quantize_int4(w),
+    }[fmt]()
     out = dequantize(qw, torch.bfloat16)
     assert out.dtype == torch.bfloat16 and torch.equal(out, dequantize_ref(qw).bfloat16())
 
@@ -193,7 +231,9 @@ def test_bf16_gemm_setting(monkeypatch) -> None:
                 monkeypatch.setenv(qm.BF16_GEMM_ENV, unset)
             environment.reload()
             qm.bf16_gemm_enabled.cache_clear()
-            assert qm.bf16_gemm_enabled() == bool(torch.cpu._is_amx_tile_supported() and torch.cpu._init_amx())
+            assert qm.bf16_gemm_enabled() == bool(
+                torch.cpu._is_amx_tile_supported() and torch.cpu._init_amx()
+            )
     finally:
         monkeypatch.undo()
         environment.reload()
@@ -208,7 +248,9 @@ def test_q8_activation_rounding_per_block(levels: int, fraction: int) -> None:
     back = qm.q8_activations(x, levels)
     step = x.reshape(3, 4, 32).abs().amax(-1, keepdim=True) / 127
     error = (back - x).reshape(3, 4, 32).abs()
-    assert torch.all(error <= step / fraction * (1 + 1e-4) + x.reshape(3, 4, 32).abs() * 2**-22 + 1e-7)
+    assert torch.all(
+        error <= step / fraction * (1 + 1e-4) + x.reshape(3, 4, 32).abs() * 2**-22 + 1e-7
+    )
     assert torch.all(error.amax(-1, keepdim=True) > step / fraction / 8)  # and not much less
     assert torch.equal(qm.q8_activations(torch.zeros(2, 32), levels), torch.zeros(2, 32))
 
@@ -224,14 +266,12 @@ def test_leading_dimensions_and_empty_batches() -> None:
 
 
 def test_gguf_blocks_equal_the_dequantized_tensor(gguf_path) -> None:
-    import gguf
-
+    from plait.runtime.model_loader.gguf_file import GgufFile
     from plait.runtime.model_loader.gguf_loader import _dequantize, _quantized_blocks
 
-    reader = gguf.GGUFReader(gguf_path)
     by_type = {}
-    for t in reader.tensors:
-        if len(t.shape) == 2 and t.tensor_type.name in ("Q4_1", "Q8_0"):
+    for t in GgufFile(gguf_path).tensors:
+        if len(t.dims) == 2 and t.tensor_type.name in ("Q4_1", "Q8_0"):
             by_type.setdefault(t.tensor_type.name, t)
     assert set(by_type) == {"Q4_1", "Q8_0"}
     for t in by_type.values():
@@ -246,11 +286,17 @@ def test_quant_linear_follows_its_buffers_when_moved():
     layer = QuantLinear(quantize_int4(torch.randn(8, 64)), torch.randn(8))
     old = layer.qweight
     layer._apply(lambda t: t.clone())  # what `.to(device)` does: new buffers
-    assert layer.qweight is not old and layer.qw.qweight is layer.qweight and layer.qw.scales is layer.scales
+    assert (
+        layer.qweight is not old
+        and layer.qw.qweight is layer.qweight
+        and layer.qw.scales is layer.scales
+    )
     x = torch.randn(3, 64)
     expected = quant_matmul_ref(x, layer.qw, layer.bias, q8=qm.native_q8_rows(3, layer.qw))
     torch.testing.assert_close(layer(x), expected, atol=1e-4, rtol=1e-4)
-    layer.to(torch.float32)  # a model-wide dtype cast leaves the kernels' float16 scales as they are
+    layer.to(
+        torch.float32
+    )  # a model-wide dtype cast leaves the kernels' float16 scales as they are
     assert layer.scales.dtype == layer.mins.dtype == layer.qw.scales.dtype == torch.float16
     torch.testing.assert_close(layer(x), expected, atol=1e-4, rtol=1e-4)
 
@@ -269,14 +315,20 @@ def test_dense_matmul_matches_linear(m: int, k: int) -> None:
 
 
 @needs_native
-def test_dense_matmul_keeps_a_large_matrix_on_the_native_kernel_at_any_row_count(monkeypatch) -> None:
+def test_dense_matmul_keeps_a_large_matrix_on_the_native_kernel_at_any_row_count(
+    monkeypatch,
+) -> None:
     """An LM head-sized weight takes the native kernel at prefill row counts too (it beat torch's GEMM)."""
     gen = torch.Generator().manual_seed(0)
     w = torch.randn((qm.DEQUANT_GEMM_MAX_ELEMENTS // 256) + 1, 256, generator=gen)
     x = torch.randn(qm.DEQUANT_GEMM_MIN_ROWS + 3, 256, generator=gen)
     kernels, calls = qm._kernels(), []
-    monkeypatch.setattr(qm, "_kernels", lambda: (lambda *a: calls.append(a) or kernels[0](*a), *kernels[1:]))
-    torch.testing.assert_close(qm.dense_matmul(x, w), torch.nn.functional.linear(x, w), atol=1e-3, rtol=1e-4)
+    monkeypatch.setattr(
+        qm, "_kernels", lambda: (lambda *a: calls.append(a) or kernels[0](*a), *kernels[1:])
+    )
+    torch.testing.assert_close(
+        qm.dense_matmul(x, w), torch.nn.functional.linear(x, w), atol=1e-3, rtol=1e-4
+    )
     assert len(calls) == 1
     qm.dense_matmul(x, w[:64])  # a small matrix at that many rows: torch's GEMM
     assert len(calls) == 1
