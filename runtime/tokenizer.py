@@ -179,8 +179,9 @@ class Tokenizer:
         template = chat_template or self.chat_template
         if template is None:
             raise ValueError(
-                "chat template: this model has none (no tokenizer.chat_template in the GGUF, no "
-                "chat_template in tokenizer_config.json / chat_template.jinja); pass chat_template="
+                "chat template: the model has no chat template (no tokenizer.chat_template in the "
+                "GGUF, no chat_template in tokenizer_config.json / chat_template.jinja: a base "
+                "model takes plain text completions); pass chat_template= to render chats"
             )
         special = {"bos_token": self.bos_token, "eos_token": self.eos_token}
         context = {k: v for k, v in special.items() if v is not None}

