@@ -75,8 +75,9 @@ _ENGINE_FLAGS = {
 # flag (`--max-queued-requests`), not one of every command
 _SERVER_FIELDS = ("max_queued_requests",)
 _ENGINE_HELP = {
-    "model_path": "a .gguf file or a Hugging Face folder (config.json, *.safetensors); "
-    "default: the embedded SmolLM2-135M-Instruct",
+    "model_path": "a .gguf file, a Hugging Face folder (config.json, *.safetensors) or an "
+    "installed model package's name (smollm2, gemma3-270m; `plait models`); default: smollm2, "
+    "the embedded SmolLM2-135M-Instruct",
     "dtype": "weights and activations (auto: bfloat16 on GPUs, float32 on the CPU)",
     "device": "auto (a GPU when there is one), cpu, cuda or cuda:N",
     "context_length": "tokens of prompt and output per request (default: the model's)",
@@ -229,6 +230,44 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_models(args: argparse.Namespace) -> int:
+    """The model packages plait runs by name (installed or not), and the architectures it runs
+    from any GGUF file or Hugging Face folder."""
+    import json
+
+    from plait.runtime.model_loader.packages import MODEL_PACKAGES
+    from plait.runtime.models.registry import families
+
+    packages = []
+    for package in MODEL_PACKAGES:
+        installed = package.installed()
+        path = package.peek() if installed else None
+        if path is not None:
+            status = "ready"
+        elif installed:
+            status = "installed (its file is assembled on first use)"
+        else:
+            status = f"not installed: {package.install}"
+        packages.append({"name": package.name, "installed": installed, "path": path,
+                         "status": status, "description": package.description})  # fmt: skip
+    archs = [{"family": f.name, "hf_architectures": list(f.hf_architectures),
+              "gguf_architectures": list(f.gguf_architectures)} for f in families()]  # fmt: skip
+    if args.json:
+        print(json.dumps({"packages": packages, "architectures": archs}, indent=2))
+        return 0
+    width = max(len(p["name"]) for p in packages)
+    print("Model packages (--model NAME):")
+    for p in packages:
+        print(f"  {p['name']:<{width}}  {p['description']}")
+        print(f"  {'':<{width}}  {p['status']}{': ' + p['path'] if p['path'] else ''}")
+    print("\nAny .gguf file or Hugging Face folder (--model PATH) of these architectures:")
+    width = max(len(a["family"]) for a in archs)
+    for a in archs:
+        print(f"  {a['family']:<{width}}  GGUF {', '.join(a['gguf_architectures'])}; "
+              f"Hugging Face {', '.join(a['hf_architectures'])}")  # fmt: skip
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     code = _run_bench(args)
     if code == 0 and getattr(args, "plot", None):
@@ -312,6 +351,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the file")
     add_engine_args(run)
     run.set_defaults(func=_cmd_run)
+
+    models = sub.add_parser(
+        "models", help="the models plait runs here: model packages by name, architectures"
+    )
+    models.add_argument("--json", action="store_true", help="print JSON instead of a list")
+    models.set_defaults(func=_cmd_models)
 
     bench = sub.add_parser("bench", help="benchmarks that print a table and write JSON")
     bench_sub = bench.add_subparsers(dest="workload", required=True)

@@ -141,6 +141,7 @@ def gemma3_engine(gemma3_path):
     """One engine on the real Gemma 3 270M for every test that needs it (loading takes seconds)."""
     from plait import Engine
 
-    engine = Engine(model_path=gemma3_path, max_total_tokens=8192, check_invariants=True)
+    engine = Engine(model_path="gemma3-270m", max_total_tokens=8192, check_invariants=True)
+    assert engine.model_path == gemma3_path  # the package's name finds its file
     yield engine
     engine.shutdown()

