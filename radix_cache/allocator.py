@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 
 class OutOfPagesError(MemoryError):
@@ -29,6 +29,8 @@ class PageAllocator:
         if num_pages < 0:
             raise ValueError(f"num_pages must be >= 0, got {num_pages}")
         self._num_total = num_pages
+        # called with every list of pages freed (after the checks): what hangs on a page goes too
+        self.on_free: Callable[[list[int]], None] | None = None
         self.reset()
 
     @property
@@ -79,6 +81,8 @@ class PageAllocator:
                     self._is_free[marked] = 0
                 raise
             self._is_free[page] = 1
+        if self.on_free is not None and pages:
+            self.on_free(pages)
         if len(pages) > len(self._free) // 4:
             self._free.extend(pages)
             heapq.heapify(self._free)  # O(pool), cheaper than a push per page here

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .allocator import PageAllocator
 from .integrity import check_tree, format_tree
@@ -40,8 +40,15 @@ class RadixCache:
 
     # lookup and insertion
 
-    def match_prefix(self, tokens: Sequence[int], record: bool = True) -> MatchResult:
-        """With `record=False` (a look-ahead), neither the statistics nor the LRU order change."""
+    def match_prefix(
+        self,
+        tokens: Sequence[int],
+        record: bool = True,
+        usable: Callable[[list[int]], int] | None = None,
+    ) -> MatchResult:
+        """With `record=False` (a look-ahead), neither the statistics nor the LRU order change.
+        `usable(pages)`: how many leading pages of the longest match may be reused (the rest
+        lack what the caller needs, e.g. sliding-window KV); the match ends there."""
         if record:
             self._num_matches += 1
             self._queried_tokens += len(tokens)
@@ -49,6 +56,10 @@ class RadixCache:
             return MatchResult([], self.root, 0)
         tokens = _as_list(tokens)
         end = self._aligned(len(tokens))
+        if usable is not None:
+            end = min(
+                end, usable(self.match_prefix(tokens[:end], record=False).pages) * self.page_size
+            )
         now = self._tick() if record else None
         node = self.root
         if now is not None:
@@ -184,6 +195,16 @@ class RadixCache:
 
     def total_size(self) -> int:
         return self._evictable_size + self._protected_size
+
+    def pages(self) -> list[int]:
+        """Every page the tree holds (O(tree size))."""
+        found: list[int] = []
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            found.extend(node.value)
+            stack.extend(node.children.values())
+        return found
 
     def stats(self) -> dict[str, int | float]:
         queried = self._queried_tokens

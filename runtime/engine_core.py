@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from plait.kernels.kv_cache import resolve_kv_dtype
-from plait.radix_cache import PageAllocator, RadixCache
+from plait.radix_cache import PageAllocator, RadixCache, WindowPages
 from plait.runtime import lifecycle
 from plait.runtime.batch import ScheduleBatch, TokenResult
 from plait.runtime.budget_closing import BudgetClosing
@@ -26,7 +26,13 @@ from plait.runtime.burst_streams import StreamedTokens
 from plait.runtime.bursts import Bursts
 from plait.runtime.closing_jobs import ClosingJobs
 from plait.runtime.config import EngineConfig
-from plait.runtime.engine_setup import num_kv_pages, off_main_thread, resolve_device, resolve_dtype
+from plait.runtime.engine_setup import (
+    num_kv_pages,
+    off_main_thread,
+    resolve_device,
+    resolve_dtype,
+    window_layers,
+)
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.model_loader import load_model
 from plait.runtime.model_runner import ModelRunner
@@ -53,7 +59,9 @@ class EngineCore:
         mc = self.config.model
         self.device = resolve_device(mc.device)
         self.dtype = resolve_dtype(mc.dtype, self.device)
-        loaded = off_main_thread(load_model, mc.model_path, self.dtype, self.device, mc.quantization)
+        loaded = off_main_thread(
+            load_model, mc.model_path, self.dtype, self.device, mc.quantization
+        )
         self.model, self.args, self.tokenizer = loaded.model, loaded.args, loaded.tokenizer
         self.family, self.weight_types = loaded.family.name, loaded.weight_types
         self.tp: Any = None
@@ -69,26 +77,51 @@ class EngineCore:
         self.weight_bytes = weight_bytes(self.model)  # read by one decode step: the roofline
         cc = self.config.cache
         self.page_size = cc.page_size
-        self.kv_dtype = resolve_kv_dtype(cc.kv_cache_dtype, self.dtype, self.device, mc.quantization is not None)
-        num_pages = num_kv_pages(cc, self.args, self.kv_dtype, self.device, self.context_len)
+        self.kv_dtype = resolve_kv_dtype(
+            cc.kv_cache_dtype, self.dtype, self.device, mc.quantization is not None
+        )
+        sc = self.config.scheduler
+        num_pages, num_window_pages = num_kv_pages(
+            cc, sc, self.args, self.kv_dtype, self.device, self.context_len
+        )
         self.kv_pool = KVPool(
-            num_pages, cc.page_size, self.args.num_layers, self.args.num_kv_heads,
-            self.args.head_dim, self.kv_dtype, self.device,
+            num_pages,
+            cc.page_size,
+            self.args.num_layers,
+            self.args.num_kv_heads,
+            self.args.head_dim,
+            self.kv_dtype,
+            self.device,
+            window_layers(self.args),
+            num_window_pages,
         )
         if self.tp is not None:
-            self.tp.start_workers(num_pages, cc.page_size)
+            self.tp.start_workers(num_pages, cc.page_size, num_window_pages)
         self.allocator = PageAllocator(num_pages)
+        self.window = None
+        if num_window_pages:  # the sliding layers' pages (runtime/kv_pool.py)
+            self.window = WindowPages(
+                num_pages, num_window_pages, self.args.sliding_window, cc.page_size
+            )
+            self.allocator.on_free = self.window.logical_freed
         self.cache = RadixCache(cc.page_size, self.allocator, disable=cc.disable_radix_cache)
         self.scheduler = Scheduler(
-            self.config.scheduler, self.allocator, self.cache, cc.page_size, self.context_len
+            sc, self.allocator, self.cache, cc.page_size, self.context_len, self.window
         )
         self.generator = torch.Generator(device=self.device).manual_seed(self.config.random_seed)
         self.runner = ModelRunner(
-            self.model, self.kv_pool, self.device, self.tokenizer.eos_token_ids, self.generator,
+            self.model,
+            self.kv_pool,
+            self.device,
+            self.tokenizer.eos_token_ids,
+            self.generator,
             jump_forward=not self.config.disable_jump_forward,
+            window=self.window,
         )
         # described once: the execution holds the weights, which shutdown lets go with the runner
-        self.execution_stats = {f"execution_{k}": v for k, v in self.runner.execution.describe().items()}
+        self.execution_stats = {
+            f"execution_{k}": v for k, v in self.runner.execution.describe().items()
+        }
         self.processor = OutputProcessor(self.tokenizer, self.context_len)
         self.speculation = Speculation(config, self)
         self.threads = ThreadPolicy(self.device, config.cpu_threads)
@@ -105,10 +138,19 @@ class EngineCore:
         # set by `post` from any thread: a running decode burst ends after its current step
         self._interrupt = ctypes.c_int32(0)
         self.bursts = Bursts(
-            config.scheduler.num_continuous_decode_steps, self.processor, self.deliver, self._interrupt
+            config.scheduler.num_continuous_decode_steps,
+            self.processor,
+            self.deliver,
+            self._interrupt,
         )
         self._stopped = threading.Event()
-        self._totals = {"requests": 0, "prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "burst_steps": 0}
+        self._totals = {
+            "requests": 0,
+            "prompt_tokens": 0,
+            "generated_tokens": 0,
+            "steps": 0,
+            "burst_steps": 0,
+        }
         self._thread = threading.Thread(target=self._loop, name="plait-engine", daemon=True)
         self._thread.start()
 
@@ -265,10 +307,17 @@ class EngineCore:
             verified = bool(batch.verifies)
             tokens = sum(len(r.tokens) for r in results)
             self.speculation.policy.record(
-                len(entries), verified, tokens, time.perf_counter() - started, steps=batch.decode_steps
+                len(entries),
+                verified,
+                tokens,
+                time.perf_counter() - started,
+                steps=batch.decode_steps,
             )
         for entry, req, result, done_prompt in zip(
-            [*[None] * len(batch.extends), *batch.verifies, *[None] * len(batch.decodes)], entries, results, last_chunk
+            [*[None] * len(batch.extends), *batch.verifies, *[None] * len(batch.decodes)],
+            entries,
+            results,
+            last_chunk,
         ):
             got = streamed.get(id(req))
             if got is not None and got.taken:  # its first `taken` tokens are appended already
@@ -286,7 +335,9 @@ class EngineCore:
                     req.first_token_time = time.perf_counter()
                 if req.closing_path is not None:
                     # an extend caches the request's whole pages after the step (`after_step`)
-                    result = self.closing.steer(req, result, prefilled=req in self.scheduler.prefilling)
+                    result = self.closing.steer(
+                        req, result, prefilled=req in self.scheduler.prefilling
+                    )
                 added = self.processor.append_tokens(req, result)
                 self._totals["generated_tokens"] += added
                 if entry is not None:  # a verification
@@ -337,7 +388,9 @@ class EngineCore:
     def _jump_forward(self, req: Request) -> None:
         before = req.num_tokens
         replaced = self.processor.try_jump_forward(
-            req, min_kept_tokens=req.num_cached_pages * self.page_size, closing=self.closing.after_jump
+            req,
+            min_kept_tokens=req.num_cached_pages * self.page_size,
+            closing=self.closing.after_jump,
         )
         if replaced is not None:
             self.scheduler.rewind(req, num_valid=before - replaced)
@@ -346,9 +399,7 @@ class EngineCore:
         for req in batch.requests():
             self.scheduler.abort(req.rid, keep=False)  # its KV may be half written
             if not req.finished:
-                self.processor.finish(
-                    req, FinishReason("abort", message=message, status_code=500)
-                )
+                self.processor.finish(req, FinishReason("abort", message=message, status_code=500))
                 self.deliver(req)
 
     def deliver(self, req: Request) -> None:
@@ -376,7 +427,9 @@ class EngineCore:
             "page_size": self.page_size,
             "num_running": len(sched.running) + len(sched.prefilling),
             "num_waiting": len(sched.all_requests()) - len(sched.running) - len(sched.prefilling),
-            "cache_hit_rate": sched.cached_prompt_tokens / sched.prompt_tokens if sched.prompt_tokens else 0.0,
+            "cache_hit_rate": sched.cached_prompt_tokens / sched.prompt_tokens
+            if sched.prompt_tokens
+            else 0.0,
             "num_retracted": sched.num_retracted,
             "total_computed_tokens": sched.computed_tokens,
             **self.speculation.stats(),
@@ -390,8 +443,27 @@ class EngineCore:
             "kv_bytes_per_token": KVPool.bytes_per_token(
                 self.args.num_layers, self.args.num_kv_heads, self.args.head_dim, self.kv_dtype
             ),
+            **self._window_stats(total - free),
             **self.execution_stats,
             **{f"total_{k}": v for k, v in self._totals.items()},
+        }
+
+    def _window_stats(self, pages_held: int) -> dict[str, int]:
+        """The sliding layers' pages, and the bytes of KV held now (requests and cache, every
+        layer): each held page in the full layers, each held window page in the sliding ones."""
+        window, args = self.window, self.args
+        per_page = self.page_size * KVPool.bytes_per_token(
+            1, args.num_kv_heads, args.head_dim, self.kv_dtype
+        )
+        sliding = window_layers(args).count(True) if window is not None else 0
+        held = pages_held * per_page * (args.num_layers - sliding)
+        if window is None:
+            return {"kv_bytes_held": held}
+        return {
+            "kv_window_pages_total": window.num_pages,
+            "kv_window_pages_free": window.allocator.num_free,
+            "kv_window_pages_evictable": window.available() - window.allocator.num_free,
+            "kv_bytes_held": held + window.num_attached * per_page * sliding,
         }
 
     def flush_cache(self) -> bool:

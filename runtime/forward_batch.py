@@ -19,4 +19,15 @@ class ForwardBatch:
     kv_pool: KVPool
     attn: AttentionMetadata
     logits_indices: torch.Tensor | None  # rows of the flat batch whose logits are needed
-    native_stack: NativeDecodeStack | None = None  # the step's layers in one native call (`Execution.layers_for`)
+    native_stack: NativeDecodeStack | None = (
+        None  # the step's layers in one native call (`Execution.layers_for`)
+    )
+    # the same layout in the sliding layers' window pages, where the model has both kinds of
+    # layers (a model whose layers all slide has its window pages in `attn`)
+    attn_window: AttentionMetadata | None = None
+
+    def attn_for(self, layer_id: int) -> AttentionMetadata:
+        """The layout layer `layer_id` reads and writes its KV through."""
+        if self.attn_window is not None and self.kv_pool.window_layers[layer_id]:
+            return self.attn_window
+        return self.attn

@@ -3,24 +3,45 @@
 Every page is in exactly one place: the allocator's free list, the radix tree (`cached`; locked
 while a request reads it) or a request's own tail of pages (`in use`). Request `pages[:n]` with
 `n = req.num_cached_pages` belong to the tree and are locked through `req.last_node`.
+
+A model with sliding-window layers also has `window` (`WindowPages`): each of a request's pages
+from `req.window_from` on has a window page for those layers (the tree's ones locked for the
+request); as the request moves on, the pages its window no longer reaches give theirs back
+(`slide`), so the sliding layers hold only about `window` tokens per request. A cached prefix
+is reused only as far as the window of its next token still has its window pages.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
-from plait.radix_cache import PageAllocator, RadixCache
+from plait.radix_cache import PageAllocator, RadixCache, WindowPages
 from plait.runtime.request import Request
 
 
 class KVCacheManager:
-    def __init__(self, allocator: PageAllocator, cache: RadixCache, page_size: int) -> None:
+    def __init__(
+        self,
+        allocator: PageAllocator,
+        cache: RadixCache,
+        page_size: int,
+        window: WindowPages | None = None,
+        slack: int = 0,
+    ) -> None:
         self.allocator = allocator
         self.cache = cache
         self.page_size = page_size
+        self.window = window
+        # NOTE: window pages are released `slack` tokens late: a jump-forward that retokenizes
+        # a request's tail recomputes that far back (`Scheduler.rewind`), and needs them there.
+        self.slack = slack
 
     def available_pages(self) -> int:
         return self.allocator.num_free + self.cache.evictable_size()
+
+    def available_window_pages(self) -> int:
+        return self.window.available() if self.window is not None else self.available_pages()
 
     def pages_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
@@ -32,23 +53,33 @@ class KVCacheManager:
         limit = req.num_tokens - 1  # at least one token is computed, to get the next logits
         if req.logprob.return_logprob and not req.input_token_logprobs:
             limit = min(limit, req.logprob_start)  # prompt logprobs need their logits computed
-        result = self.cache.match_prefix(req.all_ids[: max(limit, 0)])
+        tokens = req.all_ids[: max(limit, 0)]
+        if self.window is None:
+            result = self.cache.match_prefix(tokens)
+        else:
+            result = self.cache.match_prefix(tokens, usable=self.window.usable)
         self.cache.lock(result.node)
         req.last_node = result.node
         req.pages = list(result.pages)
         req.pages_stale_from = 0
-        req.num_cached_pages = len(result.pages)
+        req.num_cached_pages = req.matched_pages = len(result.pages)
         req.num_computed = result.num_tokens
+        if self.window is not None:
+            req.window_from = self.window.first_needed(result.num_tokens)
+            self.window.lock(req.pages[req.window_from :])
         return result.num_tokens
 
     def unmatch(self, req: Request) -> None:
         """Undoes `match` for a request that was not admitted after all."""
+        if self.window is not None:
+            self.window.unlock(req.pages[req.window_from :])
         self.cache.unlock(req.last_node)
         req.last_node = None
         req.pages = []
         req.pages_stale_from = 0
-        req.num_cached_pages = 0
+        req.num_cached_pages = req.matched_pages = 0
         req.num_computed = 0
+        req.window_from = 0
 
     # growth ------------------------------------------------------------------------------
 
@@ -62,15 +93,48 @@ class KVCacheManager:
         return self.allocator.allocate(num_pages)
 
     def grow(self, req: Request, num_tokens: int) -> bool:
-        """Extends the page table to cover `num_tokens` positions; False when out of pages."""
+        """Extends the page table to cover `num_tokens` positions (each new page with its window
+        page, where the model has sliding layers); False when out of pages."""
         missing = self.pages_for(num_tokens) - len(req.pages)
         if missing <= 0:
             return True
         pages = self.allocate(missing)
         if pages is None:
             return False
+        if self.window is not None and not self.window.attach(pages):
+            self.allocator.free(pages)
+            return False
         req.pages.extend(pages)
         return True
+
+    def slide(self, req: Request) -> None:
+        """Releases, for the sliding layers, the pages the request's window has left behind.
+        Window pages the request made go back at once (also those it has cached meanwhile,
+        unless another request still reads them), but for the window before its prompt's end;
+        those and the ones of the prefix it found cached are only unlocked: they stay with the
+        tree, which is asked for the same prompt again (another `select` choice, a program's
+        next call), until their window pages are needed elsewhere."""
+        if self.window is None or req.last_node is None:
+            return
+        end = min(self.window.first_needed(req.num_computed - self.slack), len(req.pages))
+        if end <= req.window_from:
+            return
+        cached = req.num_cached_pages
+        prompt = len(req.prompt_ids)
+        tail = range(self.window.first_needed(prompt - self.page_size), self.pages_for(prompt))
+        passed = range(req.window_from, min(end, cached))
+        self.window.unlock(req.pages[i] for i in passed)
+        self.window.detach(
+            req.pages[i]
+            for i in passed
+            if i >= req.matched_pages and i not in tail and not self.window.locks[req.pages[i]]
+        )
+        self.window.detach(req.pages[max(req.window_from, cached) : end])
+        req.window_from = end
+
+    def can_rewind(self, req: Request, position: int) -> bool:
+        """Whether the request still has the window pages to recompute from `position` on."""
+        return self.window is None or self.window.first_needed(position) >= req.window_from
 
     def trim(self, req: Request) -> None:
         """Frees pages past the request's tokens (left over from rejected draft tokens)."""
@@ -91,8 +155,16 @@ class KVCacheManager:
             return
         tokens = req.all_ids[: full * self.page_size]
         already = self.cache.insert(tokens, req.pages[:full]) // self.page_size
-        self._free(req.pages[req.num_cached_pages : already])  # another request cached these first
         result = self.cache.match_prefix(tokens, record=False)
+        start = req.num_cached_pages
+        if self.window is not None:
+            # where another request cached these tokens first, the tree's pages take ours' place;
+            # one that lost its window page takes ours (the same positions' KV)
+            for i in range(max(start, req.window_from), already):
+                if self.window.of[result.pages[i]] < 0:
+                    self.window.move(req.pages[i], result.pages[i])
+            self.window.lock(result.pages[max(start, req.window_from) : full])
+        self._free(req.pages[start:already])  # another request cached these first
         self.cache.lock(result.node)
         self.cache.unlock(req.last_node)
         req.pages[:full] = result.pages
@@ -107,17 +179,20 @@ class KVCacheManager:
         else:
             if keep:
                 self.cache_prefix(req)
+            if self.window is not None:
+                self.window.unlock(req.pages[req.window_from : req.num_cached_pages])
             self._free(req.pages[req.num_cached_pages :])
             self.cache.unlock(req.last_node)
         req.pages = []
         req.pages_stale_from = 0
-        req.num_cached_pages = 0
+        req.num_cached_pages = req.matched_pages = 0
         req.last_node = None
         req.num_computed = 0
+        req.window_from = 0
 
     def _free(self, pages: list[int]) -> None:
         if pages:
-            self.allocator.free(pages)
+            self.allocator.free(pages)  # their window pages go too (`WindowPages.logical_freed`)
 
     # accounting --------------------------------------------------------------------------
 
@@ -125,7 +200,9 @@ class KVCacheManager:
         return sum(len(r.pages) - r.num_cached_pages for r in reqs)
 
     def check(self, reqs: Iterable[Request]) -> None:
-        """Raises AssertionError unless free + cached + in use == pool size, with no page twice."""
+        """Raises AssertionError unless free + cached + in use == pool size, with no page twice
+        (and, for the sliding layers, every window page free or held once, as `WindowPages`
+        says, each request's pages from `window_from` on holding theirs)."""
         reqs = list(reqs)
         owned = [p for r in reqs for p in r.pages[r.num_cached_pages :]]
         total = self.allocator.num_free + self.cache.total_size() + len(owned)
@@ -135,3 +212,15 @@ class KVCacheManager:
         )
         assert len(set(owned)) == len(owned), "page accounting: a page is owned twice"
         self.cache.check_integrity()
+        if self.window is None:
+            return
+        for r in reqs:
+            own_released = r.pages[r.num_cached_pages : r.window_from]
+            assert all(self.window.of[p] >= 0 for p in r.pages[r.window_from :]), (
+                f"request {r.rid}: a page after window_from {r.window_from} has no window page"
+            )
+            assert all(self.window.of[p] < 0 for p in own_released), (
+                f"request {r.rid}: an own page before window_from {r.window_from} kept its window page"
+            )
+        locks = Counter(p for r in reqs for p in r.pages[r.window_from : r.num_cached_pages])
+        self.window.check(set(self.cache.pages()), dict(locks))

@@ -2,9 +2,16 @@
 
 The pool stores float32, bfloat16 or int8 (`kernels/kv_cache.py`); an int8 pool also holds one
 float32 scale per (slot, kv head) for K and for V.
+
+A model with sliding-window layers keeps their K and V in a second, smaller set of pages
+(`num_window_pages`; `radix_cache.WindowPages` maps a request's pages to them), so that those
+layers hold about a window of tokens per request however long its context grows. The other
+layers' tensors have `num_pages` pages, as the page tables index them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -19,21 +26,32 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        window_layers: Sequence[bool] = (),
+        num_window_pages: int = 0,
     ) -> None:
         self.num_pages = num_pages
         self.page_size = page_size
         self.dtype = dtype
-        shape = (num_pages, page_size, num_kv_heads, head_dim)
-        # NOTE: torch.empty leaves the memory untouched until written, so a large pool costs
-        # address space, not resident memory, until it fills.
-        self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.num_layers = num_layers
+        self.window_layers = tuple(window_layers) or (False,) * num_layers
+        self.num_window_pages = num_window_pages
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
         self.k_scale: list[torch.Tensor] = []
         self.v_scale: list[torch.Tensor] = []
-        if dtype == torch.int8:
-            scale_shape = shape[:-1]
-            self.k_scale = [torch.ones(scale_shape, device=device) for _ in range(num_layers)]
-            self.v_scale = [torch.ones(scale_shape, device=device) for _ in range(num_layers)]
+        for window in self.window_layers:
+            pages = num_window_pages if window else num_pages
+            shape = (pages, page_size, num_kv_heads, head_dim)
+            # NOTE: torch.empty leaves the memory untouched until written, so a large pool costs
+            # address space, not resident memory, until it fills. The window pages start zeroed:
+            # a page table's released pages read as the window's page 0, which the window mask
+            # then leaves out, and masked values must be finite (0 * NaN is NaN).
+            make = torch.zeros if window else torch.empty
+            self.k.append(make(shape, dtype=dtype, device=device))
+            self.v.append(make(shape, dtype=dtype, device=device))
+            if dtype == torch.int8:
+                self.k_scale.append(torch.ones(shape[:-1], device=device))
+                self.v_scale.append(torch.ones(shape[:-1], device=device))
 
     def layer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[layer_id], self.v[layer_id]
@@ -48,7 +66,13 @@ class KVPool:
     def num_slots(self) -> int:
         return self.num_pages * self.page_size
 
+    @property
+    def has_window_layers(self) -> bool:
+        return any(self.window_layers)
+
     @staticmethod
-    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    def bytes_per_token(
+        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
         per_head = head_dim * dtype.itemsize + (4 if dtype == torch.int8 else 0)  # + the scale
         return 2 * num_layers * num_kv_heads * per_head

@@ -9,19 +9,19 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 
-import numpy as np
 import torch
 
-from plait.kernels import attention_cpu, sampling_cpu
-from plait.kernels.attention import AttentionMetadata
+from plait.kernels import sampling_cpu
 from plait.kernels.constraint_mask import allocate_token_bitmask, apply_token_bitmask
 from plait.kernels.decode_stack import BurstSampling
+from plait.radix_cache import WindowPages
 from plait.runtime.batch import ExtendEntry, ScheduleBatch, TokenResult, VerifyEntry
 from plait.runtime.constrained.burst_masks import GrammarBurst
 from plait.runtime.execution import Layers, StepPlan, choose_execution
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.models.llama import LlamaForCausalLM
+from plait.runtime.page_tables import PageTables
 from plait.runtime.request import Request
 from plait.runtime.sampling import SamplingRow, argmax, filter_params, sample
 from plait.runtime.speculative.verify import verify_draft
@@ -46,6 +46,7 @@ class ModelRunner:
         eos_ids: frozenset[int],
         default_generator: torch.Generator,
         jump_forward: bool = True,
+        window: WindowPages | None = None,
     ) -> None:
         self.model = model
         self.kv_pool = kv_pool
@@ -56,6 +57,18 @@ class ModelRunner:
         self.jump_forward = jump_forward  # the engine jumps over forced text: bursts end there
         self._mask_pool: ThreadPoolExecutor | None = None  # fills grammar masks beside the forward
         self.execution = choose_execution(model, kv_pool, device)  # the model-wide choices, once
+        self.tables = PageTables(
+            self.page_size, device, window if kv_pool.has_window_layers else None
+        )
+        # the layouts a step builds, as (in window pages, the window of their CPU rows): the
+        # pool's pages, and the window pages where some layers slide; one alone where all do
+        uniform = self.execution.sliding_window
+        if not kv_pool.has_window_layers:
+            self._spaces = [(False, uniform)]
+        elif all(kv_pool.window_layers):
+            self._spaces = [(True, uniform)]
+        else:
+            self._spaces = [(False, None), (True, model.args.sliding_window)]
 
     @property
     def bf16_extends(self) -> bool:
@@ -63,41 +76,11 @@ class ModelRunner:
         as multiply in it (kernels/quant_matmul.py: bf16_matmul); float32 models stay float32."""
         return self.execution.bf16_extends
 
-    def page_table(self, req: Request) -> torch.Tensor:
-        """`req.pages` as an int64 tensor, kept beside the request and brought up to date in place.
-
-        NOTE: rebuilding it from the list every step cost O(context) per request and step (48 us
-        at 1,000 tokens, 0.6 ms at 16,000); now only pages appended or marked stale are copied.
-        """
-        pages, n = req.pages, len(req.pages)
-        buf, synced = req.page_rows if req.page_rows is not None else (None, 0)
-        start = min(synced, req.pages_stale_from, n)
-        if buf is None or buf.numel() < n:
-            grown = torch.empty(max(64, 2 * n), dtype=torch.long)
-            if start:
-                grown[:start] = buf[:start]
-            buf = grown
-        if start < n:
-            buf[start:n] = torch.from_numpy(np.fromiter(pages[start:n], dtype=np.int64, count=n - start))
-        req.page_rows = (buf, n)
-        req.pages_stale_from = n
-        return buf[:n]
-
-    def slots(self, req: Request, start: int, end: int) -> torch.Tensor:
-        """KV slots of token positions [start, end) of a request (a view of its page table when
-        pages hold one token: copy it before the table changes)."""
-        table = self.page_table(req)
-        if self.page_size == 1:
-            return table[start:end]
-        positions = torch.arange(start, end, dtype=torch.long)
-        return table[positions // self.page_size] * self.page_size + positions % self.page_size
-
     def prepare(self, batch: ScheduleBatch) -> PreparedBatch:
         """Builds the step's tensors from the batch's Python state."""
         ids: list[int] = []
         positions: list[int] = []
-        slot_chunks: list[torch.Tensor] = []
-        q_starts, q_lens, kv_lens, kv_slots = [], [], [], []
+        extends: list[tuple[Request, int, int, int]] = []
         logit_rows: list[int] = []
         plans: list[tuple[list[int], bool]] = []
         for e, draft in zip(batch.queried, batch.drafts()):
@@ -107,61 +90,35 @@ class ModelRunner:
             ids.extend(req.ids_between(e.start, e.end))
             ids.extend(draft)
             positions.extend(range(e.start, end))
-            all_slots = self.slots(req, 0, end)
-            slot_chunks.append(all_slots[e.start :])
-            q_starts.append(row0)
-            q_lens.append(end - e.start)
-            kv_lens.append(end)
-            kv_slots.append(all_slots)
+            extends.append((req, e.start, end, row0))
             input_rows = self._input_logprob_rows(e)
             logit_rows.extend(row0 + r - e.start for r in input_rows)
             samples = e.is_last_chunk and req.budget_left > 0
             if samples:  # the last real token, then one row per draft token
                 logit_rows.extend(row0 + e.end - 1 - e.start + j for j in range(len(draft) + 1))
             plans.append((input_rows, samples))
-        decode_slots = decode_lens = None
-        if batch.decodes:
-            lens = [r.num_tokens for r in batch.decodes]
-            width = max(lens)
-            table = torch.zeros(len(lens), width, dtype=torch.long)
-            for i, r in enumerate(batch.decodes):
-                logit_rows.append(len(ids))
-                ids.append(r.last_id)
-                positions.append(lens[i] - 1)
-                s = self.slots(r, 0, lens[i])
-                table[i, : lens[i]] = s
-                slot_chunks.append(s[-1:])
-                plans.append(([], True))
-            decode_slots = table.to(self.device)
-            decode_lens = torch.tensor(lens, dtype=torch.long).to(self.device)
-        meta = AttentionMetadata(
-            slot_mapping=torch.cat(slot_chunks).to(self.device),
-            extend_q_starts=q_starts,
-            extend_q_lens=q_lens,
-            extend_kv_lens=kv_lens,
-            extend_kv_slots=[s.to(self.device) for s in kv_slots],
-            decode_kv_slots=decode_slots,
-            decode_kv_lens=decode_lens,
-            bf16_extends=self.execution.bf16_extends,
-        )
-        if self.execution.attention == "native":
-            meta.cpu = attention_cpu.cpu_rows(meta, self.execution.sliding_window)
-        elif self.execution.attention == "triton":
-            from plait.kernels.attention_triton import tables_from_pages
-
-            args = self.model.args
-            meta.triton = tables_from_pages(
-                self.page_size, args.num_kv_heads, self.device,
-                extend_pages=[e.req.pages for e in batch.queried], extend_q_lens=q_lens,
-                extend_kv_lens=kv_lens, decode_pages=[r.pages for r in batch.decodes],
-                decode_kv_lens=[r.num_tokens for r in batch.decodes],
+        for r in batch.decodes:
+            logit_rows.append(len(ids))
+            ids.append(r.last_id)
+            positions.append(r.num_tokens - 1)
+            plans.append(([], True))
+        spaces = self._spaces  # (in window pages, the window its CPU rows are built for)
+        metas = [
+            self.tables.layout(
+                extends, batch.decodes, window=window, rows_window=rows_window,
+                attention=self.execution.attention, num_kv_heads=self.model.args.num_kv_heads,
+                bf16_extends=self.execution.bf16_extends,
             )
+            for window, rows_window in spaces
+        ]  # fmt: skip
+        q_lens = metas[0].extend_q_lens
         layers = self.execution.layers_for(len(ids), max(q_lens, default=0))
         forward_batch = ForwardBatch(
             kv_pool=self.kv_pool,
-            attn=meta,
+            attn=metas[0],
             logits_indices=torch.tensor(logit_rows, dtype=torch.long, device=self.device),
             native_stack=self.execution.native_stack if layers is Layers.NATIVE_STACK else None,
+            attn_window=metas[1] if len(metas) > 1 else None,
         )
         return PreparedBatch(
             input_ids=torch.tensor(ids, dtype=torch.long, device=self.device),
@@ -177,7 +134,9 @@ class ModelRunner:
         prepared = self.prepare(batch)
         masks = self._start_masks(batch, prepared.plans)
         logits = self.model(prepared.input_ids, prepared.positions, prepared.forward_batch)
-        return self._results(batch, prepared.plans, logits, masks)  # logits: [num_logit_rows, vocab]
+        return self._results(
+            batch, prepared.plans, logits, masks
+        )  # logits: [num_logit_rows, vocab]
 
     def _start_masks(
         self, batch: ScheduleBatch, plans: list[tuple[list[int], bool]]
@@ -186,7 +145,9 @@ class ModelRunner:
         forward pass runs (the masks depend on the grammars' states only; llguidance releases
         the GIL). Rows in the order `_results` samples them: one-token entries, no drafts."""
         reqs, drafts = batch.requests(), batch.drafts()
-        grammars = [r.grammar for r, (_, samples), d in zip(reqs, plans, drafts) if samples and not d]
+        grammars = [
+            r.grammar for r, (_, samples), d in zip(reqs, plans, drafts) if samples and not d
+        ]
         if all(g is None for g in grammars):
             return None
         if self.device.type == "cpu" and torch.get_num_threads() >= _usable_cpus():
@@ -212,7 +173,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def decode_burst(
-        self, batch: ScheduleBatch, steps: int, interrupt: ctypes.c_int32 | None = None,
+        self,
+        batch: ScheduleBatch,
+        steps: int,
+        interrupt: ctypes.c_int32 | None = None,
         out: torch.Tensor | None = None,
     ) -> list[TokenResult]:
         """Up to `steps` decode steps of `batch.decodes` in one native call (see `can_burst`);
@@ -233,9 +197,14 @@ class ModelRunner:
         width = max(lens) + steps - 1
         tables = torch.zeros(len(reqs), width, dtype=torch.long)
         for i, r in enumerate(reqs):
-            tables[i, : lens[i] + steps - 1] = self.slots(r, 0, lens[i] + steps - 1)
+            slots = self.tables.slots(r, 0, lens[i] + steps - 1)
+            # the stack runs models whose layers attend alike: all in window pages, or none
+            tables[i, : lens[i] + steps - 1] = (
+                self.tables.window_slots(slots) if self._spaces[0][0] else slots
+            )
         stop_ids = [
-            sorted(set(r.params.stop_token_ids) | (set() if r.params.ignore_eos else self.eos_ids)) for r in reqs
+            sorted(set(r.params.stop_token_ids) | (set() if r.params.ignore_eos else self.eos_ids))
+            for r in reqs
         ]
         stack = self.execution.native_stack
         sampling, rewind = self._burst_sampling(reqs, steps)
@@ -244,13 +213,24 @@ class ModelRunner:
             if out is None:
                 out = torch.full((len(reqs), steps), -1, dtype=torch.long)
             grammars = GrammarBurst(
-                [r.grammar for r in reqs], stop_ids, out, self.model.args.vocab_size, self.jump_forward
+                [r.grammar for r in reqs],
+                stop_ids,
+                out,
+                self.model.args.vocab_size,
+                self.jump_forward,
             )
         ran = 0
         try:
             tokens = stack.burst(
-                self.model, torch.tensor([r.last_id for r in reqs], dtype=torch.long), tables,
-                torch.tensor(lens, dtype=torch.long), steps, stop_ids, interrupt, sampling, out,
+                self.model,
+                torch.tensor([r.last_id for r in reqs], dtype=torch.long),
+                tables,
+                torch.tensor(lens, dtype=torch.long),
+                steps,
+                stop_ids,
+                interrupt,
+                sampling,
+                out,
                 grammars.masks if grammars is not None else None,
             )
             ran = tokens.shape[1]
@@ -289,8 +269,12 @@ class ModelRunner:
         prepared = self.prepare(batch)
         meta = prepared.forward_batch.attn
         last = [s + n - 1 for s, n in zip(meta.extend_q_starts, meta.extend_q_lens)]
-        prepared.forward_batch.logits_indices = torch.tensor(last, dtype=torch.long, device=self.device)
-        return self.model(prepared.input_ids, prepared.positions, prepared.forward_batch, num_layers)
+        prepared.forward_batch.logits_indices = torch.tensor(
+            last, dtype=torch.long, device=self.device
+        )
+        return self.model(
+            prepared.input_ids, prepared.positions, prepared.forward_batch, num_layers
+        )
 
     def _input_logprob_rows(self, e: ExtendEntry | VerifyEntry) -> list[int]:
         """Positions r in [start, end) whose logits score prompt token r + 1 for input logprobs."""
@@ -319,12 +303,16 @@ class ModelRunner:
                 n = len(input_rows)
                 context = req.ids_between(input_rows[0] + 1, input_rows[-1] + 2)  # rows ascend
                 targets = torch.tensor(
-                    [context[r - input_rows[0]] for r in input_rows], dtype=torch.long, device=logits.device
+                    [context[r - input_rows[0]] for r in input_rows],
+                    dtype=torch.long,
+                    device=logits.device,
                 )
                 lp = logprobs[cursor : cursor + n].gather(1, targets[:, None])[:, 0].tolist()
                 results[i].input_logprobs = list(zip(lp, targets.tolist()))
                 if req.logprob.top_logprobs_num:
-                    results[i].input_top = _top(logprobs[cursor : cursor + n], req.logprob.top_logprobs_num)
+                    results[i].input_top = _top(
+                        logprobs[cursor : cursor + n], req.logprob.top_logprobs_num
+                    )
                 cursor += n
             if samples and drafts[i]:
                 spec.append((i, cursor))
@@ -333,9 +321,13 @@ class ModelRunner:
                 sample_rows.append(cursor)
                 sample_reqs.append(i)
                 cursor += 1
-        if sample_rows and all(_plain_greedy(reqs[i]) for i in sample_reqs):  # argmax of the raw logits
+        if sample_rows and all(
+            _plain_greedy(reqs[i]) for i in sample_reqs
+        ):  # argmax of the raw logits
             every_row = sample_rows == list(range(logits.shape[0]))
-            picks = argmax(logits if every_row else logits[torch.tensor(sample_rows, device=logits.device)])
+            picks = argmax(
+                logits if every_row else logits[torch.tensor(sample_rows, device=logits.device)]
+            )
             for j, token in enumerate(picks.tolist()):
                 results[sample_reqs[j]].tokens.append(token)
         elif sample_rows:
@@ -346,13 +338,17 @@ class ModelRunner:
                 apply_token_bitmask(batch_logits, bitmask.to(batch_logits.device), constrained)
             else:
                 self._apply_grammars(batch_logits, [reqs[i] for i in sample_reqs])
-            _alternatives(batch_logits, [reqs[i] for i in sample_reqs], [results[i] for i in sample_reqs])
+            _alternatives(
+                batch_logits, [reqs[i] for i in sample_reqs], [results[i] for i in sample_reqs]
+            )
             rows_state = [self._sampling_row(reqs[i], []) for i in sample_reqs]
             for j, token in enumerate(sample(batch_logits, rows_state).tolist()):
                 results[sample_reqs[j]].tokens.append(token)
         for i, first in spec:
             k = len(drafts[i])
-            results[i].tokens = self._verify(reqs[i], drafts[i], logits[first : first + k + 1].clone())
+            results[i].tokens = self._verify(
+                reqs[i], drafts[i], logits[first : first + k + 1].clone()
+            )
         if want_logprobs:
             for i, first in [(i, r) for i, r in zip(sample_reqs, sample_rows)] + spec:
                 req = reqs[i]
@@ -372,7 +368,9 @@ class ModelRunner:
         output = req.output_ids + draft if draft else req.output_ids
         banned: list[int] = []
         if len(output) < req.params.min_new_tokens:
-            banned = sorted(set(req.params.stop_token_ids) | set(() if req.params.ignore_eos else self.eos_ids))
+            banned = sorted(
+                set(req.params.stop_token_ids) | set(() if req.params.ignore_eos else self.eos_ids)
+            )
         return SamplingRow(
             params=req.params,
             output_ids=output,

@@ -49,6 +49,10 @@ class Request:
     pages_stale_from: int = 0
     page_rows: Any = None
     last_node: Any = None
+    # sliding-window models: pages[window_from:] have their window pages (the tree's ones locked
+    # for this request), pages before it were released for the sliding layers (`WindowPages`)
+    window_from: int = 0
+    matched_pages: int = 0  # pages[:matched_pages] were the tree's when the request was admitted
     admit_order: int = -1
     cached_tokens: int = 0
     # Results

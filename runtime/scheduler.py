@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 
-from plait.radix_cache import PageAllocator, RadixCache
+from plait.radix_cache import PageAllocator, RadixCache, WindowPages
 from plait.runtime.batch import ExtendEntry, ScheduleBatch, VerifyEntry
 from plait.runtime.config import SchedulerConfig
 from plait.runtime.kv_cache_manager import KVCacheManager
@@ -28,6 +28,7 @@ from plait.runtime.tuning import (
     INIT_NEW_TOKEN_RATIO,
     MIN_NEW_TOKEN_RATIO,
     NEW_TOKEN_RATIO_DECAY,
+    REWIND_SLACK_TOKENS,
 )
 
 
@@ -39,9 +40,10 @@ class Scheduler:
         cache: RadixCache,
         page_size: int,
         context_len: int,
+        window: WindowPages | None = None,
     ) -> None:
         self.config = config
-        self.kv = KVCacheManager(allocator, cache, page_size)
+        self.kv = KVCacheManager(allocator, cache, page_size, window, REWIND_SLACK_TOKENS)
         self.page_size = page_size
         self.context_len = context_len
         self.waiting: deque[Request] = deque()
@@ -81,7 +83,13 @@ class Scheduler:
     def _try_admit(self, req: Request, reserved: int) -> bool:
         cached = self.kv.match(req)
         needed = self.kv.pages_for(req.num_tokens) - req.num_cached_pages + self._future_pages(req)
-        if needed + reserved > self.kv.available_pages():
+        # its first chunk's pages, each with a window page where the model has sliding layers
+        first = min(req.num_tokens, req.num_computed + self.config.chunked_prefill_size)
+        window_needed = self.kv.pages_for(first) - len(req.pages)
+        if (
+            needed + reserved > self.kv.available_pages()
+            or window_needed > self.kv.available_window_pages()
+        ):
             self.kv.unmatch(req)
             return False
         req.status = RequestStatus.RUNNING
@@ -194,7 +202,9 @@ class Scheduler:
                     f"request {req.rid} cannot grow although it runs alone; the pool is too small"
                 )
             self.retract(victim)
-        self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+        self.new_token_ratio = max(
+            self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO
+        )
         # NOTE: a request whose closing is being looked for off the loop waits (closing_jobs.py)
         batch.decodes.extend(r for r in self.running if r.closing_job is None)
 
@@ -231,12 +241,15 @@ class Scheduler:
         self.computed_tokens += batch.num_tokens
         for e in batch.extends:
             e.req.num_computed = e.end
+            self.kv.slide(e.req)
         for v in batch.verifies:  # KV is valid for the last real token and the accepted drafts
             v.req.num_computed = min(v.end + v.num_accepted, v.req.num_tokens)
             self.kv.trim(v.req)
+            self.kv.slide(v.req)
         for req in batch.decodes:
             req.num_computed = req.num_tokens - 1
             self.kv.trim(req)  # pages a burst grew past the tokens it kept
+            self.kv.slide(req)
         still: list[Request] = []
         for e in batch.extends:
             req = e.req
@@ -278,6 +291,9 @@ class Scheduler:
         """A running request whose tokens after `num_valid` changed (jump-forward): its new tail is
         computed as an extend, like a prompt chunk, before it decodes again."""
         req.num_computed = min(req.num_computed, num_valid)
+        if not req.finished and not self.kv.can_rewind(req, req.num_computed):
+            self.retract(req)  # its window pages are gone that far back: recomputed after a match
+            return
         self.running.remove(req)
         if req.finished:
             self.kv.release(req, keep=True)

@@ -63,7 +63,9 @@ class Rendezvous:
 
         host_store = rank == 0 and not self.agent_store
         store = dist.TCPStore(self.host, self.port, self.world_size, host_store, timeout=_TIMEOUT)
-        store = dist.PrefixStore("plait/", store)  # torchrun's agent keeps its own keys in the same store
+        store = dist.PrefixStore(
+            "plait/", store
+        )  # torchrun's agent keeps its own keys in the same store
         if device.type == "cuda":
             return dist.ProcessGroupNCCL(store, rank, self.world_size)
         return dist.ProcessGroupGloo(store, rank, self.world_size, _TIMEOUT)
@@ -82,7 +84,9 @@ class Channel:
         self.device = device  # NCCL moves only device tensors
 
     def send(self, obj: Any) -> None:
-        data = torch.frombuffer(bytearray(pickle.dumps(_to(obj, torch.device("cpu")))), dtype=torch.uint8)
+        data = torch.frombuffer(
+            bytearray(pickle.dumps(_to(obj, torch.device("cpu")))), dtype=torch.uint8
+        )
         self._broadcast(torch.tensor([data.numel()], dtype=torch.long))
         self._broadcast(data)
 
@@ -111,7 +115,9 @@ class StepBroadcaster(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
                 num_layers: int | None = None) -> torch.Tensor:  # fmt: skip
-        self.channel.send(("forward", input_ids, positions, batch.attn, num_layers))
+        self.channel.send(
+            ("forward", input_ids, positions, batch.attn, batch.attn_window, num_layers)
+        )
         return self.inner(input_ids, positions, batch, num_layers)
 
     def stop_workers(self) -> None:
@@ -126,9 +132,9 @@ class TensorParallel:
     args: Any
     processes: list[Any]
 
-    def start_workers(self, num_pages: int, page_size: int) -> None:
+    def start_workers(self, num_pages: int, page_size: int, num_window_pages: int = 0) -> None:
         """Tells every rank how large a KV pool to allocate (rank 0 decides)."""
-        self.model.channel.send(("pool", num_pages, page_size))
+        self.model.channel.send(("pool", num_pages, page_size, num_window_pages))
 
     def shutdown(self) -> None:
         self.model.stop_workers()
@@ -169,6 +175,7 @@ def start_tensor_parallel(model: nn.Module, config: Any, device: torch.device) -
 def run_worker(rank: int, rendezvous: Rendezvous | None, config: Any) -> None:
     """Ranks 1..N-1: load and shard the model, then run every forward pass rank 0 announces."""
     from plait.runtime.engine import resolve_device, resolve_dtype
+    from plait.runtime.engine_setup import window_layers
     from plait.runtime.model_loader import load_model
 
     rendezvous = rendezvous or Rendezvous.from_torchrun()
@@ -192,14 +199,22 @@ def run_worker(rank: int, rendezvous: Rendezvous | None, config: Any) -> None:
             if message[0] == "stop":
                 return
             if message[0] == "pool":
-                _, num_pages, page_size = message
-                kv_dtype = resolve_kv_dtype(config.cache.kv_cache_dtype, dtype, device, config.model.quantization is not None)
+                _, num_pages, page_size, num_window_pages = message
+                kv_dtype = resolve_kv_dtype(
+                    config.cache.kv_cache_dtype,
+                    dtype,
+                    device,
+                    config.model.quantization is not None,
+                )
+                windowed = window_layers(args) if num_window_pages else ()
                 pool = KVPool(num_pages, page_size, args.num_layers, args.num_kv_heads,
-                              args.head_dim, kv_dtype, device)  # fmt: skip
+                              args.head_dim, kv_dtype, device, windowed, num_window_pages)  # fmt: skip
                 continue
-            _, input_ids, positions, attn, num_layers = message
+            _, input_ids, positions, attn, attn_window, num_layers = message
             assert pool is not None, "rank 0 sends the pool size before the first step"
-            batch = ForwardBatch(kv_pool=pool, attn=attn, logits_indices=None)
+            batch = ForwardBatch(
+                kv_pool=pool, attn=attn, logits_indices=None, attn_window=attn_window
+            )
             model.model(input_ids, positions, batch, num_layers)  # logits are rank 0's alone
 
 

@@ -39,6 +39,14 @@ IN_BATCH_PREFIX_THRESHOLD = 32
 # Beyond this many waiting requests, prefix matching costs more than ordering saves (SGLang: 128):
 # the queue is taken first come, first served.
 MAX_MATCHED_WAITING = 128
+# Sliding-window models: a request keeps its window pages this many tokens longer than its window
+# needs. A jump-forward that retokenizes the tail recomputes it from a few tokens back; a rewind
+# further than this retracts the request (it then recomputes from its longest usable prefix).
+REWIND_SLACK_TOKENS = 32
+# The window-layer pool holds at least this many requests' windows (plus a prefill chunk each),
+# and at least this share of the full pool's pages.
+WINDOW_POOL_MIN_REQUESTS = 2
+WINDOW_POOL_MIN_SHARE = 0.25
 
 # Governors (governor.py, speculative/governor.py) -------------------------------------------------
 

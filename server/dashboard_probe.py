@@ -124,8 +124,8 @@ class StepProbe:
     def _wrap_match_prefix(self, original: Any) -> Any:
         root = self.engine.cache.root
 
-        def match_prefix(tokens: Any, record: bool = True) -> Any:
-            result = original(tokens, record)
+        def match_prefix(tokens: Any, record: bool = True, **kwargs: Any) -> Any:
+            result = original(tokens, record, **kwargs)
             if record and result.num_tokens:
                 hits, node = self.hits, result.node
                 while node is not None and node is not root:

@@ -158,7 +158,7 @@ class Attention(nn.Module):
             v,
             k_cache,
             v_cache,
-            batch.attn,
+            batch.attn_for(self.layer_id),
             self.scale,
             self.sliding_window,
             batch.kv_pool.scales(self.layer_id),

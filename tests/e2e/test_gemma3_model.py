@@ -50,10 +50,18 @@ def test_next_tokens_agree_with_transformers_over_a_long_text(gemma3_engine):
     text = (DATA / "long_text.txt").read_text()
     assert gemma3_engine.tokenizer.encode(text) == ref["ids"]  # transformers' tokenizer's ids too
     assert len(ref["ids"]) >= 1000
+    assert gemma3_engine.flush_cache()
     top, chosen = teacher_forced(gemma3_engine, ref["ids"])
     same, median = agreement(top, chosen, ref["top1"], ref["chosen_logprob"])
     assert same >= 0.98
     assert median <= 0.02
+    # past the 512-token window, the 15 sliding layers keep a window's pages of the text (the
+    # one before its end), the 3 global layers all of them
+    stats = gemma3_engine.stats()
+    window_pages = stats["kv_window_pages_total"] - stats["kv_window_pages_free"]
+    assert stats["kv_pages_cached"] == len(ref["ids"])
+    assert window_pages <= 512 + 32 + 2  # the window, the rewind slack, a page at each end
+    assert stats["kv_bytes_held"] < 0.5 * stats["kv_pages_cached"] * stats["kv_bytes_per_token"]
 
 
 @pytest.mark.slow

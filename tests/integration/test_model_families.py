@@ -115,3 +115,53 @@ def test_cached_batched_and_chunked_runs_equal_one_whole_run(case):
         assert [
             chunked.generate(input_ids=p, sampling_params=GREEDY)["output_ids"] for p in prompts
         ] == alone
+
+
+def sliding(case) -> int:
+    family, path, _, engine, _ = case
+    window = engine.core.args.sliding_window
+    if window is None:
+        pytest.skip(f"{family} has no sliding window here")
+    return window
+
+
+def test_sliding_layers_keep_about_a_window_of_pages(case):
+    """Past the window, the sliding layers' pages go back as the request moves on: what stays is
+    its window (and the one before the prompt's end), while the full layers keep every page."""
+    window = sliding(case)
+    _, _, hf, engine, _ = case
+    engine.flush_cache()
+    ids = prompt(20, 200)
+    out = engine.generate(input_ids=ids, sampling_params=GREEDY)
+    assert out["output_ids"] == hf_greedy(hf, ids)
+    stats = engine.stats()
+    page = stats["page_size"]
+    held = stats["kv_window_pages_total"] - stats["kv_window_pages_free"]
+    slack = 32  # REWIND_SLACK_TOKENS
+    assert held * page <= 2 * (window + slack + 2 * page)  # the end and the prompt's end
+    tokens = len(ids) + NEW_TOKENS
+    assert stats["kv_pages_cached"] == (tokens - 1) // page  # the full layers: all computed
+    assert stats["kv_bytes_held"] < tokens * stats["kv_bytes_per_token"]
+
+
+def test_a_prefix_whose_window_pages_are_gone_is_recomputed(case):
+    """A request that shares only the start of a long cached sequence finds that start's window
+    pages released: it reuses what its window can still read (here nothing) and computes the
+    rest, with the tokens of an engine that never cached anything."""
+    window = sliding(case)
+    _, path, _, engine, _ = case
+    engine.flush_cache()
+    long = prompt(30, 200)
+    engine.generate(input_ids=long, sampling_params=GREEDY)
+    branch = long[:120] + prompt(31, 10)
+    out = engine.generate(input_ids=branch, sampling_params=GREEDY)
+    assert out["meta_info"]["cached_tokens"] < 120 - window
+    resent = long + prompt(32, 5)  # the same prompt and more: its window pages are kept
+    again = engine.generate(input_ids=resent, sampling_params=GREEDY)
+    assert again["meta_info"]["cached_tokens"] == len(long)
+    with Engine(model_path=str(path), max_total_tokens=4096, page_size=4) as fresh:
+        for ids, ours in ((branch, out), (resent, again)):
+            assert (
+                fresh.generate(input_ids=ids, sampling_params=GREEDY)["output_ids"]
+                == (ours["output_ids"])
+            )

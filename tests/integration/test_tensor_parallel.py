@@ -1,6 +1,7 @@
 """Tensor parallelism on gloo over loopback: TP=2 gives TP=1's logits (float32 tolerance) and
 the same greedy output, for an even head split and an uneven one (SmolLM2's 3 KV heads), and for
-the families whose heads shard alike (Qwen3 with its q/k norms, Phi-3 from its fused weights)."""
+the families whose heads shard alike (Qwen3 with its q/k norms, Phi-3 from its fused weights,
+Gemma 3 with its sliding layers' window pages)."""
 
 from __future__ import annotations
 
@@ -56,7 +57,19 @@ def phi3_dir(tmp_path_factory, smollm_tokenizer):
     )
 
 
-@pytest.mark.parametrize("checkpoint", ["tiny_llama_dir", "uneven_dir", "qwen3_dir", "phi3_dir"])
+@pytest.fixture(scope="module")
+def gemma3_dir(tmp_path_factory, smollm_tokenizer):
+    """Sliding and global layers, a window the prompts and outputs outgrow: the window pages'
+    layout goes to every rank beside the pool's."""
+    return write_tiny_checkpoint(
+        tmp_path_factory.mktemp("tiny-gemma3"), "gemma3", smollm_tokenizer, seed=2,
+        head_dim=16, sliding_window=6, layer_types=["sliding_attention", "full_attention"],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "checkpoint", ["tiny_llama_dir", "uneven_dir", "qwen3_dir", "phi3_dir", "gemma3_dir"]
+)
 def test_tp2_matches_tp1(checkpoint, request):
     from plait import Engine
 
