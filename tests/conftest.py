@@ -55,11 +55,13 @@ def smollm_tokenizer(gguf_metadata: dict):
 def write_tiny_checkpoint(
     path: Path, arch: str, tokenizer, seed: int = 0, random_norms: bool = False, **overrides: object
 ) -> Path:
-    """Saves a random-weight model of family `arch` (llama, qwen2, qwen3, mistral, phi3, gemma3)
-    with transformers, plus the SmolLM2 tokenizer; `random_norms` draws the norms' weights too."""
-    import torch
+    """Saves a random-weight model of family `arch` (llama, qwen2, qwen3, mistral, phi3, gemma3,
+    gemma3-vision: Gemma3ForConditionalGeneration) with transformers, plus the SmolLM2 tokenizer;
+    `random_norms` draws the norms' weights too."""
     import transformers
 
+    if arch == "gemma3-vision":  # the text model inside Gemma3ForConditionalGeneration
+        return _write_tiny_gemma3_vision(path, tokenizer, seed, random_norms, **overrides)
     config_cls, model_cls = {
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
@@ -76,8 +78,40 @@ def write_tiny_checkpoint(
         pad_token_id=2,
         **shapes,
     )
+    return _save_tiny(path, model_cls(_seeded(config, seed)), tokenizer, random_norms)
+
+
+def _seeded(config, seed: int):
+    import torch
+
     torch.manual_seed(seed)
-    model = model_cls(config).eval()
+    return config
+
+
+def _write_tiny_gemma3_vision(
+    path: Path, tokenizer, seed: int, random_norms: bool, **overrides: object
+) -> Path:
+    import transformers
+
+    text = transformers.Gemma3TextConfig(
+        vocab_size=tokenizer.vocab_size, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+        **{**TINY_SHAPES, **overrides},
+    )  # fmt: skip
+    vision = transformers.SiglipVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        image_size=28, patch_size=14,
+    )  # fmt: skip
+    config = transformers.Gemma3Config(
+        text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4
+    )
+    model = transformers.Gemma3ForConditionalGeneration(_seeded(config, seed))
+    return _save_tiny(path, model, tokenizer, random_norms)
+
+
+def _save_tiny(path: Path, model, tokenizer, random_norms: bool) -> Path:
+    import torch
+
+    model = model.eval()
     with torch.no_grad():  # wider weights than the default init, so logits differ clearly
         for p in model.parameters():
             if p.dim() > 1:

@@ -1,7 +1,8 @@
 """Gemma 3 (text), read top to bottom: embeddings scaled by sqrt(hidden); in each layer an RMSNorm
 before and after attention and before and after the MLP; q/k RMS norms; sliding-window layers
 (five of every six) with their own rope base, global layers with the model's; a GELU-tanh gated
-MLP; the head tied to the embeddings.
+MLP; the head tied to the embeddings. `Gemma3ForConditionalGeneration` checkpoints run their text
+model (the vision tower is not read).
 
 Gemma's norms multiply by (1 + w): GGUF files store 1 + w already, and Hugging Face weights get
 the 1 added at load, so the shared `RMSNorm` (which multiplies by its weight) serves unchanged.
@@ -119,6 +120,16 @@ def _gemma3_fields(hidden: int) -> dict[str, Any]:
 
 
 def gemma3_args_from_hf(config: dict[str, Any], architecture: str) -> ModelArgs:
+    if architecture == MULTIMODAL:  # the text model's own config, under `text_config`
+        text = dict(config.get("text_config") or {})
+        if not text:
+            raise ValueError(f"config.json: {MULTIMODAL} without a text_config")
+        text.setdefault("tie_word_embeddings", config.get("tie_word_embeddings", True))
+        return _text_args_from_hf(text, architecture)
+    return _text_args_from_hf(config, architecture)
+
+
+def _text_args_from_hf(config: dict[str, Any], architecture: str) -> ModelArgs:
     if config.get("attn_logit_softcapping") is not None:
         raise ValueError("config.json: attn_logit_softcapping is not supported for gemma3")
     if config.get("use_bidirectional_attention"):
@@ -177,6 +188,26 @@ def _plus_one_norms(name: str, tensor: torch.Tensor) -> torch.Tensor:
     return tensor.float() + 1.0 if name.endswith("norm.weight") else tensor
 
 
+# Gemma3ForConditionalGeneration: the text model inside the multimodal one. Its checkpoints name
+# the text weights `language_model.model.*` (as Google published them) or `model.language_model.*`
+# (as transformers >= 4.52 builds the model); the vision tower and its projector are not read.
+MULTIMODAL = "Gemma3ForConditionalGeneration"
+_TEXT_PREFIXES = ("language_model.model.", "model.language_model.")
+_NOT_TEXT = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+             "model.multi_modal_projector.")  # fmt: skip
+
+
+def _text_model_name(name: str) -> str | None:
+    if name.endswith("rotary_emb.inv_freq") or name.startswith(_NOT_TEXT):
+        return None
+    for prefix in _TEXT_PREFIXES:
+        if name.startswith(prefix):
+            return "model." + name[len(prefix) :]
+    if name == "language_model.lm_head.weight":
+        return "lm_head.weight"
+    return name
+
+
 GEMMA3_GGUF_LAYERS = {
     **LLAMA_GGUF_LAYERS,
     "attn_q_norm": "self_attn.q_norm",
@@ -188,11 +219,12 @@ GEMMA3_GGUF_LAYERS = {
 
 GEMMA3 = register(Family(
     name="gemma3",
-    hf_architectures=("Gemma3ForCausalLM",),
+    hf_architectures=("Gemma3ForCausalLM", MULTIMODAL),
     gguf_architectures=("gemma3",),
     args_from_hf=gemma3_args_from_hf,
     args_from_gguf=gemma3_args_from_gguf,
     build=Gemma3ForCausalLM,
     gguf_layers=GEMMA3_GGUF_LAYERS,
+    hf_name=_text_model_name,
     hf_tensor=_plus_one_norms,
 ))  # fmt: skip

@@ -38,6 +38,16 @@ CASES = {
         },
         "layerwise (not on the native stack: the gemma3 decoder layer)",
     ),
+    # Gemma3ForConditionalGeneration: its text model, the vision tower left unread
+    "gemma3-vision": (
+        "gemma3-vision",
+        {
+            "head_dim": 32,
+            "sliding_window": 16,
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
+        "layerwise (not on the native stack: the gemma3 decoder layer)",
+    ),
 }
 
 
@@ -77,7 +87,7 @@ def test_greedy_tokens_equal_transformers(case):
     out = engine.generate(input_ids=ids, sampling_params=GREEDY)
     assert out["output_ids"] == hf_greedy(hf, ids)
     stats = engine.stats()
-    assert stats["model_family"] == family
+    assert stats["model_family"] == family.removesuffix("-vision")
     assert stats["execution_layers"].startswith(layers)
 
 
@@ -165,3 +175,20 @@ def test_a_prefix_whose_window_pages_are_gone_is_recomputed(case):
                 fresh.generate(input_ids=ids, sampling_params=GREEDY)["output_ids"]
                 == (ours["output_ids"])
             )
+
+
+def test_multimodal_gemma3_names_map_to_its_text_model():
+    """Both spellings of Gemma3ForConditionalGeneration's text weights; the vision tower and its
+    projector are not read."""
+    from plait.runtime.models.registry import family_named
+
+    name = family_named("gemma3").hf_name
+    for prefix in ("language_model.model.", "model.language_model."):
+        assert (
+            name(prefix + "layers.3.self_attn.q_norm.weight")
+            == "model.layers.3.self_attn.q_norm.weight"
+        )
+    assert name("language_model.lm_head.weight") == "lm_head.weight"
+    for skipped in ("vision_tower.encoder.layers.0.mlp.fc1.weight",
+                    "model.multi_modal_projector.mm_input_projection_weight"):  # fmt: skip
+        assert name(skipped) is None
