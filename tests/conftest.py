@@ -56,7 +56,7 @@ def write_tiny_checkpoint(
     path: Path, arch: str, tokenizer, seed: int = 0, random_norms: bool = False, **overrides: object
 ) -> Path:
     """Saves a random-weight model of family `arch` (llama, qwen2, qwen3, mistral, phi3, gemma3,
-    gemma3-vision: Gemma3ForConditionalGeneration) with transformers, plus the SmolLM2 tokenizer;
+    gemma3-vision: Gemma3ForConditionalGeneration, mixtral, qwen3moe) with transformers, plus the SmolLM2 tokenizer;
     `random_norms` draws the norms' weights too."""
     import transformers
 
@@ -69,6 +69,8 @@ def write_tiny_checkpoint(
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
         "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
         "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
+        "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
+        "qwen3moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
     }[arch]
     shapes = {**TINY_SHAPES, **overrides}
     config = config_cls(

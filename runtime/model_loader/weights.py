@@ -3,6 +3,7 @@ checkpoint has every weight before any is read, and telling what each file type 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import torch
@@ -16,11 +17,28 @@ _FUSED = {
     "gate_up_proj": ("gate_proj", "up_proj"),
 }
 _PIECE_TO_FUSED = {p: f for f, pieces in _FUSED.items() for p in pieces}
+# one expert's projection in a mixture-of-experts checkpoint: `...mlp.experts.3.up_proj.weight`
+_EXPERT = re.compile(
+    r"(?P<owner>.*\.experts)\.(?P<expert>\d+)\.(?P<piece>gate_proj|up_proj|down_proj)\.weight"
+)
+
+
+def stacked_name(name: str) -> tuple[str, int] | None:
+    """(the stacked weight of every expert, `...experts.up_proj.weight`, the expert's index) for
+    one expert's weight; None for other names."""
+    match = _EXPERT.fullmatch(name)
+    if match is None:
+        return None
+    return f"{match['owner']}.{match['piece']}.weight", int(match["expert"])
 
 
 def fused_name(name: str) -> str:
     """The parameter of plait's model a Hugging Face weight goes into (`...q_proj.weight` →
-    `...qkv_proj.weight`); other names are their own."""
+    `...qkv_proj.weight`, an expert's `...experts.3.up_proj.weight` →
+    `...experts.gate_up_proj.weight`); other names are their own."""
+    stacked = stacked_name(name)
+    if stacked is not None:
+        name = stacked[0]
     prefix, _, leaf = name.rpartition(".")
     owner, _, piece = prefix.rpartition(".")
     if piece in _PIECE_TO_FUSED:
@@ -34,7 +52,14 @@ def check_names(
     """Raises before any weight is read if the checkpoint lacks one of `model`'s weights (every
     piece of a fused one) or holds one it does not have. `names` are Hugging Face names; `show`
     turns one into the checkpoint's own spelling for the message."""
-    have = set(names)
+    have: set[str] = set()
+    experts: dict[str, set[int]] = {}  # a stacked expert weight -> the experts the file has
+    for name in names:
+        stacked = stacked_name(name)
+        if stacked is not None:
+            experts.setdefault(stacked[0], set()).add(stacked[1])
+            name = stacked[0]
+        have.add(name)
     expected = set(model.state_dict())
     if args.tie_word_embeddings:
         expected.discard("lm_head.weight")
@@ -45,6 +70,11 @@ def check_names(
         owner, _, fused = prefix.rpartition(".")
         pieces = [f"{owner}.{p}.{leaf}" for p in _FUSED.get(fused, ())]
         missing += [show(p) for p in pieces if p not in have] if pieces else [show(name)]
+    for stacked, found in sorted(experts.items()):
+        owner, _, rest = stacked.rpartition(".experts.")
+        missing += [
+            show(f"{owner}.experts.{e}.{rest}") for e in range(args.num_experts) if e not in found
+        ]
     unexpected = sorted(show(n) for n in have if fused_name(n) not in expected)
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
@@ -65,7 +95,7 @@ def fuse_hf_weights(
     Quantized weights fuse by stacking their rows; they keep their format (no `dtype` cast)."""
     parts: dict[str, dict[str, torch.Tensor]] = {}
     out: dict[str, torch.Tensor] = {}
-    for name, tensor in named:
+    for name, tensor in _stack_experts(named):
         if isinstance(tensor, torch.Tensor):
             tensor = tensor.to(dtype)
         prefix, _, leaf = name.rpartition(".")  # leaf: weight or bias
@@ -89,13 +119,34 @@ def fuse_hf_weights(
                 [
                     dequantize_ref(p).to(dtype) if isinstance(p, QuantizedWeight) else p
                     for p in parts_in_order
-                ]
+                ],
+                dim=1 if parts_in_order[0].dim() == 3 else 0,  # rows (of every expert, stacked)
             )
     if isinstance(out.get("lm_head.weight"), QuantizedWeight):
         return out  # a tied head kept quantized from the embedding's blocks
     if args.tie_word_embeddings or "lm_head.weight" not in out:
         out.pop("lm_head.weight", None)
     return out
+
+
+def _stack_experts(
+    named: Iterable[tuple[str, torch.Tensor | QuantizedWeight]],
+) -> Iterable[tuple[str, torch.Tensor | QuantizedWeight]]:
+    """The weights, each expert's projections stacked into one [E, out, in] tensor (in expert
+    order) once all of a layer's have come; other weights as they come."""
+    pending: dict[str, dict[int, torch.Tensor]] = {}
+    for name, tensor in named:
+        stacked = stacked_name(name)
+        if stacked is None:
+            yield name, tensor
+            continue
+        if isinstance(tensor, QuantizedWeight):
+            from plait.kernels.quant_matmul import dequantize_ref
+
+            tensor = dequantize_ref(tensor)
+        pending.setdefault(stacked[0], {})[stacked[1]] = tensor
+    for name, by_expert in pending.items():
+        yield name, torch.stack([by_expert[e] for e in sorted(by_expert)])
 
 
 def weight_types(

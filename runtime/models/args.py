@@ -40,6 +40,14 @@ class ModelArgs:
     attn_scale: float | None = None  # softmax scale; None: head_dim ** -0.5
     embed_scale: float | None = None  # embeddings multiplied by it (Gemma: sqrt(hidden))
     final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap) where set
+    # mixture of experts (Mixtral, Qwen3-MoE): each token's MLP is the weighted sum of
+    # `num_experts_per_tok` of `num_experts` gated MLPs of `moe_intermediate_size`, picked by a
+    # softmax router (the picked weights renormalized to sum to 1 where `norm_topk_prob`)
+    num_experts: int = 0  # 0: a dense MLP
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int | None = None  # None: intermediate_size
+    norm_topk_prob: bool = True
+    moe_layers: tuple[bool, ...] | None = None  # which layers are sparse; None: all of them
     architecture: str = "LlamaForCausalLM"  # the HF class name of the checkpoint's model
     family: str = "llama"  # the registry entry that builds it
 
@@ -50,6 +58,19 @@ class ModelArgs:
             raise ValueError(
                 f"sliding_layers: {len(self.sliding_layers)} entries for {self.num_layers} layers"
             )
+        if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(
+                f"num_experts_per_tok: must be in [1, {self.num_experts}] (num_experts), "
+                f"got {self.num_experts_per_tok}"
+            )
+        if self.moe_layers is not None and len(self.moe_layers) != self.num_layers:
+            raise ValueError(
+                f"moe_layers: {len(self.moe_layers)} entries for {self.num_layers} layers"
+            )
+
+    def is_moe(self, layer_id: int) -> bool:
+        """Whether layer `layer_id`'s MLP is a mixture of experts."""
+        return self.num_experts > 0 and (self.moe_layers is None or self.moe_layers[layer_id])
 
     def layer_window(self, layer_id: int) -> int | None:
         """The sliding window layer `layer_id` attends through, or None (all positions)."""
@@ -152,6 +173,10 @@ def common_from_gguf(meta: dict[str, Any], architecture: str, family: str) -> di
         rope_scaling=scaling,
         max_position_embeddings=get("context_length", 4096),
         sliding_window=get("attention.sliding_window"),
+        num_experts=get("expert_count") or 0,
+        num_experts_per_tok=get("expert_used_count") or 0,
+        moe_intermediate_size=get("expert_feed_forward_length"),
+        norm_topk_prob=bool(get("expert_weights_norm", True)),  # llama.cpp's default for these
         architecture=architecture,
         family=family,
     )

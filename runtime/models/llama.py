@@ -1,5 +1,6 @@
-"""The Llama family (Llama 1/2/3.x, Mistral, SmolLM) over paged KV, read top to bottom; Qwen2/3 and
-Phi-3 (`qwen.py`, `phi3.py`) are this decoder with their own configs and weight names.
+"""The Llama family (Llama 1/2/3.x, Mistral, SmolLM) over paged KV, read top to bottom; Qwen2/3,
+Phi-3 and the mixture-of-experts families (`qwen.py`, `phi3.py`, `mixtral.py`; their MLP is
+`moe.py`'s) are this decoder with their own configs and weight names.
 
 Weights use Hugging Face names except for two fusions made at load time:
 `qkv_proj` = cat(q_proj, k_proj, v_proj) and `gate_up_proj` = cat(gate_proj, up_proj).
@@ -22,7 +23,8 @@ from plait.runtime.models.args import (
     sliding_window_from_hf,
 )
 from plait.runtime.models.layers import MLP, Attention, RMSNorm, Rope, RotaryEmbedding
-from plait.runtime.models.registry import Family, register
+from plait.runtime.models.moe import SparseMoE
+from plait.runtime.models.registry import MOE_GGUF_LAYERS, Family, register
 
 
 class DecoderLayer(nn.Module):
@@ -31,7 +33,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.self_attn = Attention(args, layer_id)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.mlp = MLP(args)
+        self.mlp = SparseMoE(args) if args.is_moe(layer_id) else MLP(args)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, rope: Rope, batch: ForwardBatch
@@ -134,6 +136,7 @@ LLAMA = register(Family(
     args_from_hf=llama_args_from_hf,
     args_from_gguf=lambda meta: ModelArgs(**common_from_gguf(meta, "LlamaForCausalLM", "llama")),
     build=LlamaForCausalLM,
+    gguf_layers=MOE_GGUF_LAYERS,  # Mixtral's GGUFs are `llama` ones with experts
     gguf_rope_permuted=True,
 ))  # fmt: skip
 MISTRAL = register(Family(

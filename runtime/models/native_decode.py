@@ -178,6 +178,8 @@ def unsupported(model: torch.nn.Module) -> str | None:
     layers = getattr(getattr(model, "model", None), "layers", None)
     if args is None or layers is None or not all(type(layer) is DecoderLayer for layer in layers):
         return f"the {getattr(args, 'family', type(model).__name__)} decoder layer"
+    if args.num_experts:
+        return "mixture-of-experts MLP"
     if args.qk_norm:
         return "q/k norms"
     if args.activation != "silu":

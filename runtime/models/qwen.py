@@ -1,6 +1,7 @@
-"""Qwen2/2.5 and Qwen3: the Llama decoder (`llama.py`) with biases on q, k and v (Qwen2) or an
-RMSNorm over every query and key head before rotary (Qwen3). llama.cpp keeps their q/k rows in
-Hugging Face order (rotate-half rope), so nothing is permuted at load."""
+"""Qwen2/2.5, Qwen3 and Qwen3-MoE: the Llama decoder (`llama.py`) with biases on q, k and v (Qwen2)
+or an RMSNorm over every query and key head before rotary (Qwen3); Qwen3-MoE's MLP is a mixture of
+experts (`moe.py`) in every `decoder_sparse_step`-th layer not in `mlp_only_layers`. llama.cpp
+keeps their q/k rows in Hugging Face order (rotate-half rope), so nothing is permuted at load."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from plait.runtime.models.args import (
     sliding_window_from_hf,
 )
 from plait.runtime.models.llama import LlamaForCausalLM
-from plait.runtime.models.registry import LLAMA_GGUF_LAYERS, Family, register
+from plait.runtime.models.registry import LLAMA_GGUF_LAYERS, MOE_GGUF_LAYERS, Family, register
 
 
 def qwen2_args_from_hf(config: dict[str, Any], architecture: str) -> ModelArgs:
@@ -26,6 +27,21 @@ def qwen3_args_from_hf(config: dict[str, Any], architecture: str) -> ModelArgs:
         **common_from_hf(config, architecture, "qwen3"),
         **sliding_window_from_hf(config),
         qk_norm=True,
+    )
+
+
+def qwen3_moe_args_from_hf(config: dict[str, Any], architecture: str) -> ModelArgs:
+    step, dense = config.get("decoder_sparse_step", 1), set(config.get("mlp_only_layers") or [])
+    layers = config["num_hidden_layers"]
+    return ModelArgs(
+        **common_from_hf(config, architecture, "qwen3moe"),
+        **sliding_window_from_hf(config),
+        qk_norm=True,
+        num_experts=config.get("num_experts") or config["num_local_experts"],
+        num_experts_per_tok=config["num_experts_per_tok"],
+        moe_intermediate_size=config["moe_intermediate_size"],
+        norm_topk_prob=bool(config.get("norm_topk_prob", True)),
+        moe_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(layers)),
     )
 
 
@@ -55,4 +71,17 @@ QWEN3 = register(Family(
     args_from_gguf=qwen3_args_from_gguf,
     build=LlamaForCausalLM,
     gguf_layers={**LLAMA_GGUF_LAYERS, "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
+))  # fmt: skip
+_QWEN3_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+QWEN3_MOE = register(Family(
+    name="qwen3moe",
+    hf_architectures=("Qwen3MoeForCausalLM",),
+    gguf_architectures=("qwen3moe",),
+    args_from_hf=qwen3_moe_args_from_hf,
+    args_from_gguf=lambda meta: ModelArgs(
+        **common_from_gguf(meta, "Qwen3MoeForCausalLM", "qwen3moe"), qk_norm=True
+    ),
+    build=LlamaForCausalLM,
+    gguf_layers={**MOE_GGUF_LAYERS, **_QWEN3_NORMS},
+    tensor_parallel=False,
 ))  # fmt: skip

@@ -1,6 +1,6 @@
 """Which model families plait runs, and how a checkpoint names its weights.
 
-Each family's file (`llama.py`, `qwen.py`, `phi3.py`, `gemma3.py`) registers a `Family`: the Hugging
+Each family's file (`llama.py`, `qwen.py`, `phi3.py`, `gemma3.py`, `mixtral.py`) registers a `Family`: the Hugging
 Face `architectures` and GGUF `general.architecture` names it answers to, how it reads its
 hyperparameters from either, the model it builds, and its GGUF tensor names. The loader asks
 `family_for_hf` / `family_for_gguf` before it reads any weight; an unknown architecture is
@@ -19,7 +19,7 @@ from torch import nn
 
 from plait.runtime.models.args import ModelArgs
 
-FAMILY_MODULES = ("llama", "qwen", "phi3", "gemma3")
+FAMILY_MODULES = ("llama", "qwen", "phi3", "gemma3", "mixtral")
 
 # GGUF `blk.N.<kind>` → the module under `model.layers.N` (Hugging Face names), as llama.cpp
 # names the Llama decoder's tensors; families add or override entries.
@@ -33,6 +33,15 @@ LLAMA_GGUF_LAYERS: Mapping[str, str] = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+}
+# the mixture-of-experts MLP (Mixtral's `llama` GGUFs, `qwen3moe`): the router and each
+# projection of every expert stacked [E, out, in]
+MOE_GGUF_LAYERS: Mapping[str, str] = {
+    **LLAMA_GGUF_LAYERS,
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
 }
 GGUF_GLOBALS: Mapping[str, str] = {
     "token_embd.weight": "model.embed_tokens.weight",

@@ -31,11 +31,13 @@ _LAYER = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",  # a mixture of experts' router
 }
 
 
 _FAMILY_LAYER = {  # what llama.cpp calls the modules only some families have
     "qwen3": {"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"},
+    "qwen3moe": {"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"},
     "phi3": {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"},
     "gemma3": {
         "self_attn.q_norm": "attn_q_norm",
@@ -118,6 +120,12 @@ def write_gguf(
         writer.add_tensor(
             "rope_freqs.weight", llama3_rope_freqs(cfg.rope_parameters, head_dim, theta)
         )
+    experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(cfg.num_experts_per_tok)
+        if getattr(cfg, "moe_intermediate_size", None):
+            writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_tokenizer_model("gpt2")
@@ -132,6 +140,9 @@ def write_gguf(
     stored: dict[str, torch.Tensor] = {}
     for name, tensor in hf_model.state_dict().items():
         w = tensor.float().numpy()
+        if ".mlp.experts." in name:  # [E, out, in]: llama.cpp's ffn_{gate,up,down}_exps
+            stored[name] = write_experts(writer, name, w, kind if qtype != "F32" else None)
+            continue
         if w.ndim == 1:
             # Gemma's norms multiply by (1 + w): llama.cpp stores 1 + w
             writer.add_tensor(
@@ -174,6 +185,25 @@ def write_gguf(
     return stored
 
 
+def write_experts(writer, name: str, w: np.ndarray, kind) -> torch.Tensor:
+    """One layer's stacked experts (transformers holds gate and up as one [E, 2 I, H]) as the
+    GGUF's 3-D tensors; returns them as stored."""
+    import gguf
+
+    layer = name.split(".")[2]
+    if name.endswith("gate_up_proj"):
+        pieces = {"ffn_gate_exps": w[:, : w.shape[1] // 2], "ffn_up_exps": w[:, w.shape[1] // 2 :]}
+    else:
+        pieces = {"ffn_down_exps": w}
+    back = []
+    for kind_name, piece in pieces.items():
+        piece = np.ascontiguousarray(piece)
+        data = piece if kind is None else gguf.quants.quantize(piece, kind)
+        writer.add_tensor(f"blk.{layer}.{kind_name}.weight", data, raw_dtype=kind)
+        back.append(piece if kind is None else gguf.quants.dequantize(data, kind))
+    return torch.from_numpy(np.concatenate(back, axis=1).astype(np.float32))
+
+
 @pytest.mark.parametrize(
     "qtype,quantization",
     [(t, None) for t in TYPES] + [("Q8_0", "int8"), ("Q4_0", "int4"), ("Q4_1", "int4")],
@@ -200,6 +230,19 @@ FAMILIES = {  # GGUF architecture, family of the transformers checkpoint, its co
     "llama3-rope": ("llama", "llama", {"rope_parameters": LLAMA3_ROPE}),
     "qwen3": ("qwen3", "qwen3", {"head_dim": 16}),
     "phi3": ("phi3", "phi3", {"sliding_window": 24}),
+    # Mixtral's GGUF is a `llama` one with experts; Qwen3-MoE's has its own architecture
+    "mixtral": ("llama", "mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "qwen3moe": (
+        "qwen3moe",
+        "qwen3moe",
+        {
+            "head_dim": 16,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "norm_topk_prob": True,
+        },  # as its released models and llama.cpp
+    ),
     "gemma3": (
         "gemma3",
         "gemma3",
@@ -226,7 +269,7 @@ def test_family_ggufs_match_transformers(tmp_path, smollm_tokenizer, gguf_metada
     loaded = assert_gguf_matches_transformers(
         tmp_path, hf_dir, gguf_metadata, "Q8_0", None, arch, smollm_tokenizer
     )
-    assert loaded.family.name == family
+    assert loaded.family.name == ("llama" if family == "mixtral" else family)
     if case == "llama3-rope":
         assert (
             loaded.args.rope_freq_factors is not None and max(loaded.args.rope_freq_factors) == 8.0

@@ -38,6 +38,25 @@ CASES = {
         },
         "layerwise (not on the native stack: the gemma3 decoder layer)",
     ),
+    # mixtures of experts: 4 experts, 2 per token (Mixtral with a sliding window; Qwen3-MoE
+    # with q/k norms, a dense MLP in its first layer and the picked weights left unnormalized)
+    "mixtral": (
+        "mixtral",
+        {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 20},
+        "layerwise (not on the native stack: mixture-of-experts MLP)",
+    ),
+    "qwen3moe": (
+        "qwen3moe",
+        {
+            "head_dim": 16,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 48,
+            "mlp_only_layers": [0],
+            "norm_topk_prob": False,
+        },
+        "layerwise (not on the native stack: mixture-of-experts MLP)",
+    ),
     # Gemma3ForConditionalGeneration: its text model, the vision tower left unread
     "gemma3-vision": (
         "gemma3-vision",

@@ -1,0 +1,76 @@
+"""The mixture-of-experts MLP (Mixtral, Qwen3-MoE): a softmax router picks `top_k` of `E` gated
+MLPs per token, and the token's output is their weighted sum.
+
+The experts' weights are stacked, `[E, 2 x intermediate, hidden]` (gate and up) and
+`[E, hidden, intermediate]` (down). A forward pass sorts the (token, expert) pairs by expert and
+runs each expert once, over all of its tokens, as one matmul: a grouped GEMM, one call per expert
+that has tokens (at most min(E, tokens x top_k)), never one per token.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from plait.runtime.models.args import ModelArgs
+
+
+class ExpertWeights(nn.Module):
+    """One projection of every expert: `weight` [E, out, in]."""
+
+    def __init__(self, num_experts: int, out_features: int, in_features: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, out_features, in_features))
+
+
+class Experts(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        size = args.moe_intermediate_size or args.intermediate_size
+        self.intermediate_size = size
+        self.activation = args.activation
+        self.gate_up_proj = ExpertWeights(args.num_experts, 2 * size, args.hidden_size)
+        self.down_proj = ExpertWeights(args.num_experts, args.hidden_size, size)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x [T, hidden]; ids, weights [T, top_k]: each token's experts and their weights."""
+        num_tokens, top_k = ids.shape
+        flat = ids.reshape(-1)  # [T * top_k], token t's picks at t * top_k ..
+        order = flat.argsort(stable=True)  # (token, expert) pairs grouped by expert
+        counts = torch.bincount(flat, minlength=self.gate_up_proj.weight.shape[0]).tolist()
+        rows = x[order // top_k]  # [T * top_k, hidden], each pair's token, in expert order
+        out = torch.empty_like(rows)
+        start = 0
+        for expert, count in enumerate(counts):
+            if count:
+                end = start + count
+                out[start:end] = self._expert(expert, rows[start:end])
+                start = end
+        mixed = torch.empty_like(out)
+        mixed[order] = out  # back in (token, pick) order
+        # [T, top_k, hidden] weighted by the router, summed over the picks
+        return (mixed.view(num_tokens, top_k, -1) * weights[..., None]).sum(1)
+
+    def _expert(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up_proj.weight[expert]).split(self.intermediate_size, -1)
+        act = F.gelu(gate, approximate="tanh") if self.activation == "gelu_tanh" else F.silu(gate)
+        return F.linear(act * up, self.down_proj.weight[expert])
+
+
+class SparseMoE(nn.Module):
+    """The router (`gate`, [E, hidden]) and the experts; replaces a decoder layer's `MLP`."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.top_k = args.num_experts_per_tok
+        self.norm_topk_prob = args.norm_topk_prob
+        self.gate = nn.Linear(args.hidden_size, args.num_experts, bias=False)
+        self.experts = Experts(args)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probs = F.softmax(self.gate(x).float(), dim=-1)  # [T, E], the router in float32
+        weights, ids = probs.topk(self.top_k, dim=-1)  # [T, top_k]
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return self.experts(x, ids, weights.to(x.dtype))
