@@ -290,37 +290,26 @@ def measure_llama_cpp(
     }
 
 
-def run_latency_bench(args: argparse.Namespace) -> int:
-    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
-    for f in formats:
-        if f not in FORMATS:
-            raise SystemExit(f"--formats: unknown format {f!r} (choose from {', '.join(FORMATS)})")
-    repeats = getattr(args, "repeats", 3)
+def bench_model(
+    args: argparse.Namespace,
+    model_path: str | None,
+    formats: list[str],
+    repeats: int,
+    bandwidth: float,
+    matmul_flops: float,
+) -> tuple[dict[str, Any], list[list[Any]]]:
+    """One model's figures in every format (and llama.cpp's on its GGUF): (results, table rows)."""
+    from plait.benchmarks.model_reference import llama_cpp_agreement, measure_kv
     from plait.runtime.engine import off_main_thread
 
-    # NOTE: off the main thread, so that its OpenMP team does not linger and throttle the engine's
-    # (see `off_main_thread`): measured on the main thread, plait's decode here ran ~2x slower.
-    bandwidth = off_main_thread(measure_bandwidth)
-    matmul_flops = off_main_thread(measure_matmul_flops)
+    kv_dtype = getattr(args, "kv_cache_dtype", "auto")
     results: dict[str, dict[str, Any]] = {}
-    rows = []
+    rows: list[list[Any]] = []
     for fmt in formats:
-        ours = measure_plait(
-            args.model_path,
-            fmt,
-            args.prompt_len,
-            args.decode_len,
-            repeats,
-            getattr(args, "kv_cache_dtype", "auto"),
-        )
+        ours = measure_plait(model_path, fmt, args.prompt_len, args.decode_len, repeats, kv_dtype)
         ref = (
             off_main_thread(
-                measure_transformers,
-                args.model_path,
-                fmt,
-                args.prompt_len,
-                args.decode_len,
-                repeats,
+                measure_transformers, model_path, fmt, args.prompt_len, args.decode_len, repeats
             )
             if args.transformers and fmt in _DTYPES
             else None
@@ -335,65 +324,78 @@ def run_latency_bench(args: argparse.Namespace) -> int:
             "probe_roofline_steps_s": probe_roofline,
             "prefill_share_of_matmul": prefill_share,
         }
-        rows.append(
-            [
-                fmt,
-                f"prefill tok/s ({args.prompt_len})",
-                ours["prefill_tok_s"],
-                f"{prefill_share:.0%} of matmul",
-                ref and ref["prefill_tok_s"],
-                ours["perplexity"],
-            ]
-        )
         share = ours["decode_share_of_roofline"] or ours["decode_tok_s"] / roofline
-        rows.append(
-            [
-                fmt,
-                f"decode tok/s ({args.decode_len})",
-                ours["decode_tok_s"],
-                f"{share:.0%} of {roofline:.0f} "
-                f"({ours['decode_tok_s'] / probe_roofline:.0%} of {probe_roofline:.0f})",
-                ref and ref["decode_tok_s"],
-                None,
-            ]
+        rows += [
+            [fmt, f"prefill tok/s ({args.prompt_len})", ours["prefill_tok_s"],
+             f"{prefill_share:.0%} of matmul", ref and ref["prefill_tok_s"], ours["perplexity"]],
+            [fmt, f"decode tok/s ({args.decode_len})", ours["decode_tok_s"],
+             f"{share:.0%} of {roofline:.0f} "
+             f"({ours['decode_tok_s'] / probe_roofline:.0%} of {probe_roofline:.0f})",
+             ref and ref["decode_tok_s"], None],
+            [fmt, f"decode tok/s ({args.decode_len}, sampled)", ours["sampled_decode_tok_s"],
+             f"{ours['sampled_decode_tok_s'] / ours['decode_tok_s']:.0%} of greedy", None, None],
+        ]  # fmt: skip
+    first = {**_format_kwargs(formats[0]), "kv_cache_dtype": kv_dtype}
+    kv_context = getattr(args, "kv_context", 0)
+    if kv_context:
+        kv = off_main_thread(
+            measure_kv, model_path, {**first, "max_total_tokens": kv_context + 64}, kv_context
         )
-        rows.append(
-            [
-                fmt,
-                f"decode tok/s ({args.decode_len}, sampled)",
-                ours["sampled_decode_tok_s"],
-                f"{ours['sampled_decode_tok_s'] / ours['decode_tok_s']:.0%} of greedy",
-                None,
-                None,
-            ]
-        )
+        results["kv"] = kv
+        rows.append([formats[0], f"KV bytes/token at {kv['context']}", kv["held_bytes_per_token"],
+                     f"{kv['share_of_full_attention']:.0%} of full attention", None, None])  # fmt: skip
     llama = (
-        measure_llama_cpp(args.model_path, args.prompt_len, args.decode_len, repeats)
+        measure_llama_cpp(model_path, args.prompt_len, args.decode_len, repeats)
         if args.llama_cpp
         else None
     )
     if llama is not None:
         results["llama_cpp"] = llama
-        rows.append(
-            [
-                "llama.cpp (gguf)",
-                f"prefill tok/s ({args.prompt_len})",
-                llama["prefill_tok_s"],
-                None,
-                None,
-                None,
-            ]
+        agree = off_main_thread(
+            llama_cpp_agreement,
+            model_path,
+            {**first, "max_total_tokens": 2048},
+            torch.get_num_threads(),
         )
-        rows.append(
-            [
-                "llama.cpp (gguf)",
-                f"decode tok/s ({args.decode_len})",
-                llama["decode_tok_s"],
-                None,
-                None,
-                None,
-            ]
+        llama["agreement_with_plait"] = agree
+        rows += [
+            ["llama.cpp (gguf)", f"prefill tok/s ({args.prompt_len})", llama["prefill_tok_s"], None, None, None],
+            ["llama.cpp (gguf)", f"decode tok/s ({args.decode_len})", llama["decode_tok_s"], None, None, None],
+        ]  # fmt: skip
+        if agree is not None:
+            rows.append([f"llama.cpp vs {formats[0]}", "median |Δ logprob| (top-1 agreement)",
+                         agree["median_abs_logprob_delta"], f"{agree['top1_agreement']:.1%} top-1",
+                         None, None])  # fmt: skip
+    return results, rows
+
+
+def run_latency_bench(args: argparse.Namespace) -> int:
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    for f in formats:
+        if f not in FORMATS:
+            raise SystemExit(f"--formats: unknown format {f!r} (choose from {', '.join(FORMATS)})")
+    models = [m.strip() for m in (getattr(args, "models", None) or "").split(",") if m.strip()]
+    models = models or [args.model_path]
+    repeats = getattr(args, "repeats", 3)
+    from plait.runtime.engine import off_main_thread
+
+    # NOTE: off the main thread, so that its OpenMP team does not linger and throttle the engine's
+    # (see `off_main_thread`): measured on the main thread, plait's decode here ran ~2x slower.
+    bandwidth = off_main_thread(measure_bandwidth)
+    matmul_flops = off_main_thread(measure_matmul_flops)
+    reports = {}
+    for model in models:
+        label = model or "default"
+        reports[label] = bench_model(args, model, formats, repeats, bandwidth, matmul_flops)
+    results, _ = reports[models[0] or "default"]
+    for label, (_, model_rows) in reports.items():
+        if len(reports) > 1:
+            print(f"\nmodel {label}")
+        print_table(
+            ["format", "metric", "plait", "vs limit", "transformers", "perplexity"], model_rows
         )
+    if len(reports) > 1:
+        print_side_by_side(reports)
     print()
     weights_read = ", ".join(
         f"{fmt} {r['plait']['weight_bytes'] / r['plait']['weights_read_s'] / 1e9:.1f}"
@@ -406,7 +408,6 @@ def run_latency_bench(args: argparse.Namespace) -> int:
         f"native kernels {native_isa()}{', bfloat16 prefill GEMM (AMX)' if bf16_gemm_enabled() else ''}, "
         f"{cpu_model()}"
     )
-    print_table(["format", "metric", "plait", "vs limit", "transformers", "perplexity"], rows)
     write_json(
         args.output,
         {
@@ -417,7 +418,20 @@ def run_latency_bench(args: argparse.Namespace) -> int:
             "bandwidth_bytes_s": bandwidth,
             "matmul_flops": matmul_flops,
             "torch_threads": torch.get_num_threads(),
-            "results": results,
+            "results": results,  # the first model's, as a one-model run writes them
+            "models": {label: r for label, (r, _) in reports.items()},
         },
     )
     return 0
+
+
+def print_side_by_side(reports: dict[str, tuple[dict[str, Any], list[list[Any]]]]) -> None:
+    """Each model's rows as a column: the same metric in the same format side by side."""
+    labels = list(reports)
+    table: dict[tuple[str, str], dict[str, Any]] = {}
+    for label, (_, rows) in reports.items():
+        for row in rows:
+            table.setdefault((row[0], row[1]), {})[label] = row[2]
+    print()
+    print_table(["format", "metric", *labels],
+                [[fmt, metric, *(values.get(m) for m in labels)] for (fmt, metric), values in table.items()])  # fmt: skip

@@ -384,6 +384,19 @@ def build_parser() -> argparse.ArgumentParser:
     lat.add_argument(
         "--output", default="bench-results/latency.json", help="JSON file of the results"
     )
+    lat.add_argument(
+        "--models",
+        default=None,
+        help="comma-separated models to run one after the other and show side by side (paths "
+        "or package names, e.g. smollm2,gemma3-270m; default: --model alone)",
+    )
+    lat.add_argument(
+        "--kv-context",
+        dest="kv_context",
+        type=int,
+        default=8192,
+        help="the context whose KV bytes per token are measured (capped by the model's; 0: skip)",
+    )
     thr = bench_sub.add_parser(
         "throughput", help="continuous batching and the radix cache under load"
     )

@@ -195,11 +195,15 @@ def test_bench_latency_reports_roofline_and_perplexity_per_format(tiny_llama_dir
     import json
 
     out_path = tmp_path / "latency.json"
+    twin = tmp_path / "twin"  # the same checkpoint under another name: a second model, side by side
+    twin.symlink_to(tiny_llama_dir)
     out = run(
         "bench",
         "latency",
-        "--model",
-        str(tiny_llama_dir),
+        "--models",
+        f"{tiny_llama_dir},{twin}",
+        "--kv-context",
+        "40",
         "--formats",
         "float32,int4",
         "--prompt-len",
@@ -218,6 +222,14 @@ def test_bench_latency_reports_roofline_and_perplexity_per_format(tiny_llama_dir
         "of matmul" in out.stdout and "read bandwidth" in out.stdout and "of greedy" in out.stdout
     )
     report = json.loads(out_path.read_text())
+    assert set(report["models"]) == {str(tiny_llama_dir), str(twin)}
+    assert "KV bytes/token at 40" in out.stdout
+    side_by_side = [
+        line for line in out.stdout.splitlines() if str(twin) in line and "metric" in line
+    ]
+    assert side_by_side and str(tiny_llama_dir) in side_by_side[0]  # a column per model
+    for model in report["models"].values():  # no sliding layers: it holds what full attention does
+        assert model["kv"]["held_bytes_per_token"] == model["kv"]["full_attention_bytes_per_token"]
     assert report["bandwidth_bytes_s"] > 1e8
     f32, int4 = report["results"]["float32"], report["results"]["int4"]
     assert int4["plait"]["weight_bytes"] < f32["plait"]["weight_bytes"] / 4
