@@ -342,8 +342,9 @@ def bench_model(
             measure_kv, model_path, {**first, "max_total_tokens": kv_context + 64}, kv_context
         )
         results["kv"] = kv
-        rows.append([formats[0], f"KV bytes/token at {kv['context']}", kv["held_bytes_per_token"],
-                     f"{kv['share_of_full_attention']:.0%} of full attention", None, None])  # fmt: skip
+        rows.append([formats[0], "KV bytes/token of context", kv["held_bytes_per_token"],
+                     f"{kv['share_of_full_attention']:.0%} of full attention at {kv['context']}",
+                     None, None])  # fmt: skip
     llama = (
         measure_llama_cpp(model_path, args.prompt_len, args.decode_len, repeats)
         if args.llama_cpp
@@ -351,10 +352,12 @@ def bench_model(
     )
     if llama is not None:
         results["llama_cpp"] = llama
+        # against plait on the file's own weights, dequantized exactly (llama.cpp reads them as
+        # they are; plait's int8/int4 re-quantize the types its kernels do not read)
         agree = off_main_thread(
             llama_cpp_agreement,
             model_path,
-            {**first, "max_total_tokens": 2048},
+            {"dtype": "float32", "kv_cache_dtype": kv_dtype, "max_total_tokens": 2048},
             torch.get_num_threads(),
         )
         llama["agreement_with_plait"] = agree
@@ -363,7 +366,7 @@ def bench_model(
             ["llama.cpp (gguf)", f"decode tok/s ({args.decode_len})", llama["decode_tok_s"], None, None, None],
         ]  # fmt: skip
         if agree is not None:
-            rows.append([f"llama.cpp vs {formats[0]}", "median |Δ logprob| (top-1 agreement)",
+            rows.append(["llama.cpp vs float32", "median |Δ logprob| (top-1 agreement)",
                          agree["median_abs_logprob_delta"], f"{agree['top1_agreement']:.1%} top-1",
                          None, None])  # fmt: skip
     return results, rows

@@ -223,7 +223,7 @@ def test_bench_latency_reports_roofline_and_perplexity_per_format(tiny_llama_dir
     )
     report = json.loads(out_path.read_text())
     assert set(report["models"]) == {str(tiny_llama_dir), str(twin)}
-    assert "KV bytes/token at 40" in out.stdout
+    assert "KV bytes/token of context" in out.stdout and "of full attention at 40" in out.stdout
     side_by_side = [
         line for line in out.stdout.splitlines() if str(twin) in line and "metric" in line
     ]
