@@ -157,7 +157,6 @@ class EngineCore:
     def _release(self) -> None:
         """After the loop's last step: lets go of the weights, the KV pool and what holds them
         (tensor parallelism's workers, if any, are stopped by `shutdown`)."""
-        self.bursts.close()
         self.closing.jobs.close()
         self.model = self.kv_pool = self.runner = None  # type: ignore[assignment]
         self.speculation.drafter = None

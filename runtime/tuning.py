@@ -61,7 +61,7 @@ MAX_BACKOFF_STEPS = 512
 # Weight of the old value in that running mean.
 SPECULATION_GATE_EMA = 0.7
 
-# Decode bursts (engine_core.py, burst_streams.py) -------------------------------------------------
+# Decode bursts (bursts.py) -------------------------------------------------------------
 
 # A decode burst (`num_continuous_decode_steps`) lasts about this long at most: longer bursts save
 # per-step overhead, but a request that is not streamed gets its result only when the burst ends.
@@ -69,14 +69,6 @@ BURST_SECONDS = 0.05
 # With speculative decoding on, a step whose drafter found nothing to propose still runs as a short
 # burst: the drafter looks again after this many steps (a copy that starts mid-burst waits for it).
 SPECULATIVE_BURST_STEPS = 4
-# Streamed requests get each token of a burst as it is picked, from a thread that looks at the
-# burst's output while it runs: it looks when the next step should have ended, then every
-# STREAM_POLL_FRACTION of a step (at least STREAM_POLL_MIN_SECONDS apart) until that step's tokens
-# are there. Steps shorter than STREAM_BURST_MIN_STEP_SECONDS are too quick for such a watcher to
-# tell apart, so a batch with a streamed request runs them one at a time instead.
-STREAM_POLL_FRACTION = 0.125
-STREAM_POLL_MIN_SECONDS = 1e-4
-STREAM_BURST_MIN_STEP_SECONDS = 1e-3
 
 # Budget-aware closing (budget_closing.py, engine.py) --------------------------------------------
 
