@@ -19,7 +19,7 @@ import torch
 
 from plait.kernels.kv_cache import resolve_kv_dtype
 from plait.radix_cache import PageAllocator, RadixCache
-from plait.runtime import lifecycle
+from plait.runtime import constraint_tools, lifecycle
 from plait.runtime.batch import ScheduleBatch, TokenResult
 from plait.runtime.budget_closing import BudgetClosing
 from plait.runtime.burst_streams import StreamedTokens
@@ -92,9 +92,8 @@ class EngineCore:
         self.processor = OutputProcessor(self.tokenizer, self.context_len)
         self.speculation = Speculation(config, self)
         self.threads = ThreadPolicy(self.device, config.cpu_threads)
-        self.grammars: Any = None  # the frontend's GrammarCache, shut down with the loop
-        self._closing: Any = None  # ClosingSearch, made with the first closing request
-        self._closing_lock = threading.Lock()
+        # the grammar backend and compile cache, closing search and healer, built meanwhile
+        self.constraint_tools = constraint_tools.start(self.tokenizer, config, self.args.vocab_size)
         drafts = config.num_draft_tokens if self.speculation.drafter is not None else 0
         # what one step may add to a constrained request, plus a margin for what it may open
         self.closing = BudgetClosing(
@@ -125,15 +124,7 @@ class EngineCore:
         return self.threads.governor
 
     def closing_search(self) -> Any:
-        with self._closing_lock:  # the submit probe (a caller's thread) and the loop both ask
-            if self._closing is None:
-                from plait.runtime.constrained.closing import ClosingSearch
-
-                self._closing = ClosingSearch(
-                    self.tokenizer.vocab_bytes(), (self.args.vocab_size + 31) // 32,
-                    excluded=self.tokenizer.special_token_ids | self.tokenizer.eos_token_ids,
-                )  # fmt: skip
-            return self._closing
+        return self.constraint_tools.result().closing
 
     # the loop --------------------------------------------------------------------------------
 
@@ -405,8 +396,9 @@ class EngineCore:
         """Stops the loop: queued and running requests end as aborted (503), the thread exits and
         the model and KV pool are let go. Idempotent; callable from any thread, the loop's own
         included (a finalizer may run there), which then does not wait for itself."""
-        if self.grammars is not None:
-            self.grammars.shutdown(wait=False)
+        tools = self.constraint_tools
+        if tools.done() and tools.exception() is None:
+            tools.result().grammars.shutdown(wait=False)
         if not self._stopped.is_set():
             self.post("stop", None)
             if threading.current_thread() is not self._thread:
