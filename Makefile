@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints-cpu.txt Makefile $(BIN)/python
 
 demo: setup
 	$(BIN)/python examples/demo.py
-	$(BIN)/python -m plait.server.demo
+	$(BIN)/python -m plait.demo
 
 test: setup browser
 	$(BIN)/python -m pytest -q tests

@@ -36,8 +36,8 @@ def write_random_llama(sz: Any, path: Path) -> Path:
 
     from plait.runtime.model_loader.gguf_loader import read_metadata
     from plait.runtime.model_loader.locate import default_model_path
+    from plait.runtime.thirdparty import import_transformers
     from plait.runtime.tokenizer import Tokenizer
-    from plait.thirdparty import import_transformers
 
     transformers = import_transformers()
     tokenizer = Tokenizer.from_gguf_metadata(read_metadata(gguf.GGUFReader(default_model_path())))
