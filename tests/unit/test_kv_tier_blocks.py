@@ -78,3 +78,33 @@ def test_parse_size(text, expected):
 def test_parse_size_names_the_field(bad):
     with pytest.raises(ValueError, match="kv_disk_size"):
         parse_size("kv_disk_size", bad)
+
+
+def test_salt_follows_the_weights_and_what_decides_kv(tmp_path):
+    from dataclasses import dataclass
+
+    from plait.runtime.kv_tiers.fingerprint import kv_salt, weights_fingerprint
+
+    @dataclass
+    class Args:
+        rope_theta: float = 10000.0
+
+    big = os.urandom(3 << 20)  # sampled, not read whole
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "model.safetensors").write_bytes(big)
+    (tmp_path / "copy.gguf").write_bytes(big)
+    changed = bytearray(big)
+    changed[0] ^= 1  # one bit of its first MiB
+    (tmp_path / "other.gguf").write_bytes(bytes(changed))
+    a = weights_fingerprint(str(tmp_path / "a"))
+    assert a == weights_fingerprint(str(tmp_path / "a"))
+    assert weights_fingerprint(str(tmp_path / "copy.gguf")) == a  # its bytes, not its path
+    assert weights_fingerprint(str(tmp_path / "other.gguf")) != a
+    base = dict(
+        dtype="float32", quantization=None, kv_dtype="float32", page_size=16, device_type="cpu"
+    )
+    salt = kv_salt(a, Args(), **base)
+    assert salt == kv_salt(a, Args(), **base)
+    for change in ({"kv_dtype": "bfloat16"}, {"page_size": 1}, {"quantization": "int4"}):
+        assert kv_salt(a, Args(), **{**base, **change}) != salt
+    assert kv_salt(a, Args(rope_theta=1e6), **base) != salt
