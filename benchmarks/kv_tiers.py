@@ -176,7 +176,7 @@ def run_kv_tiers_bench(args: argparse.Namespace) -> int:
     parts = set(args.parts.split(","))
     own = args.kv_disk_dir is None
     base = args.kv_disk_dir or tempfile.mkdtemp(prefix="plait-kv-bench-")
-    results: dict[str, Any] = {"config": vars(args).copy()}
+    results: dict[str, Any] = {"benchmark": "kv_tiers", "config": vars(args).copy()}
     results["config"].pop("func", None)
     try:
         if "restart" in parts:
