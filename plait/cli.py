@@ -75,6 +75,10 @@ def _run_bench(args: argparse.Namespace) -> int:
         from plait.benchmarks.speculative import run_speculative_bench
 
         return run_speculative_bench(args)
+    if args.workload == "kv-tiers":
+        from plait.benchmarks.kv_tiers import run_kv_tiers_bench
+
+        return run_kv_tiers_bench(args)
     if args.workload == "json":
         from plait.benchmarks.json_bench import run_json_bench
 
@@ -306,6 +310,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_data_parallel_args(dp)
     dp.set_defaults(func=_cmd_bench)
+    from plait.benchmarks.kv_tiers import add_kv_tiers_args
+
+    kvt = bench_sub.add_parser(
+        "kv-tiers", help="the disk tier: restart TTFT warm vs cold, a working set beyond the pool"
+    )
+    add_kv_tiers_args(kvt)
+    kvt.set_defaults(func=_cmd_bench)
     from plait.benchmarks.serving import add_serving_args
     from plait.server.cli import add_serve_parser
 

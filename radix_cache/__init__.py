@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 from .allocator import OutOfPagesError, PageAllocator
+from .block_names import NAME_BYTES, chain_names, root_name
 from .node import MatchResult, TreeNode
 from .radix_tree import RadixCache
 
-__all__ = ["MatchResult", "OutOfPagesError", "PageAllocator", "RadixCache", "TreeNode"]
+__all__ = [
+    "NAME_BYTES",
+    "MatchResult",
+    "OutOfPagesError",
+    "PageAllocator",
+    "RadixCache",
+    "TreeNode",
+    "chain_names",
+    "root_name",
+]

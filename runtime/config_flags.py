@@ -93,6 +93,11 @@ _ENGINE_HELP = {
     "disable_radix_cache": "do not reuse cached prefixes between requests",
     "kv_cache_dtype": "KV cache storage (auto: the model's dtype; bfloat16 for int8/int4 weights "
     "on the CPU)",
+    "kv_disk": "a directory where KV blocks are stored and found again, also by later runs "
+    "(default: none)",
+    "kv_disk_size": "the most the KV blocks in --kv-disk take, in bytes or with a unit (20G, 512M)",
+    "kv_redis": "a Redis server that engines share KV blocks through, redis://host:port/db "
+    "(default: none)",
     "schedule_policy": "order of waiting requests: lpm (longest cached prefix first), fcfs, "
     "dfs-weight",
     "max_running_requests": "requests decoded together in one batch (>= 1)",

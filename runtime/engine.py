@@ -61,6 +61,7 @@ class Engine:
     kv_pool = _FromCore()
     allocator = _FromCore()
     cache = _FromCore()
+    tiers = _FromCore()  # KVTiers below the pool (kv_disk, kv_redis), or None
     scheduler = _FromCore()
     generator = _FromCore()
     runner = _FromCore()

@@ -78,10 +78,21 @@ class EngineCore:
         if self.tp is not None:
             self.tp.start_workers(num_pages, cc.page_size)
         self.allocator = PageAllocator(num_pages)
-        self.cache = RadixCache(cc.page_size, self.allocator, disable=cc.disable_radix_cache)
+        self.tiers: Any = None  # KVTiers: local disk and Redis below the pool
+        salt = None
+        if cc.kv_tiers:
+            from plait.runtime.kv_tiers import engine_salt
+
+            salt = engine_salt(self)
+        self.cache = RadixCache(cc.page_size, self.allocator, disable=cc.disable_radix_cache, salt=salt)
+        if salt is not None:
+            from plait.runtime.kv_tiers import create_kv_tiers
+
+            self.tiers = create_kv_tiers(cc, self.kv_pool, self.cache, salt)
         self.scheduler = Scheduler(
-            self.config.scheduler, self.allocator, self.cache, cc.page_size, self.context_len
-        )
+            self.config.scheduler, self.allocator, self.cache, cc.page_size, self.context_len,
+            tiers=self.tiers,
+        )  # fmt: skip
         self.generator = torch.Generator(device=self.device).manual_seed(self.config.random_seed)
         self.runner = ModelRunner(
             self.model, self.kv_pool, self.device, self.tokenizer.eos_token_ids, self.generator,
@@ -149,6 +160,8 @@ class EngineCore:
         """After the loop's last step: lets go of the weights, the KV pool and what holds them
         (tensor parallelism's workers, if any, are stopped by `shutdown`)."""
         self.closing.jobs.close()
+        if self.tiers is not None:
+            self.tiers.close()  # stores what is still queued for the tiers below the pool
         self.model = self.kv_pool = self.runner = None  # type: ignore[assignment]
         self.speculation.drafter = None
 
@@ -218,6 +231,8 @@ class EngineCore:
             self.speculation.propose(batch, self.scheduler, self.context_len)
         if not batch:
             ClosingJobs.wait(self.scheduler.running, timeout=CLOSING_WAIT_SECONDS)
+            if self.tiers is not None:  # requests waiting for their blocks from below the pool
+                self.tiers.wait(CLOSING_WAIT_SECONDS)
             return
         num_tokens = batch.num_tokens
         threads = self.threads.choose(num_tokens)
@@ -243,6 +258,8 @@ class EngineCore:
                 self._fail(batch, f"internal error: {type(exc).__name__}: {exc}")
             return
         step_s = (time.perf_counter() - forward_started) / batch.decode_steps
+        if self.tiers is not None and batch.extends:
+            self.tiers.record_prefill(sum(e.end - e.start for e in batch.extends), step_s)
         self.bursts.record(batch, step_s)
         self.threads.record(num_tokens, threads, step_s)
         self._totals["steps"] += batch.decode_steps
@@ -381,6 +398,7 @@ class EngineCore:
                 self.args.num_layers, self.args.num_kv_heads, self.args.head_dim, self.kv_dtype
             ),
             **self.execution_stats,
+            **(self.tiers.stats() if self.tiers is not None else {}),
             **{f"total_{k}": v for k, v in self._totals.items()},
         }
 

@@ -8,6 +8,7 @@ while a request reads it) or a request's own tail of pages (`in use`). Request `
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from plait.radix_cache import PageAllocator, RadixCache
 from plait.runtime.request import Request
@@ -18,6 +19,7 @@ class KVCacheManager:
         self.allocator = allocator
         self.cache = cache
         self.page_size = page_size
+        self.tiers: Any = None  # KVTiers: cached blocks are also stored below the pool
 
     def available_pages(self) -> int:
         return self.allocator.num_free + self.cache.evictable_size()
@@ -27,12 +29,17 @@ class KVCacheManager:
 
     # admission ---------------------------------------------------------------------------
 
-    def match(self, req: Request) -> int:
-        """Points the request at its longest cached prefix and locks it; returns its token count."""
+    @staticmethod
+    def match_limit(req: Request) -> int:
+        """How many leading tokens of the request may come from the cache."""
         limit = req.num_tokens - 1  # at least one token is computed, to get the next logits
         if req.logprob.return_logprob and not req.input_token_logprobs:
             limit = min(limit, req.logprob_start)  # prompt logprobs need their logits computed
-        result = self.cache.match_prefix(req.all_ids[: max(limit, 0)])
+        return max(limit, 0)
+
+    def match(self, req: Request) -> int:
+        """Points the request at its longest cached prefix and locks it; returns its token count."""
+        result = self.cache.match_prefix(req.all_ids[: self.match_limit(req)])
         self.cache.lock(result.node)
         req.last_node = result.node
         req.pages = list(result.pages)
@@ -95,6 +102,8 @@ class KVCacheManager:
         result = self.cache.match_prefix(tokens, record=False)
         self.cache.lock(result.node)
         self.cache.unlock(req.last_node)
+        if self.tiers is not None:
+            self.tiers.cached(result.node, result.pages, already * self.page_size, len(tokens))
         req.pages[:full] = result.pages
         req.pages_stale_from = 0  # once per request: not worth proving which pages kept their place
         req.num_cached_pages = full

@@ -104,3 +104,20 @@ CLOSING_CANDIDATES = 8
 # Rows of x per block of the MLP on the CPU: long prefills run it block by block so that the
 # [rows, 2 x intermediate] activations stay small (memory, cache), at one more call per block.
 CPU_MLP_ROWS = 2048
+
+# KV tiers below the pool (kv_tiers/) ---------------------------------------------------------------
+
+# Tokens per stored block (rounded up to whole pages): each block is one file or one Redis value
+# and one lookup. Smaller blocks catch shorter shared prefixes; larger ones cost fewer files and
+# round trips per prompt (64 tokens of SmolLM2 in float32 are 2.9 MB).
+TIER_BLOCK_TOKENS = 64
+# A waiting request is held for its blocks at most as long as prefilling them would take. Until
+# the engine has timed a prefill, it assumes this rate (on the fast side: a hold never outlasts the
+# prefill it saves by much on a CPU; a GPU's first measured step corrects it).
+TIER_ASSUMED_PREFILL_TOKENS_PER_S = 2000.0
+TIER_MIN_HOLD_SECONDS = 0.005
+# Snapshots of cached pages waiting for the writer; beyond this, new ones are not written (a tier
+# slower than the engine caches less, the engine never waits for it).
+TIER_MAX_PENDING_WRITE_BYTES = 512 * 1024 * 1024
+# At shutdown, how long the writer may take to store what is queued.
+TIER_FLUSH_SECONDS = 30.0
