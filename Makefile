@@ -6,7 +6,7 @@ STAMP := $(VENV)/.plait-setup
 # CPU machines get the CPU build of torch; a machine with an NVIDIA GPU keeps pip's default (CUDA) build.
 TORCH_CONSTRAINT := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints-cpu.txt)
 
-.PHONY: setup demo test test-fast lint bench bench-deps results clean reliability soak browser
+.PHONY: setup demo test test-fast lint bench bench-deps results clean reliability soak browser redis
 
 setup: $(STAMP)
 
@@ -26,12 +26,12 @@ $(STAMP): pyproject.toml constraints-cpu.txt Makefile $(BIN)/python
 
 demo: setup
 	$(BIN)/python examples/demo.py
-	$(BIN)/python -m plait.server.demo
+	$(BIN)/python -m plait.demo
 
-test: setup browser
+test: setup browser redis
 	$(BIN)/python -m pytest -q tests
 
-test-fast: setup browser
+test-fast: setup browser redis
 	$(BIN)/python -m pytest -q tests -m "not e2e and not slow"
 
 # The dashboard tests drive Debian's chromium, headless. As root with apt-get (CI) it is installed
@@ -41,6 +41,15 @@ browser:
 		export DEBIAN_FRONTEND=noninteractive; \
 		apt-get update -q && apt-get install -y -q chromium chromium-driver \
 			|| echo "chromium not installed: the dashboard's browser tests will skip"; \
+	fi
+
+# The Redis tier's tests start their own Debian redis-server on a free port. As root with apt-get
+# (CI) it is installed here; elsewhere, without it, those tests skip and say why.
+redis:
+	@if ! command -v redis-server >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update -q && apt-get install -y -q redis-server \
+			|| echo "redis-server not installed: the Redis tier's tests will skip"; \
 	fi
 
 lint: setup

@@ -104,7 +104,7 @@ def probe_cost_us(batch_size: int, repeats: int = 20000) -> float:
 
 
 def run_dashboard_bench(args: argparse.Namespace) -> int:
-    from plait.cli import engine_kwargs
+    from plait.runtime.config_flags import engine_kwargs
     from plait.runtime.engine import Engine
     from plait.server import dashboard
     from plait.server.app import create_app

@@ -34,8 +34,8 @@ def write_random_llama(sz: Any, path: Path) -> Path:
     """A random-weight Llama checkpoint (1B-class on the GPU) with the default model's tokenizer."""
     from plait.runtime.model_loader.gguf_file import read_gguf_metadata
     from plait.runtime.model_loader.locate import default_model_path
+    from plait.runtime.thirdparty import import_transformers
     from plait.runtime.tokenizer import Tokenizer
-    from plait.thirdparty import import_transformers
 
     transformers = import_transformers()
     tokenizer = Tokenizer.from_gguf_metadata(read_gguf_metadata(default_model_path()))

@@ -37,7 +37,7 @@ def accuracy(engine: Any, ending: str, healing: bool) -> tuple[int, int, list[st
 
 
 def run_healing_bench(args: argparse.Namespace) -> int:
-    from plait.cli import engine_kwargs
+    from plait.runtime.config_flags import engine_kwargs
     from plait.runtime.engine import Engine
 
     engine = Engine(**engine_kwargs(args))

@@ -163,7 +163,7 @@ def run_json_bench(args: argparse.Namespace) -> int:
     cache: every prompt prefilled) and a warm one (the same prompts again, their KV cached, so the
     run is the decoding alone). The largest count also runs unconstrained generation of the same
     lengths and the per-step mask costs."""
-    from plait.cli import engine_kwargs
+    from plait.runtime.config_flags import engine_kwargs
     from plait.runtime.engine import Engine
 
     kwargs = engine_kwargs(args)

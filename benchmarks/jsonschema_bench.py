@@ -212,7 +212,7 @@ def decode_speed(
 
 
 def run_jsonschema_bench(args: argparse.Namespace) -> int:
-    from plait.cli import engine_kwargs
+    from plait.runtime.config_flags import engine_kwargs
     from plait.runtime.constrained import GrammarError
     from plait.runtime.engine import Engine
 

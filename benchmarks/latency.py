@@ -192,7 +192,7 @@ def measure_plait(
 def measure_transformers(
     model_path: str | None, dtype: str, prompt_len: int, decode_len: int, repeats: int
 ) -> dict:
-    from plait.thirdparty import import_transformers
+    from plait.runtime.thirdparty import import_transformers
 
     transformers = import_transformers()
 

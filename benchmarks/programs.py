@@ -236,8 +236,8 @@ def parse_num_items(spec: str) -> dict[str, int]:
 
 
 def run_programs_bench(args: argparse.Namespace) -> int:
-    from plait.cli import engine_kwargs
     from plait.interpreter.backends.local import Runtime
+    from plait.runtime.config_flags import engine_kwargs
     from plait.runtime.engine import Engine
 
     names = [n for n in args.workloads.split(",") if n]

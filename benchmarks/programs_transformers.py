@@ -8,7 +8,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from plait.thirdparty import import_transformers
+from plait.runtime.thirdparty import import_transformers
 
 ARGUMENT_FALLBACK = {"calculator": " 0", "lookup": " unknown"}
 

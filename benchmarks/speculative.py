@@ -76,7 +76,7 @@ def summarize(runs: list[dict]) -> dict:
 
 
 def run_speculative_bench(args: argparse.Namespace) -> int:
-    from plait.cli import engine_kwargs
+    from plait.runtime.config_flags import engine_kwargs
     from plait.runtime.engine import Engine
 
     kwargs = engine_kwargs(args)

@@ -114,7 +114,7 @@ def run_transformers(
 def load_transformers(model_path: str | None, dtype: torch.dtype) -> Any:
     import os
 
-    from plait.thirdparty import import_transformers
+    from plait.runtime.thirdparty import import_transformers
 
     transformers = import_transformers()
 
@@ -137,7 +137,7 @@ def _sampling_text(sample: dict) -> str:
 
 
 def run_throughput_bench(args: argparse.Namespace) -> int:
-    from plait.cli import engine_kwargs
+    from plait.runtime.config_flags import engine_kwargs
     from plait.runtime.engine import Engine
 
     kwargs = engine_kwargs(args)

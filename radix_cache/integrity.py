@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .block_names import chain_names
 from .node import TreeNode
 
 if TYPE_CHECKING:
@@ -35,6 +36,17 @@ def _check_edge(cache: RadixCache, node: TreeNode, parent: TreeNode) -> None:
         _fail(f"{node!r} is filed in its parent under a key other than its first page")
     if node.last_access > parent.last_access:
         _fail(f"{node!r} was accessed after its parent {parent!r}")
+    _check_names(cache, node, parent)
+
+
+def _check_names(cache: RadixCache, node: TreeNode, parent: TreeNode) -> None:
+    if cache.root_name is None:
+        if node.names:
+            _fail(f"{node!r} carries page names in a cache that names none")
+        return
+    last = parent.names[-1] if parent is not cache.root else cache.root_name
+    if node.names != chain_names(last, node.key, cache.page_size):
+        _fail(f"{node!r} page names do not chain from its parent over its tokens")
 
 
 def _check_locks(node: TreeNode) -> None:

@@ -14,6 +14,9 @@ _node_ids = itertools.count()
 class TreeNode:
     """One edge of the tree: `key` tokens and the `value` pages that hold their KV.
 
+    `names` holds each page's content address (`block_names.chain_names`) when the cache names
+    its pages, else it is empty.
+
     `lock_ref` counts the `lock()` calls held on this node or any descendant;
     `own_locks` counts those held on this node itself. A node with `lock_ref > 0`
     is never evicted. `last_access` is the cache's logical clock at the last match
@@ -22,6 +25,7 @@ class TreeNode:
 
     key: list[int] = field(default_factory=list)
     value: list[int] = field(default_factory=list)
+    names: list[bytes] = field(default_factory=list)
     parent: TreeNode | None = None
     children: dict[ChildKey, TreeNode] = field(default_factory=dict)
     lock_ref: int = 0

@@ -6,6 +6,7 @@ import heapq
 from collections.abc import Callable, Sequence
 
 from .allocator import PageAllocator
+from .block_names import chain_names, root_name
 from .integrity import check_tree, format_tree
 from .node import ChildKey, MatchResult, TreeNode
 
@@ -25,16 +26,24 @@ class RadixCache:
       4. `unlock(m.node)`.
 
     Locked nodes (and so all their ancestors) are never evicted. Not thread-safe.
+
+    With a `salt`, every cached page also carries its content address (`node.names`): a hash
+    chain over the token ids from the first page, seeded by the salt (`block_names`).
     """
 
     def __init__(
-        self, page_size: int, allocator: PageAllocator | None = None, disable: bool = False
+        self,
+        page_size: int,
+        allocator: PageAllocator | None = None,
+        disable: bool = False,
+        salt: bytes | None = None,
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.page_size = page_size
         self.allocator = allocator
         self.disable = disable
+        self.root_name = root_name(salt) if salt is not None else None
         self._clear()
         self._reset_stats()
 
@@ -106,6 +115,7 @@ class RadixCache:
                 new = TreeNode(
                     key=tokens[pos:end],
                     value=list(pages[pos // self.page_size : num_full]),
+                    names=self._names_below(node, tokens[pos:end]),
                     parent=node,
                     last_access=now,
                 )
@@ -121,6 +131,20 @@ class RadixCache:
             node = child
             pos += matched
         return pos
+
+    def path_names(self, node: TreeNode) -> list[bytes]:
+        """The names of the pages from the first to `node`'s last (empty when pages are unnamed)."""
+        parts: list[list[bytes]] = []
+        while node is not self.root and node.parent is not None:
+            parts.append(node.names)
+            node = node.parent
+        return [name for part in reversed(parts) for name in part]
+
+    def _names_below(self, parent: TreeNode, tokens: list[int]) -> list[bytes]:
+        if self.root_name is None:
+            return []
+        last = parent.names[-1] if parent is not self.root else self.root_name
+        return chain_names(last, tokens, self.page_size)
 
     # locking
 
@@ -287,6 +311,7 @@ class RadixCache:
         upper = TreeNode(
             key=node.key[:at],
             value=node.value[: at // self.page_size],
+            names=node.names[: at // self.page_size],
             parent=parent,
             lock_ref=node.lock_ref,
             last_access=node.last_access,
@@ -294,6 +319,7 @@ class RadixCache:
         parent.children[self._child_key(node.key, 0)] = upper
         node.key = node.key[at:]
         node.value = node.value[at // self.page_size :]
+        node.names = node.names[at // self.page_size :]
         node.parent = upper
         upper.children[self._child_key(node.key, 0)] = node
         return upper

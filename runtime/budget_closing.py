@@ -98,6 +98,12 @@ class BudgetClosing:
             if rest is not None:
                 chosen = (token, rest)
                 break
+        if chosen is None and not req.grammar.accepts_after(path):
+            # NOTE: the known closing no longer leads to an end (a jump it counted on was not
+            # taken): the sampled token stands, and the closing is looked for again
+            req.closing_path = None
+            self._found(req, None, room)
+            return result
         if chosen is None:  # the closing goes on; an empty one ends here
             chosen = (path[0], path[1:]) if path else (self.eos_token_id, [])
         token, req.closing_path = chosen

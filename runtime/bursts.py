@@ -9,9 +9,7 @@ last decode step's time), so that a new request waits at most that long for its 
 speculative decoding, a batch the drafter found nothing for runs `SPECULATIVE_BURST_STEPS` at most
 while the policy speculates (so that a draft is looked for again soon), and whole bursts while it
 does not: the speculation governor weighs drafts against bursts, not against single steps. A
-constrained request near its budget caps the burst where budget-aware closing looks next. With
-steps too short for the streamer to follow (`STREAM_BURST_MIN_STEP_SECONDS`), a batch holding a
-streamed request runs single steps.
+constrained request near its budget caps the burst where budget-aware closing looks next.
 """
 
 from __future__ import annotations
@@ -23,14 +21,10 @@ import torch
 
 from plait.runtime.batch import ScheduleBatch, TokenResult
 from plait.runtime.budget_closing import BudgetClosing
-from plait.runtime.burst_streams import BurstStreamer, StreamedTokens
+from plait.runtime.burst_streams import BurstStreams, StreamedTokens
 from plait.runtime.output_processor import OutputProcessor
 from plait.runtime.request import Request
-from plait.runtime.tuning import (
-    BURST_SECONDS,
-    SPECULATIVE_BURST_STEPS,
-    STREAM_BURST_MIN_STEP_SECONDS,
-)
+from plait.runtime.tuning import BURST_SECONDS, SPECULATIVE_BURST_STEPS
 
 
 class Bursts:
@@ -39,7 +33,11 @@ class Bursts:
     current step."""
 
     def __init__(
-        self, max_steps: int, processor: OutputProcessor, deliver: Callable[[Request], None], interrupt: Any
+        self,
+        max_steps: int,
+        processor: OutputProcessor,
+        deliver: Callable[[Request], None],
+        interrupt: Any,
     ) -> None:
         self.max_steps = max_steps
         self._processor = processor
@@ -47,7 +45,6 @@ class Bursts:
         self._interrupt = interrupt
         self.decode_step_s: float | None = None  # the last decode-only step's forward time
         self.burst_step_s: float | None = None  # the same within the last burst
-        self._streamer: BurstStreamer | None = None  # made with the first streaming burst
 
     def steps(
         self, batch: ScheduleBatch, runner: Any, scheduler: Any, *,
@@ -62,9 +59,6 @@ class Bursts:
             or not runner.can_burst(batch)
         ):  # fmt: skip
             return 1
-        step_s = self.burst_step_s or self.decode_step_s
-        if step_s < STREAM_BURST_MIN_STEP_SECONDS and any(r.streaming for r in batch.decodes):
-            return 1
         limit = min(limit, max(1, int(BURST_SECONDS / max(self.decode_step_s, 1e-6))))
         for req in batch.decodes:  # a constrained request near its budget: where it steers
             before = closing.steps_before(req)
@@ -74,21 +68,18 @@ class Bursts:
     def run(
         self, batch: ScheduleBatch, runner: Any, steps: int
     ) -> tuple[list[TokenResult], dict[int, StreamedTokens]]:
-        """`runner.decode_burst`; the tokens of streaming requests are handed on while it runs,
-        each as soon as it is picked. Returns the results and, by id(request), what was handed on
-        already."""
+        """`runner.decode_burst`; the tokens of streaming requests are handed on between its
+        steps, each as soon as it is picked. Returns the results and, by id(request), what was
+        handed on already."""
         rows = [(i, r) for i, r in enumerate(batch.decodes) if r.streaming]
         if not rows:
             return runner.decode_burst(batch, steps, self._interrupt), {}
-        if self._streamer is None:
-            self._streamer = BurstStreamer(self._processor, self._deliver, self._interrupt)
         out = torch.full((len(batch.decodes), steps), -1, dtype=torch.long)  # [B, steps]
-        self._streamer.start(rows, out, self.burst_step_s or self.decode_step_s or 0.0)
-        try:
-            results = runner.decode_burst(batch, steps, self._interrupt, out=out)
-        finally:
-            streamed = self._streamer.finish()
-        return results, streamed
+        streams = BurstStreams(rows, out.numpy(), self._processor, self._deliver)
+        results = runner.decode_burst(
+            batch, steps, self._interrupt, out=out, between_steps=streams.before_step
+        )
+        return results, streams.streamed
 
     def record(self, batch: ScheduleBatch, step_s: float) -> None:
         """A step's forward time per decode step, which sizes the next bursts."""
@@ -96,7 +87,3 @@ class Bursts:
             self.decode_step_s = step_s
             if batch.decode_steps > 1:
                 self.burst_step_s = step_s
-
-    def close(self) -> None:
-        if self._streamer is not None:
-            self._streamer.close()

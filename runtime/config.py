@@ -11,6 +11,27 @@ _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _POLICIES = ("lpm", "fcfs", "dfs-weight")
 _QUANTIZATIONS = ("int8", "int4")
 _KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def parse_size(name: str, value: str | int) -> int:
+    """Bytes from an int or a string such as "20G", "512M", "1.5T" (binary units)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name}: expected bytes or a size such as 20G, got {value!r}")
+    if isinstance(value, int):
+        number, unit = float(value), ""
+    else:
+        text = str(value).strip().upper().removesuffix("IB").removesuffix("B")
+        unit = text[-1:] if text[-1:] in _SIZE_UNITS else ""
+        try:
+            number = float(text[: len(text) - len(unit)])
+        except ValueError:
+            raise ValueError(f"{name}: expected bytes or a size such as 20G, got {value!r}") from None
+    size = int(number * _SIZE_UNITS[unit])
+    if size <= 0:
+        raise ValueError(f"{name}: must be positive, got {value!r}")
+    return size
 
 
 @dataclass(frozen=True)
@@ -40,8 +61,31 @@ class CacheConfig:
     mem_fraction_static: float | None = None
     disable_radix_cache: bool = False
     kv_cache_dtype: str = "auto"  # "auto" (the model's dtype; bfloat16 for int8/int4 weights on the CPU), float32, bfloat16, int8 (scaled)
+    # tiers below the pool (runtime/kv_tiers/): a directory of KV blocks and its size limit, and
+    # a Redis server shared between engines
+    kv_disk: str | None = None
+    kv_disk_size: str | int = "20G"
+    kv_redis: str | None = None
+
+    @property
+    def kv_disk_bytes(self) -> int:
+        return parse_size("kv_disk_size", self.kv_disk_size)
+
+    @property
+    def kv_tiers(self) -> bool:
+        return self.kv_disk is not None or self.kv_redis is not None
 
     def __post_init__(self) -> None:
+        self.kv_disk_bytes  # noqa: B018 (validates the size)
+        if self.kv_disk is not None and not str(self.kv_disk).strip():
+            raise ValueError("kv_disk: expected a directory, got an empty path")
+        if self.kv_redis is not None and not str(self.kv_redis).startswith(_REDIS_SCHEMES):
+            raise ValueError(
+                f"kv_redis: expected a URL such as redis://host:6379/0, got {self.kv_redis!r}"
+            )
+        if self.kv_tiers and self.disable_radix_cache:
+            name = "kv_disk" if self.kv_disk is not None else "kv_redis"
+            raise ValueError(f"{name}: KV tiers need the radix cache (disable_radix_cache is set)")
         if self.kv_cache_dtype not in _KV_CACHE_DTYPES:
             raise ValueError(
                 f"kv_cache_dtype: expected one of {', '.join(_KV_CACHE_DTYPES)}, "
@@ -153,6 +197,8 @@ class EngineConfig:
             raise ValueError(f"tp_size: must be a positive integer, got {self.tp_size!r}")
         if self.tp_size > 1 and self.model.quantization is not None:
             raise ValueError("tp_size: tensor parallelism does not support quantization yet")
+        if self.tp_size > 1 and self.cache.kv_tiers:
+            raise ValueError("tp_size: tensor parallelism does not support KV tiers (kv_disk, kv_redis) yet")
         if self.tp_size > 1 and self.speculative_algorithm is not None:
             raise ValueError("tp_size: tensor parallelism does not support speculative decoding yet")
 

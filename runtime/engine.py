@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import queue
-import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -62,6 +61,7 @@ class Engine:
     kv_pool = _FromCore()
     allocator = _FromCore()
     cache = _FromCore()
+    tiers = _FromCore()  # KVTiers below the pool (kv_disk, kv_redis), or None
     scheduler = _FromCore()
     generator = _FromCore()
     runner = _FromCore()
@@ -73,8 +73,6 @@ class Engine:
     def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
         self.config = EngineConfig.from_kwargs(model_path=model_path, **kwargs)
         self.core = core = EngineCore(self.config)
-        self._grammar_lock = threading.Lock()
-        self._healer: Any = None  # TokenHealer, made with the first healed request
         # NOTE: the finalizer holds the core, never the Engine: dropping the last reference to
         # the Engine stops the loop and frees the model and KV pool.
         self._finalizer = weakref.finalize(self, core.shutdown)
@@ -87,21 +85,7 @@ class Engine:
     # constraints -------------------------------------------------------------------------------
 
     def _grammar_cache(self) -> Any:
-        with self._grammar_lock:
-            if self.core.grammars is None:
-                from plait.runtime.constrained import GrammarCache, create_grammar_backend
-
-                cfg = self.config
-                sandboxed = cfg.grammar_compile_memory_mb > 0
-                backend = create_grammar_backend(
-                    cfg.grammar_backend, self.tokenizer, vocab_size=self.args.vocab_size,
-                    max_digit_run=cfg.json_max_digit_run,
-                    max_whitespace_run=cfg.json_max_whitespace_run,
-                    **({"compile_timeout": cfg.grammar_compile_timeout,
-                        "compile_memory_mb": cfg.grammar_compile_memory_mb} if sandboxed else {}),
-                )  # fmt: skip
-                self.core.grammars = GrammarCache(backend)
-            return self.core.grammars
+        return self.core.constraint_tools.result().grammars
 
     def _grammar_futures(self, reqs: list[Request]) -> list[tuple[Request, Any]]:
         """Starts compiling each constrained request's grammar (off the engine loop)."""
@@ -127,11 +111,7 @@ class Engine:
         p = req.params
         if not p.token_healing or req.logprob.return_logprob or p.max_new_tokens == 0:
             return
-        if self._healer is None:
-            from plait.runtime.constrained.healing import TokenHealer
-
-            self._healer = TokenHealer(self.tokenizer)
-        healing = self._healer.heal(req.prompt_ids)
+        healing = self.core.constraint_tools.result().healer.heal(req.prompt_ids)
         if healing is not None:
             req.prompt_ids = healing.prompt_ids
             req.healed_text = healing.text

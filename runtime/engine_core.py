@@ -19,7 +19,7 @@ import torch
 
 from plait.kernels.kv_cache import resolve_kv_dtype
 from plait.radix_cache import PageAllocator, RadixCache, WindowPages
-from plait.runtime import lifecycle
+from plait.runtime import constraint_tools, lifecycle
 from plait.runtime.batch import ScheduleBatch, TokenResult
 from plait.runtime.budget_closing import BudgetClosing
 from plait.runtime.burst_streams import StreamedTokens
@@ -104,10 +104,29 @@ class EngineCore:
                 num_pages, num_window_pages, self.args.sliding_window, cc.page_size
             )
             self.allocator.on_free = self.window.logical_freed
-        self.cache = RadixCache(cc.page_size, self.allocator, disable=cc.disable_radix_cache)
-        self.scheduler = Scheduler(
-            sc, self.allocator, self.cache, cc.page_size, self.context_len, self.window
+        self.tiers: Any = None  # KVTiers: local disk and Redis below the pool
+        salt = None
+        if cc.kv_tiers:
+            if self.window is not None:
+                raise ValueError(
+                    "kv_disk/kv_redis: the KV tiers store whole-model pages; a model with "
+                    "sliding-window layers keeps those layers' KV in window pages, which the tiers "
+                    "do not hold yet"
+                )
+            from plait.runtime.kv_tiers import engine_salt
+
+            salt = engine_salt(self)
+        self.cache = RadixCache(
+            cc.page_size, self.allocator, disable=cc.disable_radix_cache, salt=salt
         )
+        if salt is not None:
+            from plait.runtime.kv_tiers import create_kv_tiers
+
+            self.tiers = create_kv_tiers(cc, self.kv_pool, self.cache, salt)
+        self.scheduler = Scheduler(
+            sc, self.allocator, self.cache, cc.page_size, self.context_len, self.window,
+            tiers=self.tiers,
+        )  # fmt: skip
         self.generator = torch.Generator(device=self.device).manual_seed(self.config.random_seed)
         self.runner = ModelRunner(
             self.model,
@@ -125,9 +144,8 @@ class EngineCore:
         self.processor = OutputProcessor(self.tokenizer, self.context_len)
         self.speculation = Speculation(config, self)
         self.threads = ThreadPolicy(self.device, config.cpu_threads)
-        self.grammars: Any = None  # the frontend's GrammarCache, shut down with the loop
-        self._closing: Any = None  # ClosingSearch, made with the first closing request
-        self._closing_lock = threading.Lock()
+        # the grammar backend and compile cache, closing search and healer, built meanwhile
+        self.constraint_tools = constraint_tools.start(self.tokenizer, config, self.args.vocab_size)
         drafts = config.num_draft_tokens if self.speculation.drafter is not None else 0
         # what one step may add to a constrained request, plus a margin for what it may open
         self.closing = BudgetClosing(
@@ -167,15 +185,7 @@ class EngineCore:
         return self.threads.governor
 
     def closing_search(self) -> Any:
-        with self._closing_lock:  # the submit probe (a caller's thread) and the loop both ask
-            if self._closing is None:
-                from plait.runtime.constrained.closing import ClosingSearch
-
-                self._closing = ClosingSearch(
-                    self.tokenizer.vocab_bytes(), (self.args.vocab_size + 31) // 32,
-                    excluded=self.tokenizer.special_token_ids | self.tokenizer.eos_token_ids,
-                )  # fmt: skip
-            return self._closing
+        return self.constraint_tools.result().closing
 
     # the loop --------------------------------------------------------------------------------
 
@@ -199,8 +209,9 @@ class EngineCore:
     def _release(self) -> None:
         """After the loop's last step: lets go of the weights, the KV pool and what holds them
         (tensor parallelism's workers, if any, are stopped by `shutdown`)."""
-        self.bursts.close()
         self.closing.jobs.close()
+        if self.tiers is not None:
+            self.tiers.close()  # stores what is still queued for the tiers below the pool
         self.model = self.kv_pool = self.runner = None  # type: ignore[assignment]
         self.speculation.drafter = None
 
@@ -270,6 +281,8 @@ class EngineCore:
             self.speculation.propose(batch, self.scheduler, self.context_len)
         if not batch:
             ClosingJobs.wait(self.scheduler.running, timeout=CLOSING_WAIT_SECONDS)
+            if self.tiers is not None:  # requests waiting for their blocks from below the pool
+                self.tiers.wait(CLOSING_WAIT_SECONDS)
             return
         num_tokens = batch.num_tokens
         threads = self.threads.choose(num_tokens)
@@ -295,6 +308,8 @@ class EngineCore:
                 self._fail(batch, f"internal error: {type(exc).__name__}: {exc}")
             return
         step_s = (time.perf_counter() - forward_started) / batch.decode_steps
+        if self.tiers is not None and batch.extends:
+            self.tiers.record_prefill(sum(e.end - e.start for e in batch.extends), step_s)
         self.bursts.record(batch, step_s)
         self.threads.record(num_tokens, threads, step_s)
         self._totals["steps"] += batch.decode_steps
@@ -445,6 +460,7 @@ class EngineCore:
             ),
             **self._window_stats(total - free),
             **self.execution_stats,
+            **(self.tiers.stats() if self.tiers is not None else {}),
             **{f"total_{k}": v for k, v in self._totals.items()},
         }
 
@@ -478,8 +494,9 @@ class EngineCore:
         """Stops the loop: queued and running requests end as aborted (503), the thread exits and
         the model and KV pool are let go. Idempotent; callable from any thread, the loop's own
         included (a finalizer may run there), which then does not wait for itself."""
-        if self.grammars is not None:
-            self.grammars.shutdown(wait=False)
+        tools = self.constraint_tools
+        if tools.done() and tools.exception() is None:
+            tools.result().grammars.shutdown(wait=False)
         if not self._stopped.is_set():
             self.post("stop", None)
             if threading.current_thread() is not self._thread:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from typing import Any
 
 from plait.radix_cache import PageAllocator, RadixCache, WindowPages
 from plait.runtime.request import Request
@@ -36,6 +37,7 @@ class KVCacheManager:
         # NOTE: window pages are released `slack` tokens late: a jump-forward that retokenizes
         # a request's tail recomputes that far back (`Scheduler.rewind`), and needs them there.
         self.slack = slack
+        self.tiers: Any = None  # KVTiers: cached blocks are also stored below the pool
 
     def available_pages(self) -> int:
         return self.allocator.num_free + self.cache.evictable_size()
@@ -48,12 +50,17 @@ class KVCacheManager:
 
     # admission ---------------------------------------------------------------------------
 
-    def match(self, req: Request) -> int:
-        """Points the request at its longest cached prefix and locks it; returns its token count."""
+    @staticmethod
+    def match_limit(req: Request) -> int:
+        """How many leading tokens of the request may come from the cache."""
         limit = req.num_tokens - 1  # at least one token is computed, to get the next logits
         if req.logprob.return_logprob and not req.input_token_logprobs:
             limit = min(limit, req.logprob_start)  # prompt logprobs need their logits computed
-        tokens = req.all_ids[: max(limit, 0)]
+        return max(limit, 0)
+
+    def match(self, req: Request) -> int:
+        """Points the request at its longest cached prefix and locks it; returns its token count."""
+        tokens = req.all_ids[: self.match_limit(req)]
         if self.window is None:
             result = self.cache.match_prefix(tokens)
         else:
@@ -167,6 +174,8 @@ class KVCacheManager:
         self._free(req.pages[start:already])  # another request cached these first
         self.cache.lock(result.node)
         self.cache.unlock(req.last_node)
+        if self.tiers is not None:
+            self.tiers.cached(result.node, result.pages, already * self.page_size, len(tokens))
         req.pages[:full] = result.pages
         req.pages_stale_from = 0  # once per request: not worth proving which pages kept their place
         req.num_cached_pages = full

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
@@ -13,7 +14,7 @@ import torch
 
 from plait.kernels import sampling_cpu
 from plait.kernels.constraint_mask import allocate_token_bitmask, apply_token_bitmask
-from plait.kernels.decode_stack import BurstSampling
+from plait.kernels.decode_stack import MASK_FN, BurstMasks, BurstSampling
 from plait.radix_cache import WindowPages
 from plait.runtime.batch import ExtendEntry, ScheduleBatch, TokenResult, VerifyEntry
 from plait.runtime.constrained.burst_masks import GrammarBurst
@@ -178,12 +179,15 @@ class ModelRunner:
         steps: int,
         interrupt: ctypes.c_int32 | None = None,
         out: torch.Tensor | None = None,
+        between_steps: Callable[[int], bool] | None = None,
     ) -> list[TokenResult]:
         """Up to `steps` decode steps of `batch.decodes` in one native call (see `can_burst`);
         each request's pages must cover `num_tokens + steps - 1` positions. A request's tokens may
         run past its stop token (when others in the batch go on): the output processor stops at it.
         `interrupt`: set non-zero by another thread, it ends the burst after a step. `out`
         (int64 [B, steps]), if given, receives each step's tokens as soon as they are picked.
+        `between_steps(s)`, on this thread before each step s (the tokens of the steps before it
+        are in `out`), ends the burst by returning True (`burst_streams.py`).
         Constrained rows pick among the tokens their grammar allows, masked between steps
         (`constrained/burst_masks.py`); the burst ends early where a grammar forces text (when
         `jump_forward`: jump-forward takes it from there) or every row has finished.
@@ -208,6 +212,7 @@ class ModelRunner:
         ]
         stack = self.execution.native_stack
         sampling, rewind = self._burst_sampling(reqs, steps)
+        hooks = [] if between_steps is None else [between_steps]
         grammars = None
         if any(r.grammar is not None for r in reqs):
             if out is None:
@@ -219,6 +224,8 @@ class ModelRunner:
                 self.model.args.vocab_size,
                 self.jump_forward,
             )
+            hooks.append(grammars.before_step)
+        callback = _BetweenSteps(hooks, len(reqs), grammars) if hooks else None
         ran = 0
         try:
             tokens = stack.burst(
@@ -231,11 +238,11 @@ class ModelRunner:
                 interrupt,
                 sampling,
                 out,
-                grammars.masks if grammars is not None else None,
+                callback.masks if callback is not None else None,
             )
             ran = tokens.shape[1]
-            if grammars is not None and grammars.error is not None:
-                raise grammars.error
+            if callback is not None and callback.error is not None:
+                raise callback.error
         finally:
             if ran < steps:  # one uniform per step run, as many as single steps would have taken
                 for generator, state in rewind:
@@ -446,6 +453,34 @@ def _plain_greedy(req: Request) -> bool:
     """Whether the request's next token is the argmax of its raw logits: greedy, no grammar, no
     penalty, no token banned (`_sampling_row`: stop and EOS ids before `min_new_tokens`)."""
     return req.params.is_greedy and _plain_logits(req)
+
+
+class _BetweenSteps:
+    """The kernel's callback before each step of a burst: the hooks in turn (streams, then grammar
+    masks), any of them ending the burst. An exception a hook raises ends it too and is kept in
+    `error`, for the caller to raise once the native call has returned."""
+
+    def __init__(
+        self, hooks: list[Callable[[int], bool]], rows: int, grammars: GrammarBurst | None
+    ) -> None:
+        self._hooks = hooks
+        self.error: BaseException | None = None
+        self._fn = MASK_FN(self._call)  # referenced here for the burst's duration
+        if grammars is not None:
+            bitmask, masked = grammars.bitmask, grammars.masked
+        else:  # no row is masked
+            bitmask, masked = (
+                torch.zeros(rows, 1, dtype=torch.int32),
+                torch.zeros(rows, dtype=torch.int32),
+            )
+        self.masks = BurstMasks(self._fn, bitmask, masked)
+
+    def _call(self, step: int) -> int:
+        try:
+            return int(any(hook(step) for hook in self._hooks))
+        except BaseException as exc:  # noqa: BLE001 - raised by the caller once the burst returned
+            self.error = exc
+            return 1
 
 
 def _alternatives(logits: torch.Tensor, reqs: list[Request], results: list[TokenResult]) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from typing import Any
 
 from plait.radix_cache import PageAllocator, RadixCache, WindowPages
 from plait.runtime.batch import ExtendEntry, ScheduleBatch, VerifyEntry
@@ -41,9 +42,13 @@ class Scheduler:
         page_size: int,
         context_len: int,
         window: WindowPages | None = None,
+        tiers: Any = None,
     ) -> None:
         self.config = config
         self.kv = KVCacheManager(allocator, cache, page_size, window, REWIND_SLACK_TOKENS)
+        # KVTiers: blocks below the pool, promoted while their requests wait (kv_tiers/)
+        self.tiers = tiers
+        self.kv.tiers = tiers
         self.page_size = page_size
         self.context_len = context_len
         self.waiting: deque[Request] = deque()
@@ -75,6 +80,8 @@ class Scheduler:
                 f"pool holds {self.kv.allocator.num_total * self.page_size} (max_total_tokens)"
             )
         self.waiting.append(req)
+        if self.tiers is not None:
+            self.tiers.lookup(req, self.kv.match_limit(req))
 
     def _future_pages(self, req: Request) -> int:
         remaining = self.max_tokens(req) - req.num_tokens
@@ -117,6 +124,8 @@ class Scheduler:
             budget -= self._add_extend(batch, req, budget)
         if budget <= 0 or not self.waiting:
             return batch
+        if self.tiers is not None:
+            self.tiers.promote(self.kv)
         reserved = sum(self._future_pages(r) for r in self.running + self.prefilling)
         num_active = len(self.prefilling) + len(self.running)
         admitted: list[Request] = []
@@ -125,6 +134,8 @@ class Scheduler:
             if budget <= 0 or num_active >= self.config.max_running_requests:
                 break
             if self._shares_uncached_prefix(req, admitted):
+                continue
+            if self.tiers is not None and self.tiers.holds(req):
                 continue
             if not self._try_admit(req, reserved):
                 break

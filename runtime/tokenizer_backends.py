@@ -11,7 +11,7 @@ from typing import Any, Literal
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 
-from plait.thirdparty import import_transformers
+from plait.runtime.thirdparty import import_transformers
 
 # llama.cpp's `tokenizer.ggml.token_type` values.
 TOKEN_TYPE_NORMAL = 1

@@ -69,7 +69,7 @@ MAX_BACKOFF_STEPS = 512
 # Weight of the old value in that running mean.
 SPECULATION_GATE_EMA = 0.7
 
-# Decode bursts (engine_core.py, burst_streams.py) -------------------------------------------------
+# Decode bursts (bursts.py) -------------------------------------------------------------
 
 # A decode burst (`num_continuous_decode_steps`) lasts about this long at most: longer bursts save
 # per-step overhead, but a request that is not streamed gets its result only when the burst ends.
@@ -77,14 +77,6 @@ BURST_SECONDS = 0.05
 # With speculative decoding on, a step whose drafter found nothing to propose still runs as a short
 # burst: the drafter looks again after this many steps (a copy that starts mid-burst waits for it).
 SPECULATIVE_BURST_STEPS = 4
-# Streamed requests get each token of a burst as it is picked, from a thread that looks at the
-# burst's output while it runs: it looks when the next step should have ended, then every
-# STREAM_POLL_FRACTION of a step (at least STREAM_POLL_MIN_SECONDS apart) until that step's tokens
-# are there. Steps shorter than STREAM_BURST_MIN_STEP_SECONDS are too quick for such a watcher to
-# tell apart, so a batch with a streamed request runs them one at a time instead.
-STREAM_POLL_FRACTION = 0.125
-STREAM_POLL_MIN_SECONDS = 1e-4
-STREAM_BURST_MIN_STEP_SECONDS = 1e-3
 
 # Budget-aware closing (budget_closing.py, engine.py) --------------------------------------------
 
@@ -120,3 +112,20 @@ CLOSING_CANDIDATES = 8
 # Rows of x per block of the MLP on the CPU: long prefills run it block by block so that the
 # [rows, 2 x intermediate] activations stay small (memory, cache), at one more call per block.
 CPU_MLP_ROWS = 2048
+
+# KV tiers below the pool (kv_tiers/) ---------------------------------------------------------------
+
+# Tokens per stored block (rounded up to whole pages): each block is one file or one Redis value
+# and one lookup. Smaller blocks catch shorter shared prefixes; larger ones cost fewer files and
+# round trips per prompt (64 tokens of SmolLM2 in float32 are 2.9 MB).
+TIER_BLOCK_TOKENS = 64
+# A waiting request is held for its blocks at most as long as prefilling them would take. Until
+# the engine has timed a prefill, it assumes this rate (on the fast side: a hold never outlasts the
+# prefill it saves by much on a CPU; a GPU's first measured step corrects it).
+TIER_ASSUMED_PREFILL_TOKENS_PER_S = 2000.0
+TIER_MIN_HOLD_SECONDS = 0.005
+# Snapshots of cached pages waiting for the writer; beyond this, new ones are not written (a tier
+# slower than the engine caches less, the engine never waits for it).
+TIER_MAX_PENDING_WRITE_BYTES = 512 * 1024 * 1024
+# At shutdown, how long the writer may take to store what is queued.
+TIER_FLUSH_SECONDS = 30.0

@@ -14,7 +14,7 @@ from plait.server.errors import install_error_handlers
 from plait.server.limits import LimitsMiddleware
 from plait.server.metrics import CONTENT_TYPE
 from plait.server.openapi import install_openapi
-from plait.server.state import ServerConfig, ServerState
+from plait.server.state import PLAIT_VERSION, ServerConfig, ServerState
 
 if TYPE_CHECKING:
     from plait.lang.program import Program
@@ -32,7 +32,7 @@ def create_app(
     config = config or ServerConfig()
     if program_registry is None:
         program_registry = programs.load_programs(config.programs) if config.programs else {}
-    app = FastAPI(title="plait", version=_version(), docs_url=None, redoc_url=None)
+    app = FastAPI(title="plait", version=PLAIT_VERSION, docs_url=None, redoc_url=None)
     app.state.plait = ServerState(engine, config, dict(program_registry))
     install_error_handlers(app)
     install_openapi(app)
@@ -49,9 +49,3 @@ def create_app(
     install_dashboard(app, dashboard)  # its static page is served before the key check
     app.add_middleware(LimitsMiddleware, max_body_bytes=config.max_body_bytes)  # runs first
     return app
-
-
-def _version() -> str:
-    import plait
-
-    return plait.__version__

@@ -9,12 +9,12 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from plait.cli import Parser
+    from plait.runtime.config_flags import Parser
     from plait.server.state import ServerConfig
 
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from plait.cli import add_engine_args
+    from plait.runtime.config_flags import add_engine_args
 
     parser: Parser = subparsers.add_parser(
         "serve", help="serve a model over HTTP (SGLang-native and OpenAI-compatible APIs)"
@@ -118,7 +118,7 @@ def serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from plait.cli import engine_kwargs
+    from plait.runtime.config_flags import engine_kwargs
     from plait.runtime.engine import Engine
     from plait.server.app import create_app
     from plait.server.dashboard import DashboardConfig
@@ -163,7 +163,7 @@ def serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m plait.server.cli ARGS` == `plait serve ARGS`."""
-    from plait.cli import Parser
+    from plait.runtime.config_flags import Parser
 
     root = Parser(prog="plait")
     sub = root.add_subparsers(dest="command", required=True)

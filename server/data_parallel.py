@@ -63,7 +63,7 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
 
 def replica_argv(args: argparse.Namespace) -> list[str]:
     """The `plait serve` flags of one replica: every engine and server flag but host/port/dp."""
-    from plait.cli import engine_kwargs
+    from plait.runtime.config_flags import engine_kwargs
 
     argv: list[str] = []
     for name, value in sorted(engine_kwargs(args).items()):

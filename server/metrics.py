@@ -75,10 +75,43 @@ class _EngineCollector(Collector):
             "plait_cache_hit_rate", "cached prompt tokens / prompt tokens, since start",
             value=stats.get("cache_hit_rate", 0.0),
         )  # fmt: skip
+        yield from _tier_metrics(stats)
         yield GaugeMetricFamily(
             "plait_server_in_flight_requests", "engine requests admitted by the server",
             value=self.admission.in_flight,
         )  # fmt: skip
+
+
+_TIER_FIGURES = {
+    "blocks": "KV blocks stored in the tier (as far as this engine knows)",
+    "bytes": "bytes of KV blocks stored in the tier (as far as this engine knows)",
+    "hit_rate": "blocks found / blocks looked up in the tier",
+    "promotions": "blocks loaded from the tier into the KV pool",
+    "demotions": "blocks written to the tier",
+    "load_seconds_mean": "mean time of one read of blocks from the tier",
+    "failures": "blocks the tier could not read or write (each a miss)",
+}
+
+
+def _tier_metrics(stats: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
+    """One family per figure, labelled by tier (`disk`, `redis`); failures also by kind."""
+    tiers = [t for t in str(stats.get("kv_tiers") or "").split(",") if t]
+    if not tiers:
+        return
+    for figure, doc in _TIER_FIGURES.items():
+        family = GaugeMetricFamily(f"plait_kv_tier_{figure}", doc, labels=["tier"])
+        for tier in tiers:
+            family.add_metric([tier], stats.get(f"kv_{tier}_{figure}", 0))
+        yield family
+    kinds = GaugeMetricFamily(
+        "plait_kv_tier_failures_by_kind", "tier failures by kind", labels=["tier", "kind"]
+    )
+    prefix = "failures_"
+    for tier in tiers:
+        for key, value in stats.items():
+            if key.startswith(f"kv_{tier}_{prefix}"):
+                kinds.add_metric([tier, key.removeprefix(f"kv_{tier}_{prefix}")], value)
+    yield kinds
 
 
 class ServerMetrics:

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from plait.server import calls
 from plait.server.errors import APIError, bad_request, from_abort, read_object
-from plait.server.state import ServerState
+from plait.server.state import PLAIT_VERSION, ServerState
 
 router = APIRouter()
 logger = logging.getLogger("plait.server")
@@ -260,15 +260,13 @@ async def get_model_info(request: Request) -> dict[str, Any]:
 
 @router.get("/get_server_info")
 async def get_server_info(request: Request) -> dict[str, Any]:
-    import plait
-
     state = state_of(request)
     engine = state.engine
     server = dataclasses.asdict(state.config)
     server["api_key"] = None if server["api_key"] is None else "(set)"
     stats = engine.stats()
     return {
-        "version": plait.__version__,
+        "version": PLAIT_VERSION,
         "model_path": str(engine.model_path),
         "context_length": engine.context_len,
         "device": str(engine.device),

@@ -5,11 +5,17 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from plait.runtime.protocol import CLOSED_FINISH_REASONS
 from plait.server.calls import Admission
 from plait.server.metrics import ServerMetrics
+
+try:  # the installed distribution's version (the package's own `plait.__version__`)
+    PLAIT_VERSION = version("plait")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    PLAIT_VERSION = "unknown"
 
 if TYPE_CHECKING:
     from plait.lang.program import Program

@@ -11,7 +11,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from plait.thirdparty import unshadow  # noqa: E402
+from plait.runtime.thirdparty import unshadow  # noqa: E402
 
 unshadow()  # `kernels/` is plait.kernels, not the distribution transformers imports
 

@@ -1,9 +1,9 @@
 """Grammar masks inside a decode burst.
 
 A burst (`ModelRunner.decode_burst`) runs many decode steps in one native call. For constrained
-rows the kernel calls back before each step (`kernels/decode_stack.py: BurstMasks`): the callback
-advances a copy of each row's grammar with the token the row picked at the previous step, fills
-its mask for the step, and says when the burst should end early:
+rows the kernel calls back before each step (`kernels/decode_stack.py: BurstMasks`), and
+`GrammarBurst.before_step` advances a copy of each row's grammar with the token the row picked at
+the previous step, fills its mask for the step, and says when the burst should end early:
 
 - a row's grammar forces text ahead (`try_jump_forward`): the burst ends so that jump-forward
   appends it in one extend, as after a single step;
@@ -22,15 +22,11 @@ from collections.abc import Collection, Sequence
 import torch
 
 from plait.kernels.constraint_mask import allocate_token_bitmask
-from plait.kernels.decode_stack import MASK_FN, BurstMasks
 from plait.runtime.constrained.base import Grammar, fill_bitmasks
-
-CONTINUE, END = 0, 1  # what the callback returns to the kernel
 
 
 class GrammarBurst:
-    """The masks of one burst: `masks` goes to the kernel; `error`, once the burst returned, is an
-    exception the callback caught (the burst ended at that step), to be raised by the caller."""
+    """The masks of one burst, written into `bitmask` and `masked` (`BurstMasks`' fields)."""
 
     forced_text_min_chars = 1
 
@@ -44,22 +40,12 @@ class GrammarBurst:
         self._out = out.numpy()  # [rows, steps], written by the kernel
         self._finished = [False] * rows
         self._end_at_forced_text = end_at_forced_text
-        self.error: BaseException | None = None
-        bitmask = allocate_token_bitmask(rows, vocab_size)
-        masked = torch.zeros(rows, dtype=torch.int32)
-        self._masked = masked.numpy()
-        self._bitmask = bitmask
-        self._callback = MASK_FN(self._before_step)  # referenced here for the burst's duration
-        self.masks = BurstMasks(self._callback, bitmask, masked)
+        self.bitmask = allocate_token_bitmask(rows, vocab_size)  # int32 [rows, words]
+        self.masked = torch.zeros(rows, dtype=torch.int32)  # [rows]
+        self._masked = self.masked.numpy()
 
-    def _before_step(self, step: int) -> int:
-        try:
-            return self._fill(step)
-        except BaseException as exc:  # noqa: BLE001 - raised by the caller once the burst returned
-            self.error = exc
-            return END
-
-    def _fill(self, step: int) -> int:
+    def before_step(self, step: int) -> bool:
+        """Fills the masks of step `step`; True ends the burst before it."""
         following: list[Grammar | None] = [None] * len(self._grammars)
         forced = False
         for r, grammar in enumerate(self._grammars):
@@ -77,11 +63,13 @@ class GrammarBurst:
                     continue
                 if self._end_at_forced_text:
                     text = grammar.try_jump_forward()
-                    forced = forced or (text is not None and len(text) >= self.forced_text_min_chars)
+                    forced = forced or (
+                        text is not None and len(text) >= self.forced_text_min_chars
+                    )
             following[r] = grammar
         if step > 0 and (forced or all(self._finished)):
-            return END
+            return True
         self._masked[:] = 0
-        for r in fill_bitmasks(following, self._bitmask):
+        for r in fill_bitmasks(following, self.bitmask):
             self._masked[r] = 1
-        return CONTINUE
+        return False

@@ -91,6 +91,7 @@
     renderBranches(snap.tree);
     renderCharts(snap.events || []);
     renderEvents(snap.events || []);
+    renderTiers(stats);
     renderRequests("live", snap.requests.live, false, snap.show_prompts);
     renderRequests("finished", snap.requests.finished, true, snap.show_prompts);
     state.updates += 1;
@@ -111,6 +112,12 @@
       case "pct": return (v * 100).toFixed(1) + "%";
       case "rate": return v >= 100 ? v.toFixed(0) : v.toFixed(1);
       case "num": return v.toFixed(1);
+      case "bytes": {
+        const units = ["B", "KB", "MB", "GB", "TB"];
+        let i = 0;
+        while (v >= 1024 && i < units.length - 1) { v /= 1024; i += 1; }
+        return (i ? v.toFixed(1) : String(Math.round(v))) + " " + units[i];
+      }
       case "ms": return v.toFixed(v < 10 ? 2 : 1) + " ms";
       case "sec": return v < 1 ? (v * 1000).toFixed(v < 0.01 ? 2 : 1) + " ms" : v.toFixed(2) + " s";
       case "dur": {
@@ -432,6 +439,26 @@
     });
     table.dataset.count = String((reqs || []).length);
     fillTable(table, cols, rows, (finished ? "recently finished (" : "live (") + (reqs || []).length + ")");
+  }
+
+  function renderTiers(stats) {
+    const panel = document.querySelector('[data-panel="kv-tiers"]');
+    const names = stats.kv_tiers ? String(stats.kv_tiers).split(",") : [];
+    panel.hidden = names.length === 0;
+    if (!names.length) return;
+    const cols = ["tier", "blocks", "bytes", "hit rate", "promotions", "demotions", "load (mean)",
+                  "failures"];
+    const rows = names.map((t) => {
+      const g = (k) => stats["kv_" + t + "_" + k];
+      const kinds = ["truncated", "corrupt", "foreign", "io", "full", "timeout", "unavailable"]
+        .filter((k) => g("failures_" + k)).map((k) => k + " " + g("failures_" + k));
+      return { attrs: { "data-tier": t }, cells: [
+        t, fmt(g("blocks"), "int"), fmt(g("bytes"), "bytes"), fmt(g("hit_rate"), "pct"),
+        fmt(g("promotions"), "int"), fmt(g("demotions"), "int"), fmt(g("load_seconds_mean"), "sec"),
+        fmt(g("failures"), "int") + (kinds.length ? " (" + kinds.join(", ") + ")" : "")] };
+    });
+    fillTable(document.querySelector('[data-table="tiers"]'), cols, rows,
+              "each " + fmt(stats.kv_tiers_block_tokens, "int") + " tokens");
   }
 
   function renderReplicas(router) {

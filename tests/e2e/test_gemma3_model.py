@@ -70,7 +70,7 @@ def test_the_recorded_reference_is_what_transformers_computes(gemma3_engine, gem
     attends eagerly), and checks plait against it as above."""
     import torch
 
-    from plait.thirdparty import import_transformers
+    from plait.runtime.thirdparty import import_transformers
 
     transformers = import_transformers()
     path = Path(gemma3_path)

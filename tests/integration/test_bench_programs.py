@@ -16,7 +16,7 @@ from plait.benchmarks.programs import (
     run_programs_bench,
 )
 from plait.benchmarks.programs_transformers import constrain
-from plait.cli import add_engine_args
+from plait.runtime.config_flags import add_engine_args
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -29,7 +29,7 @@ def test_help_lists_commands():
 def test_engine_switches_that_default_on_can_be_turned_off():
     import argparse
 
-    from plait.cli import add_engine_args
+    from plait.runtime.config_flags import add_engine_args
 
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
@@ -392,7 +392,8 @@ SAME = [
 
 @pytest.mark.parametrize("spellings", SAME, ids=[s[-1][0] for s in SAME])
 def test_sglang_and_vllm_spellings_set_the_same_config(spellings):
-    from plait.cli import build_parser, engine_kwargs
+    from plait.cli import build_parser
+    from plait.runtime.config_flags import engine_kwargs
     from plait.server.cli import server_config
 
     parser = build_parser()

@@ -14,7 +14,6 @@ import torch
 
 from plait import Engine
 from plait.kernels import decode_stack
-from plait.runtime import bursts as burst_policy
 from plait.runtime.model_runner import ModelRunner
 from tests.conftest import write_tiny_checkpoint
 
@@ -94,23 +93,17 @@ def test_stop_tokens_and_strings_end_requests_inside_a_burst(engines, bursts):
     assert _pool_is_whole(burst)
 
 
-def test_streams_get_each_token_and_add_up_to_the_text(engines, monkeypatch):
+def test_streams_get_each_token_and_add_up_to_the_text(engines):
     single, burst = engines
     params = {"max_new_tokens": 30, "temperature": 0, "ignore_eos": True}
     expected = _run(single, [PROMPTS[2]], [params])[0]
-    # steps too short to be watched: a stream's steps run one by one
-    monkeypatch.setattr(burst_policy, "STREAM_BURST_MIN_STEP_SECONDS", float("inf"))
-    chunks = list(burst.generate(input_ids=PROMPTS[2], sampling_params=params, stream=True))
-    assert [len(c["output_ids"]) for c in chunks] == list(range(1, 31)), "one chunk per token"
-    assert chunks[-1]["text"] == expected[1]
-    # bursts whose tokens a watcher hands on as they are written: the same tokens and text
-    monkeypatch.setattr(burst_policy, "STREAM_BURST_MIN_STEP_SECONDS", 0.0)
+    # bursts whose tokens are handed on between their steps: the same tokens and text
     steps = burst.stats()["total_burst_steps"]
     chunks = list(burst.generate(input_ids=PROMPTS[2], sampling_params=params, stream=True))
     assert burst.stats()["total_burst_steps"] > steps
+    assert [len(c["output_ids"]) for c in chunks] == list(range(1, 31)), "one chunk per token"
     assert chunks[-1]["output_ids"] == expected[0] and chunks[-1]["text"] == expected[1]
     assert all(b["text"].startswith(a["text"]) for a, b in zip(chunks, chunks[1:]))
-    assert [len(c["output_ids"]) for c in chunks] == sorted({len(c["output_ids"]) for c in chunks})
     assert _pool_is_whole(burst)
 
 

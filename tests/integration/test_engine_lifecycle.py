@@ -21,7 +21,7 @@ GREEDY = {"max_new_tokens": 4, "temperature": 0}
 OTHERS: set[threading.Thread] = set()
 
 
-LOOP_THREADS = ("plait-engine", "plait-streams")  # the loop, and the streams of its bursts
+LOOP_THREADS = ("plait-engine",)  # the loop
 
 
 def engine_threads() -> list[threading.Thread]:

@@ -52,11 +52,15 @@ def run_concurrently(engine: Engine, items: list[tuple[str, dict]]) -> list[dict
     return results  # type: ignore[return-value]
 
 
-def assert_idle_and_accounted(engine: Engine) -> None:
+def wait_idle(engine: Engine) -> None:
     deadline = time.time() + 10
     while engine.stats()["num_running"] or engine.stats()["num_waiting"]:
         assert time.time() < deadline, engine.stats()
         time.sleep(0.01)
+
+
+def assert_idle_and_accounted(engine: Engine) -> None:
+    wait_idle(engine)
     s = engine.stats()
     assert s["kv_pages_in_use"] == 0, s
     assert s["kv_pages_free"] + s["kv_pages_cached"] == s["kv_pages_total"]
@@ -110,6 +114,7 @@ def test_retraction_when_decode_outgrows_the_pool(tiny_llama_dir):
 
 
 def test_shared_prefix_is_computed_once(tiny_engine):
+    wait_idle(tiny_engine)  # the shared engine may still be finishing an earlier test's request
     tiny_engine.flush_cache()
     prefix = " ".join(f"shared{i}" for i in range(60))
     first = tiny_engine.generate(prefix + " question one", {"max_new_tokens": 1})

@@ -1,17 +1,14 @@
 """A streaming client gets each token as its own server-sent event, on the native and the OpenAI
-routes, counted (not timed) through a real server on loopback.
-
-NOTE: whether a stream's decode steps run as a watched burst (`burst_streams.py`) or one by one
-depends on how long a step takes; these tests fix it to one by one, so the count does not depend
-on the machine's load. The watched bursts' own deliveries are checked in
-`tests/unit/test_burst_streams.py` and `test_decode_burst.py`."""
+routes, counted (not timed) through a real server on loopback, while its decode steps run in
+bursts (the kernel hands each step's tokens on between steps, `burst_streams.py`)."""
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from plait.runtime import bursts
 from tests.integration.server_support import sse_events, tiny_server
 
 TOKENS = 48
@@ -19,13 +16,9 @@ TOKENS = 48
 
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir):
-    with (
-        pytest.MonkeyPatch.context() as patch,
-        tiny_server(tiny_llama_dir, served_model_name="tiny") as srv,
-    ):
-        patch.setattr(bursts, "STREAM_BURST_MIN_STEP_SECONDS", float("inf"))
+    with tiny_server(tiny_llama_dir, served_model_name="tiny") as srv:
         srv.engine.generate("Warm up", {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True})
-        assert srv.engine.stats()["total_burst_steps"] > 0, "requests that are not streamed burst"
+        assert srv.engine.stats()["total_burst_steps"] > 0, "decode steps burst"
         yield srv
 
 
@@ -38,10 +31,23 @@ def stream(server, path: str, body: dict) -> list:
 def test_generate_streams_one_event_per_token(server):
     body = {"text": "Once upon a time", "stream": True,
             "sampling_params": {"max_new_tokens": TOKENS, "temperature": 0, "ignore_eos": True}}  # fmt: skip
+    bursts = server.engine.stats()["total_burst_steps"]
     events = stream(server, "/generate", body)
     assert events[-1] == "[DONE]"
     counts = [e["meta_info"]["completion_tokens"] for e in events[:-1]]
     assert counts == list(range(1, TOKENS + 1)), "each token its own event"
+    assert server.engine.stats()["total_burst_steps"] > bursts, "the stream's steps ran in bursts"
+
+
+def test_concurrent_streams_each_get_one_event_per_token(server):
+    """Sixteen streams decoding in the same bursts: every token of each is its own event."""
+    body = {"text": "Once upon a time", "stream": True,
+            "sampling_params": {"max_new_tokens": TOKENS, "temperature": 0, "ignore_eos": True}}  # fmt: skip
+    with ThreadPoolExecutor(16) as pool:
+        runs = list(pool.map(lambda i: stream(server, "/generate", {**body, "text": f"Story {i}:"}), range(16)))
+    for events in runs:
+        counts = [e["meta_info"]["completion_tokens"] for e in events[:-1]]
+        assert counts == list(range(1, TOKENS + 1))
 
 
 def test_openai_completions_stream_one_chunk_per_token(server):

@@ -319,3 +319,25 @@ def test_lookahead_match_changes_neither_stats_nor_lru():
     assert cache.stats() == before
     cache.evict(1)  # `a` was inserted first and the look-ahead did not refresh it
     assert cache.match_prefix(a).num_tokens == 0 and cache.match_prefix(b).num_tokens == 3
+
+
+def test_page_names_are_content_addresses_that_follow_the_salt():
+    from plait.radix_cache import chain_names, root_name
+
+    a = RadixCache(page_size=2, salt=b"weights-a")
+    b = RadixCache(page_size=2, salt=b"weights-a")
+    other = RadixCache(page_size=2, salt=b"weights-b")
+    tokens = seq(7)
+    a.insert(tokens[:4], [0, 1])  # the same prefix cached in two steps and in one
+    a.insert(tokens, [0, 1, 2, 3])
+    b.insert(tokens, [5, 6, 7])
+    other.insert(tokens, [0, 1, 2])
+    names = a.path_names(a.match_prefix(tokens).node)
+    assert names == b.path_names(b.match_prefix(tokens).node)
+    assert names == chain_names(root_name(b"weights-a"), tokens, 2)
+    assert len(names) == 3 and len(set(names)) == 3
+    assert not set(names) & set(other.path_names(other.match_prefix(tokens).node))
+    a.match_prefix(tokens[:2] + [9, 9])  # a split keeps each page's name
+    assert a.path_names(a.match_prefix(tokens).node) == names
+    a.check_integrity()
+    assert RadixCache(page_size=2).path_names(RadixCache(page_size=2).root) == []

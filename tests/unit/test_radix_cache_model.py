@@ -8,7 +8,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from plait.radix_cache import MatchResult, PageAllocator, RadixCache, TreeNode
+from plait.radix_cache import (
+    MatchResult,
+    PageAllocator,
+    RadixCache,
+    TreeNode,
+    chain_names,
+    root_name,
+)
 from tests.unit.test_radix_cache import cached_prefixes
 
 
@@ -88,14 +95,29 @@ def token_sequences(page_size: int) -> st.SearchStrategy[list[int]]:
     return st.builds(lambda ws, t: [tok for w in ws for tok in w] + t, whole, tail)
 
 
-def make_machine(page_size: int, num_pages: int) -> type[RuleBasedStateMachine]:
+def named_prefixes(cache: RadixCache) -> dict[tuple[int, ...], bytes]:
+    """Every cached page-aligned prefix mapped to the name its last page carries."""
+    out: dict[tuple[int, ...], bytes] = {}
+    stack: list[tuple[TreeNode, tuple[int, ...]]] = [(cache.root, ())]
+    while stack:
+        node, path = stack.pop()
+        for i, name in enumerate(node.names):
+            out[path + tuple(node.key[: (i + 1) * cache.page_size])] = name
+        for child in node.children.values():
+            stack.append((child, path + tuple(node.key)))
+    return out
+
+
+def make_machine(
+    page_size: int, num_pages: int, salt: bytes | None = None
+) -> type[RuleBasedStateMachine]:
     prompts = token_sequences(page_size)
 
     class CacheMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
             self.allocator = PageAllocator(num_pages)
-            self.cache = RadixCache(page_size, self.allocator)
+            self.cache = RadixCache(page_size, self.allocator, salt=salt)
             self.model = ReferenceCache(page_size)
             self.running: list[Running] = []
             self.queried = self.matched = 0
@@ -175,6 +197,12 @@ def make_machine(page_size: int, num_pages: int) -> type[RuleBasedStateMachine]:
             in_use = sum(len(r.pages) - r.num_matched_pages for r in self.running)
             assert self.allocator.num_free + self.cache.total_size() + in_use == num_pages
             assert cached_prefixes(self.cache) == self.model.page_of
+            if salt is not None:  # a page's name is its prefix's, however the tree was cut
+                expected = {
+                    p: chain_names(root_name(salt), list(p), page_size)[-1]
+                    for p in self.model.page_of
+                }
+                assert named_prefixes(self.cache) == expected
             protected = len(self.model.protected(self._locked_prefixes()))
             assert self.cache.protected_size() == protected
             assert self.cache.evictable_size() == len(self.model.page_of) - protected
@@ -200,3 +228,5 @@ def make_machine(page_size: int, num_pages: int) -> type[RuleBasedStateMachine]:
 TestCachePage1 = make_machine(page_size=1, num_pages=20).TestCase
 TestCachePage4 = make_machine(page_size=4, num_pages=10).TestCase
 TestCachePage16 = make_machine(page_size=16, num_pages=8).TestCase
+TestNamedCachePage1 = make_machine(page_size=1, num_pages=20, salt=b"model-a").TestCase
+TestNamedCachePage4 = make_machine(page_size=4, num_pages=10, salt=b"model-a").TestCase

@@ -26,7 +26,7 @@ def test_transformers_model_classes_load_beside_the_kernels_folder():
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("the kernels distribution is not installed: nothing to shadow")
     proc = _run(
-        "from plait.thirdparty import import_transformers; t = import_transformers(); "
+        "from plait.runtime.thirdparty import import_transformers; t = import_transformers(); "
         "import kernels, transformers.integrations.hub_kernels; "
         "import plait.kernels.dispatch; print(kernels.__file__)"
     )
@@ -35,7 +35,7 @@ def test_transformers_model_classes_load_beside_the_kernels_folder():
 
 
 def test_plait_kernels_stays_plait_kernels():
-    proc = _run("from plait.thirdparty import unshadow; unshadow(); import plait.kernels as k; print(k.__file__)")
+    proc = _run("from plait.runtime.thirdparty import unshadow; unshadow(); import plait.kernels as k; print(k.__file__)")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert Path(proc.stdout.strip()).parent.name == "kernels"
     assert "site-packages/kernels" not in proc.stdout

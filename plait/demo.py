@@ -1,4 +1,4 @@
-"""`python -m plait.server.demo` (for `make demo`): starts `plait serve` on the embedded model,
+"""`python -m plait.demo` (for `make demo`): starts `plait serve` on the embedded model,
 runs a plait program against it through `plait.Endpoint` and an `openai` chat call with a JSON
 schema, prints both, and stops the server."""
 
