@@ -86,24 +86,36 @@ class QuantizedWeight:
     def row_range(self, start: int, stop: int) -> QuantizedWeight:
         """Rows [start, stop), as views of these tensors (no copy)."""
         mins = None if self.mins is None else self.mins[start:stop]
-        return QuantizedWeight(self.format, self.qweight[start:stop], self.scales[start:stop], mins, self.group)
+        return QuantizedWeight(
+            self.format, self.qweight[start:stop], self.scales[start:stop], mins, self.group
+        )
 
     def rows(self, index: torch.Tensor) -> QuantizedWeight:
         """The rows `index` (a permutation or a selection), in that order."""
         return QuantizedWeight(
-            self.format, self.qweight[index].contiguous(), self.scales[index].contiguous(),
-            None if self.mins is None else self.mins[index].contiguous(), self.group,
+            self.format,
+            self.qweight[index].contiguous(),
+            self.scales[index].contiguous(),
+            None if self.mins is None else self.mins[index].contiguous(),
+            self.group,
         )
 
     @staticmethod
     def cat(parts: list[QuantizedWeight]) -> QuantizedWeight:
         """Stacks weights with the same format, K and group along N (fused qkv / gate_up)."""
         first = parts[0]
-        if any(p.format != first.format or p.group != first.group or p.shape[1] != first.shape[1] for p in parts):
+        if any(
+            p.format != first.format or p.group != first.group or p.shape[1] != first.shape[1]
+            for p in parts
+        ):
             raise ValueError("QuantizedWeight.cat: parts differ in format, group or K")
         mins = None if first.mins is None else torch.cat([p.mins for p in parts])
         return QuantizedWeight(
-            first.format, torch.cat([p.qweight for p in parts]), torch.cat([p.scales for p in parts]), mins, first.group
+            first.format,
+            torch.cat([p.qweight for p in parts]),
+            torch.cat([p.scales for p in parts]),
+            mins,
+            first.group,
         )
 
 
@@ -120,7 +132,9 @@ def quantize_int8(w: torch.Tensor, group: int | None = None) -> QuantizedWeight:
         raise ValueError(f"quantize_int8: group {group} must divide K = {k}")
     g = w.detach().float().reshape(n, k // group, group)
     scales = g.abs().amax(-1) / 127.0
-    scales = torch.where(scales == 0, torch.ones_like(scales), scales).half()  # q is rounded against these
+    scales = torch.where(
+        scales == 0, torch.ones_like(scales), scales
+    ).half()  # q is rounded against these
     q = torch.round(g / scales.float()[..., None]).clamp_(-127, 127).to(torch.int8).reshape(n, k)
     return QuantizedWeight("int8", q.contiguous(), scales.contiguous(), None, group)
 
@@ -134,7 +148,9 @@ def quantize_int4(w: torch.Tensor, group: int = 32) -> QuantizedWeight:
     scales = ((g.amax(-1) - lo.float()) / 15.0).half()
     safe = torch.where(scales == 0, torch.ones_like(scales), scales).float()
     q = torch.round((g - lo.float()[..., None]) / safe[..., None]).clamp_(0, 15).to(torch.uint8)
-    return QuantizedWeight("int4", pack_int4(q.reshape(n, k), group), scales.contiguous(), lo.contiguous(), group)
+    return QuantizedWeight(
+        "int4", pack_int4(q.reshape(n, k), group), scales.contiguous(), lo.contiguous(), group
+    )
 
 
 def pack_int4(q: torch.Tensor, group: int) -> torch.Tensor:
@@ -156,7 +172,10 @@ def dequantize_ref(qw: QuantizedWeight, with_mins: bool = True) -> torch.Tensor:
     if qw.format == "int8":
         q = qw.qweight.float().reshape(n, k // qw.group, qw.group)
         return (q * qw.scales.float()[..., None]).reshape(n, k)
-    q = unpack_int4(qw.qweight, qw.group).float().reshape(n, k // qw.group, qw.group) * qw.scales.float()[..., None]
+    q = (
+        unpack_int4(qw.qweight, qw.group).float().reshape(n, k // qw.group, qw.group)
+        * qw.scales.float()[..., None]
+    )
     return (q + qw.mins.float()[..., None] if with_mins else q).reshape(n, k)
 
 
@@ -193,13 +212,21 @@ def quant_matmul_ref(
 @cache
 def _kernels() -> tuple | None:
     ptr, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    mm = native.function("cpu_kernels", "plait_qmatmul_f32", [ptr, i64, i64, i64, ptr, c_int, i64, ptr, ptr, ptr, ptr, c_int])
+    mm = native.function(
+        "cpu_kernels",
+        "plait_qmatmul_f32",
+        [ptr, i64, i64, i64, ptr, c_int, i64, ptr, ptr, ptr, ptr, c_int],
+    )
     if mm is None:
         return None
-    dq = native.function("cpu_kernels", "plait_dequantize_f32", [ptr, c_int, i64, i64, i64, ptr, ptr, ptr, c_int])
+    dq = native.function(
+        "cpu_kernels", "plait_dequantize_f32", [ptr, c_int, i64, i64, i64, ptr, ptr, ptr, c_int]
+    )
     q8 = native.function("cpu_kernels", "plait_qmatmul_q8_rows", [i64, c_int, i64], c_int)
     q8_max = native.function("cpu_kernels", "plait_qmatmul_max_q8_rows", [], i64)
-    dq16 = native.function("cpu_kernels", "plait_dequantize_bf16", [ptr, c_int, i64, i64, i64, ptr, ptr, ptr, c_int])
+    dq16 = native.function(
+        "cpu_kernels", "plait_dequantize_bf16", [ptr, c_int, i64, i64, i64, ptr, ptr, ptr, c_int]
+    )
     return mm, dq, q8, q8_max(), dq16
 
 
@@ -232,14 +259,25 @@ def native_quant_available() -> bool:
 
 def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """`dequantize_ref` (float32, or rounded to `dtype`), by the native kernel when it is available."""
-    if qw.qweight.device.type != "cpu" or not native_quant_available() or dtype not in (torch.float32, torch.bfloat16):
+    if (
+        qw.qweight.device.type != "cpu"
+        or not native_quant_available()
+        or dtype not in (torch.float32, torch.bfloat16)
+    ):
         return dequantize_ref(qw).to(dtype)
     n, k = qw.shape
     out = torch.empty(n, k, dtype=dtype)
     mins = 0 if qw.mins is None else qw.mins.data_ptr()
     _kernels()[1 if dtype == torch.float32 else 4](
-        qw.qweight.data_ptr(), FORMAT_CODE[qw.format], n, k, qw.group, qw.scales.data_ptr(), mins,
-        out.data_ptr(), torch.get_num_threads(),
+        qw.qweight.data_ptr(),
+        FORMAT_CODE[qw.format],
+        n,
+        k,
+        qw.group,
+        qw.scales.data_ptr(),
+        mins,
+        out.data_ptr(),
+        torch.get_num_threads(),
     )
     return out
 
@@ -252,12 +290,18 @@ def bf16_gemm_enabled() -> bool:
     if setting is not None:
         return setting
     try:  # the CPU has tiles, and the kernel lets this process use them (Linux 5.16 on)
-        return bool(torch.backends.mkldnn.is_available() and torch.cpu._is_amx_tile_supported() and torch.cpu._init_amx())
+        return bool(
+            torch.backends.mkldnn.is_available()
+            and torch.cpu._is_amx_tile_supported()
+            and torch.cpu._init_amx()
+        )
     except (AttributeError, RuntimeError):  # a torch without the probes
         return False
 
 
-def bf16_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def bf16_matmul(
+    x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """x [M, K] float32 @ dequant(qw).T (+ bias) -> float32 [M, N] on torch's bfloat16 GEMM: x and
     the weights rounded to bfloat16, sums in float32, each product rounded to bfloat16. The matrix is
     dequantized `BF16_GEMM_SLICE` elements at a time, so an LM head needs no full-size copy."""
@@ -270,11 +314,15 @@ def bf16_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None 
         y = torch.empty(x.shape[0], n, dtype=torch.float32)
         for start in range(0, n, step):
             stop = min(n, start + step)
-            y[:, start:stop] = torch.mm(xb, dequantize(qw.row_range(start, stop), torch.bfloat16).t())
+            y[:, start:stop] = torch.mm(
+                xb, dequantize(qw.row_range(start, stop), torch.bfloat16).t()
+            )
     return y if bias is None else y.add_(bias)
 
 
-def quant_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def quant_matmul(
+    x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """x [..., K] @ dequant(qw).T (+ bias) -> float32 [..., N]."""
     n, k = qw.shape
     if x.shape[-1] != k:
@@ -286,7 +334,11 @@ def quant_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
     m = x2.shape[0]
     if m >= BF16_GEMM_MIN_ROWS and bf16_gemm_enabled():
         return bf16_matmul(x2, qw, bias).reshape(*lead, n)
-    if m >= DEQUANT_GEMM_MIN_ROWS and n * k <= DEQUANT_GEMM_MAX_ELEMENTS and not native_q8_rows(m, qw):
+    if (
+        m >= DEQUANT_GEMM_MIN_ROWS
+        and n * k <= DEQUANT_GEMM_MAX_ELEMENTS
+        and not native_q8_rows(m, qw)
+    ):
         y = torch.nn.functional.linear(x2, dequantize(qw), bias)
         return y.reshape(*lead, n)
     y = torch.empty(m, n, dtype=torch.float32)
@@ -294,13 +346,25 @@ def quant_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
         mins = 0 if qw.mins is None else qw.mins.data_ptr()
         b = 0 if bias is None else bias.contiguous().data_ptr()
         _kernels()[0](
-            x2.data_ptr(), m, k, n, qw.qweight.data_ptr(), FORMAT_CODE[qw.format], qw.group,
-            qw.scales.data_ptr(), mins, b, y.data_ptr(), torch.get_num_threads(),
+            x2.data_ptr(),
+            m,
+            k,
+            n,
+            qw.qweight.data_ptr(),
+            FORMAT_CODE[qw.format],
+            qw.group,
+            qw.scales.data_ptr(),
+            mins,
+            b,
+            y.data_ptr(),
+            torch.get_num_threads(),
         )
     return y.reshape(*lead, n)
 
 
-def dense_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def dense_matmul(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """F.linear for float32 weights, by the native kernel on the CPU for fewer than
     `DEQUANT_GEMM_MIN_ROWS` rows of x (torch's GEMV read the weights at 16-36 GB/s on a 2-core VM where
     the kernel, streaming two weight rows at a time, measured 37-49 GB/s on one thread), and for
