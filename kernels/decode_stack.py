@@ -92,14 +92,7 @@ def dense_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> QLinear:
 def qlinear(qw: QuantizedWeight, bias: torch.Tensor | None) -> QLinear:
     n, k = qw.shape
     return QLinear(
-        _ptr(qw.qweight),
-        _ptr(qw.scales),
-        _ptr(qw.mins),
-        _ptr(bias),
-        n,
-        k,
-        qw.group,
-        FORMAT_CODE[qw.format],
+        _ptr(qw.qweight), _ptr(qw.scales), _ptr(qw.mins), _ptr(bias), n, k, qw.group, qw.code
     )
 
 

@@ -27,6 +27,15 @@ but raised SmolLM2's int4 perplexity on our text by 3%; in two levels it was no 
 matrix is dequantized into a scratch buffer for torch's float32 GEMM, except for very large
 matrices (an LM head), which stay on the tile kernel.
 
+GGUF's k-quants load as these formats with float32 scales (and minimums), never re-quantized:
+their effective scale per 16 or 32 weights (the sub-block's 6- or 8-bit scale times the
+superblock's float16 one) is exact in float32, not in float16. Q4_K is `int4` (its nibbles
+reordered to the order above) with float32 scales and minimums; Q5_K `int8` (values 0..31) with
+float32 scales and minimums per 32; Q6_K `int8` (values q - 32) with float32 scales per 16. Q5_0 is
+plain `int8` with its float16 scales (values q - 16). `dequantize_ref` of each is
+`gguf.quants.dequantize` of the file's blocks, bit for bit; the kernels read them at one
+`format_code` each.
+
 Where torch's bfloat16 GEMM runs on AMX tiles (Intel Xeon from Sapphire Rapids on; oneDNN), from
 `BF16_GEMM_MIN_ROWS` rows of x (prefill chunks, scoring a prompt) the matrix is dequantized to
 bfloat16 slice by slice and multiplied there instead (`bf16_matmul`): float32 accumulation, x, the
@@ -52,7 +61,9 @@ from plait.kernels.tuning import (
 )
 
 FORMATS = ("int8", "int4")
-FORMAT_CODE = {"int8": 0, "int4": 1, "float32": 2}  # float32: plain weights, see `dense_matmul`
+# (format, scale dtype) -> the kernel's format code (csrc/plait_kernels.h: PlaitWeightFormat);
+# "float32" is plain weights, see `dense_matmul`
+FORMAT_CODE = {"int8": 0, "int4": 1, "float32": 2, "int8-f32": 3, "int4-f32": 4}
 Q8_BLOCK = 32  # decode rows round activations to int8 in blocks of this many (see `q8_activations`)
 BF16_GEMM_ENV = environment.BF16_GEMM
 
@@ -63,15 +74,34 @@ class QuantizedWeight:
 
     format: str
     qweight: torch.Tensor  # int8 [N, K] or uint8 [N, K // 2]
-    scales: torch.Tensor  # float16 [N, K // group]
-    mins: torch.Tensor | None  # float16 [N, K // group] (int4 only)
+    scales: torch.Tensor  # float16, or float32 (k-quants) [N, K // group]
+    mins: (
+        torch.Tensor | None
+    )  # scales' dtype [N, K // group]: int4, and int8 with float32 scales (Q5_K)
     group: int
 
     def __post_init__(self) -> None:
-        for name in ("scales", "mins"):
-            t = getattr(self, name)
-            if t is not None and t.dtype != torch.float16:
-                raise ValueError(f"QuantizedWeight: {name} must be float16, got {t.dtype}")
+        if self.scales.dtype not in (torch.float16, torch.float32):
+            raise ValueError(
+                f"QuantizedWeight: scales must be float16 or float32, got {self.scales.dtype}"
+            )
+        if self.mins is not None and self.mins.dtype != self.scales.dtype:
+            raise ValueError(
+                f"QuantizedWeight: mins must be {self.scales.dtype} as the scales, got {self.mins.dtype}"
+            )
+        if self.scales.dtype == torch.float16 and self.format == "int8" and self.mins is not None:
+            raise ValueError("QuantizedWeight: int8 with float16 scales has no mins")
+        if self.mins is not None and self.format == "int8" and self.group != Q8_BLOCK:
+            raise ValueError(
+                f"QuantizedWeight: int8 mins need groups of {Q8_BLOCK}, got {self.group}"
+            )
+
+    @property
+    def code(self) -> int:
+        """The kernel's format code (`FORMAT_CODE`): the format and its scales' dtype."""
+        return FORMAT_CODE[
+            self.format if self.scales.dtype == torch.float16 else f"{self.format}-f32"
+        ]
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -101,13 +131,20 @@ class QuantizedWeight:
         )
 
     @staticmethod
+    def can_cat(parts: list[QuantizedWeight]) -> bool:
+        """Whether `cat` stacks these: the same format, scales, group and K."""
+        first = parts[0]
+        return all(
+            (p.format, p.code, p.group, p.shape[1], p.mins is None)
+            == (first.format, first.code, first.group, first.shape[1], first.mins is None)
+            for p in parts
+        )
+
+    @staticmethod
     def cat(parts: list[QuantizedWeight]) -> QuantizedWeight:
         """Stacks weights with the same format, K and group along N (fused qkv / gate_up)."""
         first = parts[0]
-        if any(
-            p.format != first.format or p.group != first.group or p.shape[1] != first.shape[1]
-            for p in parts
-        ):
+        if not QuantizedWeight.can_cat(parts):
             raise ValueError("QuantizedWeight.cat: parts differ in format, group or K")
         mins = None if first.mins is None else torch.cat([p.mins for p in parts])
         return QuantizedWeight(
@@ -169,14 +206,11 @@ def unpack_int4(packed: torch.Tensor, group: int) -> torch.Tensor:
 def dequantize_ref(qw: QuantizedWeight, with_mins: bool = True) -> torch.Tensor:
     """The float32 [N, K] matrix a quantized weight stands for (`with_mins=False`: q * scale only)."""
     n, k = qw.shape
-    if qw.format == "int8":
-        q = qw.qweight.float().reshape(n, k // qw.group, qw.group)
-        return (q * qw.scales.float()[..., None]).reshape(n, k)
-    q = (
-        unpack_int4(qw.qweight, qw.group).float().reshape(n, k // qw.group, qw.group)
-        * qw.scales.float()[..., None]
+    values = qw.qweight if qw.format == "int8" else unpack_int4(qw.qweight, qw.group)
+    q = values.float().reshape(n, k // qw.group, qw.group) * qw.scales.float()[..., None]
+    return (q + qw.mins.float()[..., None] if with_mins and qw.mins is not None else q).reshape(
+        n, k
     )
-    return (q + qw.mins.float()[..., None] if with_mins else q).reshape(n, k)
 
 
 def q8_activations(x: torch.Tensor, levels: int = 2) -> torch.Tensor:
@@ -241,7 +275,7 @@ def native_q8_rows(m: int, qw: QuantizedWeight) -> bool:
     """Whether the native kernel rounds x to int8 (`q8_activations`) for these `m` rows of x."""
     if m > q8_max_rows() or not native_quant_available():
         return False
-    return bool(_kernels()[2](qw.shape[1], FORMAT_CODE[qw.format], qw.group))
+    return bool(_kernels()[2](qw.shape[1], qw.code, qw.group))
 
 
 def native_isa() -> str:
@@ -270,7 +304,7 @@ def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch
     mins = 0 if qw.mins is None else qw.mins.data_ptr()
     _kernels()[1 if dtype == torch.float32 else 4](
         qw.qweight.data_ptr(),
-        FORMAT_CODE[qw.format],
+        qw.code,
         n,
         k,
         qw.group,
@@ -351,7 +385,7 @@ def quant_matmul(
             k,
             n,
             qw.qweight.data_ptr(),
-            FORMAT_CODE[qw.format],
+            qw.code,
             qw.group,
             qw.scales.data_ptr(),
             mins,
