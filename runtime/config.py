@@ -9,7 +9,7 @@ from plait.runtime.protocol import JSON_WHITESPACE
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _POLICIES = ("lpm", "fcfs", "dfs-weight")
-_QUANTIZATIONS = ("int8", "int4")
+_QUANTIZATIONS = ("float32", "int8", "int4")
 _KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")
 
 
@@ -19,7 +19,9 @@ class ModelConfig:
     dtype: str = "auto"
     device: str = "auto"
     context_length: int | None = None
-    quantization: str | None = None  # weight-only: None (the checkpoint's dtype), int8, int4
+    # weights: None (a GGUF's blocks where the kernels read them, on the CPU; else the checkpoint's
+    # dtype), float32 (every block dequantized), int8 / int4 (weight-only quantization)
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -166,7 +168,7 @@ class EngineConfig:
             raise ValueError(f"draft_layers: must be positive, got {self.draft_layers}")
         if not isinstance(self.tp_size, int) or self.tp_size < 1:
             raise ValueError(f"tp_size: must be a positive integer, got {self.tp_size!r}")
-        if self.tp_size > 1 and self.model.quantization is not None:
+        if self.tp_size > 1 and self.model.quantization not in (None, "float32"):
             raise ValueError("tp_size: tensor parallelism does not support quantization yet")
         if self.tp_size > 1 and self.speculative_algorithm is not None:
             raise ValueError(
