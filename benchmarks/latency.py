@@ -1,8 +1,9 @@
 """`plait bench latency`: prefill and single-stream decode speed against the machine's limits,
 plait beside transformers and llama.cpp.
 
-Formats are float32 / bfloat16 (dtypes) or int8 / int4 (weight-only quantization, float32
-compute). For each, plait's prefill (512-token prompt) and decode (128 tokens, one stream; greedy,
+Formats are float32 / bfloat16 (dtypes: a GGUF's blocks dequantized), native (the default: a
+GGUF's blocks as stored where the quantized kernels read them, float32 compute) or int8 / int4
+(weight-only quantization, float32 compute). For each, plait's prefill (512-token prompt) and decode (128 tokens, one stream; greedy,
 and sampled at temperature 0.7 and top-p 0.9 beside it), the
 weights one decode step reads (`weight_bytes`), the roofline (the steps/s of a plain read of
 those very weights where they lie, `measure_weights_read`) and the share of it reached (the
@@ -31,7 +32,7 @@ from plait.benchmarks.common import best_of, check_decoded, cpu_model, print_tab
 from plait.kernels.quant_matmul import bf16_gemm_enabled, native_isa
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-FORMATS = ("float32", "bfloat16", "int8", "int4")
+FORMATS = ("float32", "bfloat16", "native", "int8", "int4")
 
 PERPLEXITY_TEXT = (
     "The lighthouse stood at the end of a narrow spit of rock, and for ninety years its keepers had "
@@ -47,7 +48,9 @@ PERPLEXITY_TEXT = (
 def _format_kwargs(fmt: str) -> dict:
     if fmt in ("int8", "int4"):
         return {"dtype": "float32", "quantization": fmt}
-    return {"dtype": fmt}
+    if fmt == "native":  # the default: a GGUF's blocks as stored, the rest float32
+        return {"dtype": "float32"}
+    return {"dtype": fmt, "quantization": "float32"}  # every block dequantized
 
 
 # the sampled decode row: a typical chat setting, seeded

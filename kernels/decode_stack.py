@@ -91,7 +91,9 @@ def dense_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> QLinear:
 
 def qlinear(qw: QuantizedWeight, bias: torch.Tensor | None) -> QLinear:
     n, k = qw.shape
-    return QLinear(_ptr(qw.qweight), _ptr(qw.scales), _ptr(qw.mins), _ptr(bias), n, k, qw.group, FORMAT_CODE[qw.format])
+    return QLinear(
+        _ptr(qw.qweight), _ptr(qw.scales), _ptr(qw.mins), _ptr(bias), n, k, qw.group, qw.code
+    )
 
 
 def scratch_floats(tokens: int, shape: DecodeShape) -> int:
@@ -115,13 +117,26 @@ def run_layers(
 ) -> None:
     """Runs layers [0, num_layers) on x [T, hidden] in place; `residual` receives the stream.
     A slot outside the KV pool raises IndexError before any layer runs."""
-    assert x.is_contiguous() and residual.is_contiguous() and scratch.numel() >= scratch_floats(x.shape[0], shape)
+    assert (
+        x.is_contiguous()
+        and residual.is_contiguous()
+        and scratch.numel() >= scratch_floats(x.shape[0], shape)
+    )
     table = DecodeRows(rows.tables.data_ptr(), rows.tables.shape[1], rows.q_index.data_ptr(),
                        rows.table_index.data_ptr(), rows.first.data_ptr(), rows.kv_len.data_ptr(),
                        rows.q_index.shape[0])  # fmt: skip
     bad = _kernel()(
-        layers, num_layers, ctypes.byref(shape), ctypes.byref(table), positions.data_ptr(), inv_freq.data_ptr(),
-        slots.data_ptr(), x.data_ptr(), residual.data_ptr(), int(has_residual), scratch.data_ptr(),
+        layers,
+        num_layers,
+        ctypes.byref(shape),
+        ctypes.byref(table),
+        positions.data_ptr(),
+        inv_freq.data_ptr(),
+        slots.data_ptr(),
+        x.data_ptr(),
+        residual.data_ptr(),
+        int(has_residual),
+        scratch.data_ptr(),
         torch.get_num_threads(),
     )
     if bad >= 0:
@@ -145,8 +160,13 @@ class BurstSampling:
                                    ("uniforms", torch.float32, (rows, steps))):  # fmt: skip
             t = getattr(self, name)
             if t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous():
-                raise ValueError(f"{name}: expected contiguous {dtype} {shape}, got {t.dtype} {tuple(t.shape)}")
-        return tuple(getattr(self, n).data_ptr() for n in ("temperature", "top_k", "top_p", "min_p", "uniforms"))
+                raise ValueError(
+                    f"{name}: expected contiguous {dtype} {shape}, got {t.dtype} {tuple(t.shape)}"
+                )
+        return tuple(
+            getattr(self, n).data_ptr()
+            for n in ("temperature", "top_k", "top_p", "min_p", "uniforms")
+        )
 
 
 MASK_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int64)
@@ -166,7 +186,12 @@ class BurstMasks:
 
     def pointers(self, rows: int) -> tuple[int, int, int, int]:
         for name, t in (("bitmask", self.bitmask), ("masked", self.masked)):
-            if t.dtype != torch.int32 or t.shape[0] != rows or not t.is_contiguous() or t.device.type != "cpu":
+            if (
+                t.dtype != torch.int32
+                or t.shape[0] != rows
+                or not t.is_contiguous()
+                or t.device.type != "cpu"
+            ):
                 raise ValueError(f"{name}: expected a contiguous CPU int32 tensor of {rows} rows")
         fill = ctypes.cast(self.fill, ctypes.c_void_p).value
         return fill, self.bitmask.data_ptr(), self.masked.data_ptr(), self.bitmask.shape[1]
@@ -201,9 +226,20 @@ def run_burst(
         out = torch.empty(rows, steps, dtype=torch.long)
     assert out.shape == (rows, steps) and out.dtype == torch.long and out.is_contiguous()
     ran = _burst_kernel()(
-        layers, num_layers, ctypes.byref(shape), ctypes.byref(burst), ids.data_ptr(), steps, inv_freq.data_ptr(),
-        out.data_ptr(), scratch.data_ptr(), scratch.numel(), torch.get_num_threads(),
+        layers,
+        num_layers,
+        ctypes.byref(shape),
+        ctypes.byref(burst),
+        ids.data_ptr(),
+        steps,
+        inv_freq.data_ptr(),
+        out.data_ptr(),
+        scratch.data_ptr(),
+        scratch.numel(),
+        torch.get_num_threads(),
     )
     if ran < 0:
-        raise IndexError(f"decode burst: row {-1 - ran} has a slot outside the KV pool or a token outside the vocabulary")
+        raise IndexError(
+            f"decode burst: row {-1 - ran} has a slot outside the KV pool or a token outside the vocabulary"
+        )
     return out[:, :ran]

@@ -27,6 +27,15 @@ but raised SmolLM2's int4 perplexity on our text by 3%; in two levels it was no 
 matrix is dequantized into a scratch buffer for torch's float32 GEMM, except for very large
 matrices (an LM head), which stay on the tile kernel.
 
+GGUF's k-quants load as these formats with float32 scales (and minimums), never re-quantized:
+their effective scale per 16 or 32 weights (the sub-block's 6- or 8-bit scale times the
+superblock's float16 one) is exact in float32, not in float16. Q4_K is `int4` (its nibbles
+reordered to the order above) with float32 scales and minimums; Q5_K `int8` (values 0..31) with
+float32 scales and minimums per 32; Q6_K `int8` (values q - 32) with float32 scales per 16. Q5_0 is
+plain `int8` with its float16 scales (values q - 16). `dequantize_ref` of each is
+`gguf.quants.dequantize` of the file's blocks, bit for bit; the kernels read them at one
+`format_code` each.
+
 Where torch's bfloat16 GEMM runs on AMX tiles (Intel Xeon from Sapphire Rapids on; oneDNN), from
 `BF16_GEMM_MIN_ROWS` rows of x (prefill chunks, scoring a prompt) the matrix is dequantized to
 bfloat16 slice by slice and multiplied there instead (`bf16_matmul`): float32 accumulation, x, the
@@ -52,7 +61,9 @@ from plait.kernels.tuning import (
 )
 
 FORMATS = ("int8", "int4")
-FORMAT_CODE = {"int8": 0, "int4": 1, "float32": 2}  # float32: plain weights, see `dense_matmul`
+# (format, scale dtype) -> the kernel's format code (csrc/plait_kernels.h: PlaitWeightFormat);
+# "float32" is plain weights, see `dense_matmul`
+FORMAT_CODE = {"int8": 0, "int4": 1, "float32": 2, "int8-f32": 3, "int4-f32": 4}
 Q8_BLOCK = 32  # decode rows round activations to int8 in blocks of this many (see `q8_activations`)
 BF16_GEMM_ENV = environment.BF16_GEMM
 
@@ -63,15 +74,34 @@ class QuantizedWeight:
 
     format: str
     qweight: torch.Tensor  # int8 [N, K] or uint8 [N, K // 2]
-    scales: torch.Tensor  # float16 [N, K // group]
-    mins: torch.Tensor | None  # float16 [N, K // group] (int4 only)
+    scales: torch.Tensor  # float16, or float32 (k-quants) [N, K // group]
+    mins: (
+        torch.Tensor | None
+    )  # scales' dtype [N, K // group]: int4, and int8 with float32 scales (Q5_K)
     group: int
 
     def __post_init__(self) -> None:
-        for name in ("scales", "mins"):
-            t = getattr(self, name)
-            if t is not None and t.dtype != torch.float16:
-                raise ValueError(f"QuantizedWeight: {name} must be float16, got {t.dtype}")
+        if self.scales.dtype not in (torch.float16, torch.float32):
+            raise ValueError(
+                f"QuantizedWeight: scales must be float16 or float32, got {self.scales.dtype}"
+            )
+        if self.mins is not None and self.mins.dtype != self.scales.dtype:
+            raise ValueError(
+                f"QuantizedWeight: mins must be {self.scales.dtype} as the scales, got {self.mins.dtype}"
+            )
+        if self.scales.dtype == torch.float16 and self.format == "int8" and self.mins is not None:
+            raise ValueError("QuantizedWeight: int8 with float16 scales has no mins")
+        if self.mins is not None and self.format == "int8" and self.group != Q8_BLOCK:
+            raise ValueError(
+                f"QuantizedWeight: int8 mins need groups of {Q8_BLOCK}, got {self.group}"
+            )
+
+    @property
+    def code(self) -> int:
+        """The kernel's format code (`FORMAT_CODE`): the format and its scales' dtype."""
+        return FORMAT_CODE[
+            self.format if self.scales.dtype == torch.float16 else f"{self.format}-f32"
+        ]
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -86,24 +116,43 @@ class QuantizedWeight:
     def row_range(self, start: int, stop: int) -> QuantizedWeight:
         """Rows [start, stop), as views of these tensors (no copy)."""
         mins = None if self.mins is None else self.mins[start:stop]
-        return QuantizedWeight(self.format, self.qweight[start:stop], self.scales[start:stop], mins, self.group)
+        return QuantizedWeight(
+            self.format, self.qweight[start:stop], self.scales[start:stop], mins, self.group
+        )
 
     def rows(self, index: torch.Tensor) -> QuantizedWeight:
         """The rows `index` (a permutation or a selection), in that order."""
         return QuantizedWeight(
-            self.format, self.qweight[index].contiguous(), self.scales[index].contiguous(),
-            None if self.mins is None else self.mins[index].contiguous(), self.group,
+            self.format,
+            self.qweight[index].contiguous(),
+            self.scales[index].contiguous(),
+            None if self.mins is None else self.mins[index].contiguous(),
+            self.group,
+        )
+
+    @staticmethod
+    def can_cat(parts: list[QuantizedWeight]) -> bool:
+        """Whether `cat` stacks these: the same format, scales, group and K."""
+        first = parts[0]
+        return all(
+            (p.format, p.code, p.group, p.shape[1], p.mins is None)
+            == (first.format, first.code, first.group, first.shape[1], first.mins is None)
+            for p in parts
         )
 
     @staticmethod
     def cat(parts: list[QuantizedWeight]) -> QuantizedWeight:
         """Stacks weights with the same format, K and group along N (fused qkv / gate_up)."""
         first = parts[0]
-        if any(p.format != first.format or p.group != first.group or p.shape[1] != first.shape[1] for p in parts):
+        if not QuantizedWeight.can_cat(parts):
             raise ValueError("QuantizedWeight.cat: parts differ in format, group or K")
         mins = None if first.mins is None else torch.cat([p.mins for p in parts])
         return QuantizedWeight(
-            first.format, torch.cat([p.qweight for p in parts]), torch.cat([p.scales for p in parts]), mins, first.group
+            first.format,
+            torch.cat([p.qweight for p in parts]),
+            torch.cat([p.scales for p in parts]),
+            mins,
+            first.group,
         )
 
 
@@ -120,7 +169,9 @@ def quantize_int8(w: torch.Tensor, group: int | None = None) -> QuantizedWeight:
         raise ValueError(f"quantize_int8: group {group} must divide K = {k}")
     g = w.detach().float().reshape(n, k // group, group)
     scales = g.abs().amax(-1) / 127.0
-    scales = torch.where(scales == 0, torch.ones_like(scales), scales).half()  # q is rounded against these
+    scales = torch.where(
+        scales == 0, torch.ones_like(scales), scales
+    ).half()  # q is rounded against these
     q = torch.round(g / scales.float()[..., None]).clamp_(-127, 127).to(torch.int8).reshape(n, k)
     return QuantizedWeight("int8", q.contiguous(), scales.contiguous(), None, group)
 
@@ -134,7 +185,9 @@ def quantize_int4(w: torch.Tensor, group: int = 32) -> QuantizedWeight:
     scales = ((g.amax(-1) - lo.float()) / 15.0).half()
     safe = torch.where(scales == 0, torch.ones_like(scales), scales).float()
     q = torch.round((g - lo.float()[..., None]) / safe[..., None]).clamp_(0, 15).to(torch.uint8)
-    return QuantizedWeight("int4", pack_int4(q.reshape(n, k), group), scales.contiguous(), lo.contiguous(), group)
+    return QuantizedWeight(
+        "int4", pack_int4(q.reshape(n, k), group), scales.contiguous(), lo.contiguous(), group
+    )
 
 
 def pack_int4(q: torch.Tensor, group: int) -> torch.Tensor:
@@ -153,11 +206,11 @@ def unpack_int4(packed: torch.Tensor, group: int) -> torch.Tensor:
 def dequantize_ref(qw: QuantizedWeight, with_mins: bool = True) -> torch.Tensor:
     """The float32 [N, K] matrix a quantized weight stands for (`with_mins=False`: q * scale only)."""
     n, k = qw.shape
-    if qw.format == "int8":
-        q = qw.qweight.float().reshape(n, k // qw.group, qw.group)
-        return (q * qw.scales.float()[..., None]).reshape(n, k)
-    q = unpack_int4(qw.qweight, qw.group).float().reshape(n, k // qw.group, qw.group) * qw.scales.float()[..., None]
-    return (q + qw.mins.float()[..., None] if with_mins else q).reshape(n, k)
+    values = qw.qweight if qw.format == "int8" else unpack_int4(qw.qweight, qw.group)
+    q = values.float().reshape(n, k // qw.group, qw.group) * qw.scales.float()[..., None]
+    return (q + qw.mins.float()[..., None] if with_mins and qw.mins is not None else q).reshape(
+        n, k
+    )
 
 
 def q8_activations(x: torch.Tensor, levels: int = 2) -> torch.Tensor:
@@ -193,13 +246,21 @@ def quant_matmul_ref(
 @cache
 def _kernels() -> tuple | None:
     ptr, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    mm = native.function("cpu_kernels", "plait_qmatmul_f32", [ptr, i64, i64, i64, ptr, c_int, i64, ptr, ptr, ptr, ptr, c_int])
+    mm = native.function(
+        "cpu_kernels",
+        "plait_qmatmul_f32",
+        [ptr, i64, i64, i64, ptr, c_int, i64, ptr, ptr, ptr, ptr, c_int],
+    )
     if mm is None:
         return None
-    dq = native.function("cpu_kernels", "plait_dequantize_f32", [ptr, c_int, i64, i64, i64, ptr, ptr, ptr, c_int])
+    dq = native.function(
+        "cpu_kernels", "plait_dequantize_f32", [ptr, c_int, i64, i64, i64, ptr, ptr, ptr, c_int]
+    )
     q8 = native.function("cpu_kernels", "plait_qmatmul_q8_rows", [i64, c_int, i64], c_int)
     q8_max = native.function("cpu_kernels", "plait_qmatmul_max_q8_rows", [], i64)
-    dq16 = native.function("cpu_kernels", "plait_dequantize_bf16", [ptr, c_int, i64, i64, i64, ptr, ptr, ptr, c_int])
+    dq16 = native.function(
+        "cpu_kernels", "plait_dequantize_bf16", [ptr, c_int, i64, i64, i64, ptr, ptr, ptr, c_int]
+    )
     return mm, dq, q8, q8_max(), dq16
 
 
@@ -214,7 +275,7 @@ def native_q8_rows(m: int, qw: QuantizedWeight) -> bool:
     """Whether the native kernel rounds x to int8 (`q8_activations`) for these `m` rows of x."""
     if m > q8_max_rows() or not native_quant_available():
         return False
-    return bool(_kernels()[2](qw.shape[1], FORMAT_CODE[qw.format], qw.group))
+    return bool(_kernels()[2](qw.shape[1], qw.code, qw.group))
 
 
 def native_isa() -> str:
@@ -232,14 +293,25 @@ def native_quant_available() -> bool:
 
 def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """`dequantize_ref` (float32, or rounded to `dtype`), by the native kernel when it is available."""
-    if qw.qweight.device.type != "cpu" or not native_quant_available() or dtype not in (torch.float32, torch.bfloat16):
+    if (
+        qw.qweight.device.type != "cpu"
+        or not native_quant_available()
+        or dtype not in (torch.float32, torch.bfloat16)
+    ):
         return dequantize_ref(qw).to(dtype)
     n, k = qw.shape
     out = torch.empty(n, k, dtype=dtype)
     mins = 0 if qw.mins is None else qw.mins.data_ptr()
     _kernels()[1 if dtype == torch.float32 else 4](
-        qw.qweight.data_ptr(), FORMAT_CODE[qw.format], n, k, qw.group, qw.scales.data_ptr(), mins,
-        out.data_ptr(), torch.get_num_threads(),
+        qw.qweight.data_ptr(),
+        qw.code,
+        n,
+        k,
+        qw.group,
+        qw.scales.data_ptr(),
+        mins,
+        out.data_ptr(),
+        torch.get_num_threads(),
     )
     return out
 
@@ -252,12 +324,18 @@ def bf16_gemm_enabled() -> bool:
     if setting is not None:
         return setting
     try:  # the CPU has tiles, and the kernel lets this process use them (Linux 5.16 on)
-        return bool(torch.backends.mkldnn.is_available() and torch.cpu._is_amx_tile_supported() and torch.cpu._init_amx())
+        return bool(
+            torch.backends.mkldnn.is_available()
+            and torch.cpu._is_amx_tile_supported()
+            and torch.cpu._init_amx()
+        )
     except (AttributeError, RuntimeError):  # a torch without the probes
         return False
 
 
-def bf16_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def bf16_matmul(
+    x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """x [M, K] float32 @ dequant(qw).T (+ bias) -> float32 [M, N] on torch's bfloat16 GEMM: x and
     the weights rounded to bfloat16, sums in float32, each product rounded to bfloat16. The matrix is
     dequantized `BF16_GEMM_SLICE` elements at a time, so an LM head needs no full-size copy."""
@@ -270,11 +348,15 @@ def bf16_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None 
         y = torch.empty(x.shape[0], n, dtype=torch.float32)
         for start in range(0, n, step):
             stop = min(n, start + step)
-            y[:, start:stop] = torch.mm(xb, dequantize(qw.row_range(start, stop), torch.bfloat16).t())
+            y[:, start:stop] = torch.mm(
+                xb, dequantize(qw.row_range(start, stop), torch.bfloat16).t()
+            )
     return y if bias is None else y.add_(bias)
 
 
-def quant_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def quant_matmul(
+    x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """x [..., K] @ dequant(qw).T (+ bias) -> float32 [..., N]."""
     n, k = qw.shape
     if x.shape[-1] != k:
@@ -286,7 +368,11 @@ def quant_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
     m = x2.shape[0]
     if m >= BF16_GEMM_MIN_ROWS and bf16_gemm_enabled():
         return bf16_matmul(x2, qw, bias).reshape(*lead, n)
-    if m >= DEQUANT_GEMM_MIN_ROWS and n * k <= DEQUANT_GEMM_MAX_ELEMENTS and not native_q8_rows(m, qw):
+    if (
+        m >= DEQUANT_GEMM_MIN_ROWS
+        and n * k <= DEQUANT_GEMM_MAX_ELEMENTS
+        and not native_q8_rows(m, qw)
+    ):
         y = torch.nn.functional.linear(x2, dequantize(qw), bias)
         return y.reshape(*lead, n)
     y = torch.empty(m, n, dtype=torch.float32)
@@ -294,13 +380,25 @@ def quant_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
         mins = 0 if qw.mins is None else qw.mins.data_ptr()
         b = 0 if bias is None else bias.contiguous().data_ptr()
         _kernels()[0](
-            x2.data_ptr(), m, k, n, qw.qweight.data_ptr(), FORMAT_CODE[qw.format], qw.group,
-            qw.scales.data_ptr(), mins, b, y.data_ptr(), torch.get_num_threads(),
+            x2.data_ptr(),
+            m,
+            k,
+            n,
+            qw.qweight.data_ptr(),
+            qw.code,
+            qw.group,
+            qw.scales.data_ptr(),
+            mins,
+            b,
+            y.data_ptr(),
+            torch.get_num_threads(),
         )
     return y.reshape(*lead, n)
 
 
-def dense_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def dense_matmul(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """F.linear for float32 weights, by the native kernel on the CPU for fewer than
     `DEQUANT_GEMM_MIN_ROWS` rows of x (torch's GEMV read the weights at 16-36 GB/s on a 2-core VM where
     the kernel, streaming two weight rows at a time, measured 37-49 GB/s on one thread), and for

@@ -187,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     lat.add_argument(
         "--formats",
         default="float32,int4",
-        help="comma-separated: float32, bfloat16 (dtypes), int8, int4 (weight-only quantization)",
+        help="comma-separated: float32, bfloat16 (dtypes: blocks dequantized), native (blocks as stored), "
+        "int8, int4 (weight-only quantization)",
     )
     lat.add_argument(
         "--no-llama-cpp",

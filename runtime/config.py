@@ -9,7 +9,7 @@ from plait.runtime.protocol import JSON_WHITESPACE
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _POLICIES = ("lpm", "fcfs", "dfs-weight")
-_QUANTIZATIONS = ("int8", "int4")
+_QUANTIZATIONS = ("float32", "int8", "int4")
 _KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -40,7 +40,9 @@ class ModelConfig:
     dtype: str = "auto"
     device: str = "auto"
     context_length: int | None = None
-    quantization: str | None = None  # weight-only: None (the checkpoint's dtype), int8, int4
+    # weights: None (a GGUF's blocks where the kernels read them, on the CPU; else the checkpoint's
+    # dtype), float32 (every block dequantized), int8 / int4 (weight-only quantization)
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -121,7 +123,10 @@ class SchedulerConfig:
                 f"got {self.schedule_policy!r}"
             )
         for name in (
-            "max_running_requests", "max_prefill_tokens", "chunked_prefill_size", "num_continuous_decode_steps"
+            "max_running_requests",
+            "max_prefill_tokens",
+            "chunked_prefill_size",
+            "num_continuous_decode_steps",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -141,10 +146,14 @@ class EngineConfig:
     check_invariants: bool = False  # verify page accounting and the tree after every step (tests)
     grammar_backend: str = "auto"  # constrained decoding: "auto" or a registered backend name
     grammar_compile_timeout: float = 30.0  # seconds a request waits for its constraint (then 400)
-    grammar_compile_memory_mb: int = 4096  # a child process builds indexes under this; 0: in process
+    grammar_compile_memory_mb: int = (
+        4096  # a child process builds indexes under this; 0: in process
+    )
     disable_jump_forward: bool = False
     json_whitespace: str = "conventional"  # JSON spacing: "conventional", "compact" or "flexible"
-    json_max_digit_run: int = 24  # digits in a row under a JSON schema, where the schema allows fewer; 0: off
+    json_max_digit_run: int = (
+        24  # digits in a row under a JSON schema, where the schema allows fewer; 0: off
+    )
     json_max_whitespace_run: int = 16  # whitespace characters in a row under a JSON schema; 0: off
     budget_closing: bool = True  # constrained requests near max_new_tokens close to a valid end
     speculative_algorithm: str | None = None  # None, "ngram", "self" or "draft_model"
@@ -163,13 +172,19 @@ class EngineConfig:
                 f"got {self.speculative_algorithm!r}"
             )
         if self.speculation not in ("auto", "always", "never"):
-            raise ValueError(f"speculation: expected one of auto, always, never, got {self.speculation!r}")
+            raise ValueError(
+                f"speculation: expected one of auto, always, never, got {self.speculation!r}"
+            )
         if self.speculation == "always" and self.speculative_algorithm is None:
             raise ValueError("speculation: 'always' needs a speculative_algorithm")
         if self.cpu_threads is not None and (
-            isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int) or self.cpu_threads < 1
+            isinstance(self.cpu_threads, bool)
+            or not isinstance(self.cpu_threads, int)
+            or self.cpu_threads < 1
         ):
-            raise ValueError(f"cpu_threads: must be a positive integer or None, got {self.cpu_threads!r}")
+            raise ValueError(
+                f"cpu_threads: must be a positive integer or None, got {self.cpu_threads!r}"
+            )
         if not 1 <= self.num_draft_tokens <= 32:
             raise ValueError(f"num_draft_tokens: must be in [1, 32], got {self.num_draft_tokens}")
         if self.speculative_algorithm == "draft_model" and not self.draft_model_path:
@@ -190,34 +205,53 @@ class EngineConfig:
         for name in ("json_max_digit_run", "json_max_whitespace_run"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name}: must be a non-negative integer (0 is off), got {value!r}")
+                raise ValueError(
+                    f"{name}: must be a non-negative integer (0 is off), got {value!r}"
+                )
         if self.draft_layers is not None and self.draft_layers < 1:
             raise ValueError(f"draft_layers: must be positive, got {self.draft_layers}")
         if not isinstance(self.tp_size, int) or self.tp_size < 1:
             raise ValueError(f"tp_size: must be a positive integer, got {self.tp_size!r}")
-        if self.tp_size > 1 and self.model.quantization is not None:
+        if self.tp_size > 1 and self.model.quantization not in (None, "float32"):
             raise ValueError("tp_size: tensor parallelism does not support quantization yet")
         if self.tp_size > 1 and self.cache.kv_tiers:
             raise ValueError("tp_size: tensor parallelism does not support KV tiers (kv_disk, kv_redis) yet")
         if self.tp_size > 1 and self.speculative_algorithm is not None:
-            raise ValueError("tp_size: tensor parallelism does not support speculative decoding yet")
+            raise ValueError(
+                "tp_size: tensor parallelism does not support speculative decoding yet"
+            )
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
         """Route flat keyword arguments (`page_size=16`, `dtype="float32"`) to their sub-config."""
         groups: dict[str, dict[str, Any]] = {"model": {}, "cache": {}, "scheduler": {}}
         own = {
-            "random_seed", "check_invariants", "grammar_backend", "grammar_compile_timeout",
+            "random_seed",
+            "check_invariants",
+            "grammar_backend",
+            "grammar_compile_timeout",
             "grammar_compile_memory_mb",
             "disable_jump_forward",
-            "json_whitespace", "json_max_digit_run", "json_max_whitespace_run",
-            "budget_closing", "speculative_algorithm", "speculation", "num_draft_tokens",
-            "draft_model_path", "draft_layers", "tp_size", "cpu_threads",
+            "json_whitespace",
+            "json_max_digit_run",
+            "json_max_whitespace_run",
+            "budget_closing",
+            "speculative_algorithm",
+            "speculation",
+            "num_draft_tokens",
+            "draft_model_path",
+            "draft_layers",
+            "tp_size",
+            "cpu_threads",
         }
         top: dict[str, Any] = {}
         owners = {
             name: group
-            for group, klass in (("model", ModelConfig), ("cache", CacheConfig), ("scheduler", SchedulerConfig))
+            for group, klass in (
+                ("model", ModelConfig),
+                ("cache", CacheConfig),
+                ("scheduler", SchedulerConfig),
+            )
             for name in (f.name for f in fields(klass))
         }
         for key, value in kwargs.items():
@@ -227,7 +261,9 @@ class EngineConfig:
                 top[key] = value
             else:
                 known = sorted([*owners, *own])
-                raise TypeError(f"Engine: unknown argument {key!r}; known arguments are {', '.join(known)}")
+                raise TypeError(
+                    f"Engine: unknown argument {key!r}; known arguments are {', '.join(known)}"
+                )
         return cls(
             model=ModelConfig(**groups["model"]),
             cache=CacheConfig(**groups["cache"]),

@@ -85,8 +85,8 @@ _ENGINE_HELP = {
     "dtype": "weights and activations (auto: bfloat16 on GPUs, float32 on the CPU)",
     "device": "auto (a GPU when there is one), cpu, cuda or cuda:N",
     "context_length": "tokens of prompt and output per request (default: the model's)",
-    "quantization": "weight-only quantization of the checkpoint's float weights "
-    "(default: the checkpoint's own dtype)",
+    "quantization": "float32: dequantize a GGUF's blocks; int8 / int4: weight-only quantization "
+    "(default: a GGUF's blocks as stored where the CPU kernels read them, else the checkpoint's dtype)",
     "page_size": "KV cache tokens per page (1-1024)",
     "max_total_tokens": "KV pool size in tokens (default: from mem-fraction-static)",
     "mem_fraction_static": "share of free GPU memory (default 0.8) or of RAM (0.1) for the KV "

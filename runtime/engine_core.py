@@ -36,7 +36,7 @@ from plait.runtime.engine_setup import (
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.model_loader import load_model
 from plait.runtime.model_runner import ModelRunner
-from plait.runtime.models.quantized import weight_bytes
+from plait.runtime.models.quantized import quantized_linears, weight_bytes
 from plait.runtime.output_processor import OutputProcessor
 from plait.runtime.outputs import build_output
 from plait.runtime.policies import ThreadPolicy
@@ -59,9 +59,10 @@ class EngineCore:
         mc = self.config.model
         self.device = resolve_device(mc.device)
         self.dtype = resolve_dtype(mc.dtype, self.device)
-        loaded = off_main_thread(
-            load_model, mc.model_path, self.dtype, self.device, mc.quantization
-        )
+        quantization = mc.quantization
+        if quantization is None and self.config.tp_size > 1:  # the shards are float
+            quantization = "float32"
+        loaded = off_main_thread(load_model, mc.model_path, self.dtype, self.device, quantization)
         self.model, self.args, self.tokenizer = loaded.model, loaded.args, loaded.tokenizer
         self.family, self.weight_types = loaded.family.name, loaded.weight_types
         self.tp: Any = None
@@ -78,7 +79,7 @@ class EngineCore:
         cc = self.config.cache
         self.page_size = cc.page_size
         self.kv_dtype = resolve_kv_dtype(
-            cc.kv_cache_dtype, self.dtype, self.device, mc.quantization is not None
+            cc.kv_cache_dtype, self.dtype, self.device, quantized_linears(self.model)
         )
         sc = self.config.scheduler
         num_pages, num_window_pages = num_kv_pages(

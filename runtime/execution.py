@@ -90,12 +90,30 @@ class Execution:
             if self.device.type == "cpu"
             else "-",
             "native_isa": quant_matmul.native_isa() or "-",
+            "quantized_matmul": quantized_matmul_path(self.device),
         }
+
+
+def quantized_matmul_path(device: torch.device) -> str:
+    """How quantized linears (every block type kept, `Engine.stats()["weight_types"]`) run here."""
+    if device.type != "cpu" or not quant_matmul.native_quant_available():
+        return "torch reference (dequantize, then matmul)"
+    isa = quant_matmul.native_isa()
+    if isa == "portable":
+        return "native, float activations against weights unpacked in registers"
+    rows = (
+        "any number of rows" if isa == "avx512-vnni" else f"up to {quant_matmul.q8_max_rows()} rows"
+    )
+    return (
+        f"native {isa}: activations rounded to int8 in two levels for {rows}, integer dot products"
+    )
 
 
 def choose_execution(model: torch.nn.Module, pool: KVPool, device: torch.device) -> Execution:
     lm = model if isinstance(model, LlamaForCausalLM) else None  # every family's ...ForCausalLM
-    embed = lm.model.embed_tokens.weight if lm is not None else None
+    embed = (
+        getattr(lm.model.embed_tokens, "weight", None) if lm is not None else None
+    )  # None: QuantEmbedding
     probe = torch.empty(0, dtype=embed.dtype if embed is not None else torch.float32, device=device)
     if use_triton(probe):
         attention = "triton"

@@ -188,7 +188,7 @@ def run_worker(rank: int, rendezvous: Rendezvous | None, config: Any) -> None:
     else:
         torch.set_num_threads(config.cpu_threads or max(1, (os.cpu_count() or 1) // config.tp_size))
     dtype = resolve_dtype(mc.dtype, device)
-    model = load_model(mc.model_path, dtype, device, mc.quantization).model
+    model = load_model(mc.model_path, dtype, device, mc.quantization or "float32").model
     group = rendezvous.connect(rank, device)
     args = shard_llama(model, rank, config.tp_size, group)
     channel = Channel(group, device)
@@ -204,7 +204,7 @@ def run_worker(rank: int, rendezvous: Rendezvous | None, config: Any) -> None:
                     config.cache.kv_cache_dtype,
                     dtype,
                     device,
-                    config.model.quantization is not None,
+                    config.model.quantization not in (None, "float32"),
                 )
                 windowed = window_layers(args) if num_window_pages else ()
                 pool = KVPool(num_pages, page_size, args.num_layers, args.num_kv_heads,

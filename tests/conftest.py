@@ -158,7 +158,8 @@ def tiny_engine(tiny_llama_dir):
 def default_engine():
     from plait import Engine
 
-    engine = Engine(max_total_tokens=16384)
+    # the file's Q4_1 blocks dequantized: the tests hold it to transformers' float32 logits
+    engine = Engine(quantization="float32", max_total_tokens=16384)
     yield engine
     engine.shutdown()
 
@@ -174,7 +175,8 @@ def gemma3_path() -> str:
 
 @pytest.fixture(scope="session")
 def gemma3_engine(gemma3_path):
-    """One engine on the real Gemma 3 270M for every test that needs it (loading takes seconds)."""
+    """One engine on the real Gemma 3 270M for every test that needs it (loading takes seconds):
+    the default, its Q4_K / Q5_0 / Q6_K / Q8_0 blocks on the native kernels."""
     from plait import Engine
 
     engine = Engine(model_path="gemma3-270m", max_total_tokens=8192, check_invariants=True)

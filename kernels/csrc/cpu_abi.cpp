@@ -65,6 +65,8 @@ constexpr Named CONSTANTS[] = {
     {"format_int8", PLAIT_FORMAT_INT8},
     {"format_int4", PLAIT_FORMAT_INT4},
     {"format_float32", PLAIT_FORMAT_FLOAT32},
+    {"format_int8-f32", PLAIT_FORMAT_INT8_F32},
+    {"format_int4-f32", PLAIT_FORMAT_INT4_F32},
     {"kv_float32", PLAIT_KV_FLOAT32},
     {"kv_bfloat16", PLAIT_KV_BFLOAT16},
     {"kv_int8", PLAIT_KV_INT8},

@@ -5,8 +5,15 @@
 //   1  int4: qweight uint8 [N, K / 2]; in each group of `group` weights, byte j holds weight j in
 //      its low nibble and weight j + group / 2 in its high nibble (GGUF Q4_1 order);
 //      w = q * scale[n, g] + min[n, g]
-// Scales and minimums are IEEE float16 [N, K / group], as GGUF stores them: float32 ones were a
-// third of the bytes an int4 matrix reads (8 of 24 per 32 weights; 4 of 20 now).
+//   3  int8 with float32 scales [N, K / group] (group 16: Q6_K's values q - 32; group 32: Q5_K's
+//      values 0..31 with float32 minimums, w = q * scale + min)
+//   4  int4 as format 1 with float32 scales and minimums (Q4_K, groups of 32)
+// Scales and minimums of formats 0 and 1 are IEEE float16 [N, K / group], as GGUF stores them:
+// float32 ones were a third of the bytes an int4 matrix reads (8 of 24 per 32 weights; 4 of 20
+// now). The k-quants' effective scales (a 6- or 8-bit sub-block scale times the superblock's
+// float16 one) are exact in float32 and not in float16, so formats 3 and 4 keep them in float32:
+// the weights are the file's, to the bit, for 4 (or 2, Q6_K's 16-wide sub-blocks) more bytes per 32
+// weights than the file holds.
 //
 // This file holds the exported functions and picks a path per call; the paths live in one file per
 // tier (see quant_matmul.h): int8 activations with AVX-512 VNNI (quant_matmul_vnni.cpp) or AVX2
@@ -20,7 +27,7 @@
 using namespace plait::qmm;
 
 extern "C" void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t N, const void* qweight,
-                                  int format, int64_t group, const half* scales, const half* mins,
+                                  int format, int64_t group, const void* scales, const void* mins,
                                   const float* bias, float* y, int num_threads) {
     if (format == PLAIT_FORMAT_FLOAT32) {
         dense_matmul(x, M, K, N, static_cast<const float*>(qweight), bias, y, num_threads);
@@ -40,25 +47,10 @@ extern "C" void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t 
     float_qmatmul(x, M, K, N, qweight, format, group, scales, mins, bias, y, num_threads);
 }
 
-namespace {
-
-// Row n of an int8 (format 0) or int4 (1) matrix, dequantized to float32.
-inline void dequant_row(const void* qweight, int format, int64_t n, int64_t K, int64_t group, const half* scales,
-                        const half* mins, float* out) {
-    const int64_t groups = K / group;
-    if (format == 0)
-        dequant_int8_row(static_cast<const int8_t*>(qweight) + n * K, scales + n * groups, K, group, out);
-    else
-        dequant_int4_row(static_cast<const uint8_t*>(qweight) + n * (K / 2), scales + n * groups, mins + n * groups, K,
-                         group, out);
-}
-
-}  // namespace
-
 // Dequantizes rows [0, N) into out[N, K] (the reference, and the large-M path: one pass over the
 // weights, then a float32 GEMM whose cost dwarfs it).
 extern "C" void plait_dequantize_f32(const void* qweight, int format, int64_t N, int64_t K, int64_t group,
-                                     const half* scales, const half* mins, float* out, int num_threads) {
+                                     const void* scales, const void* mins, float* out, int num_threads) {
     plait::parallel_for(N, num_threads, false,
                         [&](int64_t n) { dequant_row(qweight, format, n, K, group, scales, mins, out + n * K); });
 }
@@ -66,7 +58,7 @@ extern "C" void plait_dequantize_f32(const void* qweight, int format, int64_t N,
 // The same, rounded to bfloat16 (to nearest, ties to even) for a bfloat16 GEMM: each row is
 // dequantized to float32 in a per-thread buffer first, so both outputs agree to the rounding.
 extern "C" void plait_dequantize_bf16(const void* qweight, int format, int64_t N, int64_t K, int64_t group,
-                                      const half* scales, const half* mins, uint16_t* out, int num_threads) {
+                                      const void* scales, const void* mins, uint16_t* out, int num_threads) {
     plait::parallel_for(N, num_threads, false, [&](int64_t n) {
         thread_local std::vector<float> row;
         if (static_cast<int64_t>(row.size()) < K) row.resize(K);

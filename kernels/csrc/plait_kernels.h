@@ -11,8 +11,16 @@
 
 #include <cstdint>
 
-// Weight formats of plait_qmatmul_f32 and PlaitQLinear.format (kernels/quant_matmul.py: FORMAT_CODE).
-enum PlaitWeightFormat : int { PLAIT_FORMAT_INT8 = 0, PLAIT_FORMAT_INT4 = 1, PLAIT_FORMAT_FLOAT32 = 2 };
+// Weight formats of plait_qmatmul_f32 and PlaitQLinear.format (kernels/quant_matmul.py: format_code):
+// int8 / int4 values with float16 scales (0, 1), float32 weights (2), int8 / int4 values with
+// float32 scales (3, 4: the k-quants' sub-block scales, see cpu_quant_matmul.cpp).
+enum PlaitWeightFormat : int {
+    PLAIT_FORMAT_INT8 = 0,
+    PLAIT_FORMAT_INT4 = 1,
+    PLAIT_FORMAT_FLOAT32 = 2,
+    PLAIT_FORMAT_INT8_F32 = 3,
+    PLAIT_FORMAT_INT4_F32 = 4,
+};
 // KV cache storage types (kernels/kv_cache.py: kv_type_code).
 enum PlaitKVType : int { PLAIT_KV_FLOAT32 = 0, PLAIT_KV_BFLOAT16 = 1, PLAIT_KV_INT8 = 2 };
 // Activations round to int8 in blocks of this many values (kernels/quant_matmul.py: Q8_BLOCK).
@@ -24,8 +32,8 @@ constexpr int64_t PLAIT_AVX2_MAX_Q8_ROWS = 47;
 // A linear layer's weight: quantized (int8, int4) or plain float32 [out_features, in_features].
 struct PlaitQLinear {  // kernels/decode_stack.py: QLinear
     const void* qweight;
-    const uint16_t* scales;  // float16
-    const uint16_t* mins;    // float16, int4 only
+    const void* scales;  // float16 (formats 0, 1) or float32 (3, 4)
+    const void* mins;    // the same type; int4, and format 3 where set (may be null there)
     const float* bias;       // may be null
     int64_t out_features, in_features, group;
     int64_t format;  // PlaitWeightFormat
@@ -122,12 +130,12 @@ void plait_silu_mul_f32(const float* gate_up, float* out, int64_t rows, int64_t 
 
 // cpu_quant_matmul.cpp (its ISA tiers in quant_matmul_*.cpp, the float32 GEMV in dense_gemv.cpp)
 void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t N, const void* qweight, int format,
-                       int64_t group, const uint16_t* scales, const uint16_t* mins, const float* bias, float* y,
+                       int64_t group, const void* scales, const void* mins, const float* bias, float* y,
                        int num_threads);
 void plait_dequantize_f32(const void* qweight, int format, int64_t N, int64_t K, int64_t group,
-                          const uint16_t* scales, const uint16_t* mins, float* out, int num_threads);
+                          const void* scales, const void* mins, float* out, int num_threads);
 void plait_dequantize_bf16(const void* qweight, int format, int64_t N, int64_t K, int64_t group,
-                           const uint16_t* scales, const uint16_t* mins, uint16_t* out, int num_threads);
+                           const void* scales, const void* mins, uint16_t* out, int num_threads);
 int64_t plait_qmatmul_max_q8_rows();
 int plait_qmatmul_isa();
 int plait_qmatmul_q8_rows(int64_t K, int format, int64_t group);

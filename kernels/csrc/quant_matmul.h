@@ -50,6 +50,12 @@ inline float h2f(half h) {
 #endif
 }
 
+// Scales (and minimums) come as float16 (formats 0 and 1, as GGUF's Q8_0 / Q4_x store them) or
+// float32 (formats 3 and 4: a k-quant's sub-block scale times its superblock's, exact in float32
+// but not in float16). The kernels are templates over the scale type S; these read either.
+inline float s2f(half h) { return h2f(h); }
+inline float s2f(float f) { return f; }
+
 #ifdef __AVX2__
 inline __m256 load8h(const half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 // Two float16 values into the low half of an SSE register.
@@ -58,32 +64,41 @@ inline __m128 load2h(const half* p) {
     std::memcpy(&u, p, sizeof u);
     return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(u)));
 }
+// Two floats into the low half of an SSE register.
+inline __m128 load2(const float* p) { return _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p))); }
+inline __m256 load8s(const half* p) { return load8h(p); }
+inline __m256 load8s(const float* p) { return _mm256_loadu_ps(p); }
+inline __m128 load2s(const half* p) { return load2h(p); }
+inline __m128 load2s(const float* p) { return load2(p); }
 #endif
 
 constexpr int64_t TILE_N = 4;
 constexpr int64_t MAX_FUSED_M = 4;  // rows of x that fused_rows / dense_rows take (decode); more go in tiles
 
-inline void dequant_int8_row(const int8_t* q, const half* scales, int64_t K, int64_t group, float* out) {
+// w = q * scale (+ min, where `mins` is set: Q5_K's int8 values), rounded as gguf rounds it
+template <class S>
+inline void dequant_int8_row(const int8_t* q, const S* scales, const S* mins, int64_t K, int64_t group, float* out) {
     for (int64_t g0 = 0; g0 < K; g0 += group) {
-        const float s = h2f(scales[g0 / group]);
+        const float s = s2f(scales[g0 / group]), m = mins ? s2f(mins[g0 / group]) : 0.0f;
         int64_t k = g0;
         const int64_t end = g0 + group;
 #ifdef __AVX2__
-        const __m256 vs = _mm256_set1_ps(s);
+        const __m256 vs = _mm256_set1_ps(s), vm = _mm256_set1_ps(m);
         for (; k + 8 <= end; k += 8) {
             __m256i qi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k)));
-            _mm256_storeu_ps(out + k, _mm256_mul_ps(_mm256_cvtepi32_ps(qi), vs));
+            _mm256_storeu_ps(out + k, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(qi), vs), vm));
         }
 #endif
-        for (; k < end; ++k) out[k] = static_cast<float>(q[k]) * s;
+        for (; k < end; ++k) out[k] = static_cast<float>(q[k]) * s + m;
     }
 }
 
-inline void dequant_int4_row(const uint8_t* q, const half* scales, const half* mins, int64_t K, int64_t group,
+template <class S>
+inline void dequant_int4_row(const uint8_t* q, const S* scales, const S* mins, int64_t K, int64_t group,
                       float* out) {
     const int64_t half_group = group / 2;
     for (int64_t g0 = 0, gi = 0; g0 < K; g0 += group, ++gi) {
-        const float s = h2f(scales[gi]), m = h2f(mins[gi]);
+        const float s = s2f(scales[gi]), m = s2f(mins[gi]);
         const uint8_t* b = q + g0 / 2;
         float* o = out + g0;
         int64_t j = 0;
@@ -105,6 +120,28 @@ inline void dequant_int4_row(const uint8_t* q, const half* scales, const half* m
             o[half_group + j] = static_cast<float>(b[j] >> 4) * s + m;
         }
     }
+}
+
+// The formats' scale type and value width (plait_kernels.h: PlaitWeightFormat).
+inline bool float32_scales(int format) { return format == PLAIT_FORMAT_INT8_F32 || format == PLAIT_FORMAT_INT4_F32; }
+inline bool int4_values(int format) { return format == PLAIT_FORMAT_INT4 || format == PLAIT_FORMAT_INT4_F32; }
+
+// Row n of a quantized matrix (any format but float32), dequantized to float32.
+inline void dequant_row(const void* qweight, int format, int64_t n, int64_t K, int64_t group, const void* scales,
+                        const void* mins, float* out) {
+    const int64_t groups = K / group;
+    auto run = [&](auto* sc, auto* mn) {
+        sc += n * groups;
+        mn = mn ? mn + n * groups : nullptr;
+        if (int4_values(format))
+            dequant_int4_row(static_cast<const uint8_t*>(qweight) + n * (K / 2), sc, mn, K, group, out);
+        else
+            dequant_int8_row(static_cast<const int8_t*>(qweight) + n * K, sc, mn, K, group, out);
+    };
+    if (float32_scales(format))
+        run(static_cast<const float*>(scales), static_cast<const float*>(mins));
+    else
+        run(static_cast<const half*>(scales), static_cast<const half*>(mins));
 }
 
 #ifdef __AVX2__
@@ -175,9 +212,6 @@ inline float hsum256(__m256 v) {
 
 inline __m256i load256(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// Two floats into the low half of an SSE register.
-inline __m128 load2(const float* p) { return _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p))); }
-
 // The int4 rows take two groups of x per step: one 32-byte load of weights holds weights 0..15 of
 // groups g and g + 1 in its low nibbles and 16..31 in its high ones, so x is laid out to match,
 // [g: 0..15 | g+1: 0..15 | g: 16..31 | g+1: 16..31] per pair (an odd last group stays as it was).
@@ -202,13 +236,14 @@ inline void pair_x_q8(int8_t* xq, int64_t K) {
 constexpr int64_t INT4_PREFETCH_BYTES = 8192;
 
 // Row n's loop prefetches row n + ahead (computed once per call: a division per row cost 25%).
-inline void prefetch_int4_row(const uint8_t* row, const half* sc, const half* mn, int64_t row_bytes, int64_t groups,
+template <class S>
+inline void prefetch_int4_row(const uint8_t* row, const S* sc, const S* mn, int64_t row_bytes, int64_t groups,
                               int64_t ahead) {
     const char* w = reinterpret_cast<const char*>(row + ahead * row_bytes);
     for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(w + off, _MM_HINT_T0);
     const char* s = reinterpret_cast<const char*>(sc + ahead * groups);
     const char* m = reinterpret_cast<const char*>(mn + ahead * groups);
-    for (int64_t off = 0; off < groups * int64_t(sizeof(half)); off += 64) {
+    for (int64_t off = 0; off < groups * int64_t(sizeof(S)); off += 64) {
         _mm_prefetch(s + off, _MM_HINT_T0);
         _mm_prefetch(m + off, _MM_HINT_T0);
     }
@@ -258,8 +293,17 @@ constexpr int64_t MAX_Q8_M = PLAIT_AVX2_MAX_Q8_ROWS;
 #endif
 static_assert(XBLOCK == PLAIT_Q8_BLOCK, "the activations' blocks are the ABI's");
 
+// Format 3 takes groups of 16 (Q6_K) or 32 (Q5_K, with minimums); format 4 an even number of
+// groups of 32 (Q4_K: K a multiple of 256).
 inline bool q8_usable(int64_t K, int format, int64_t group) {
-    return K % XBLOCK == 0 && ((format == 1 && group == 32) || (format == 0 && group % XBLOCK == 0));
+    if (K % XBLOCK) return false;
+    switch (format) {
+        case PLAIT_FORMAT_INT8: return group % XBLOCK == 0;
+        case PLAIT_FORMAT_INT4: return group == 32;
+        case PLAIT_FORMAT_INT8_F32: return group == 16 || group == 32;
+        case PLAIT_FORMAT_INT4_F32: return group == 32 && K % 64 == 0;
+        default: return false;
+    }
 }
 #endif
 
@@ -267,16 +311,16 @@ inline bool q8_usable(int64_t K, int format, int64_t group) {
 void tile_matmul(const float* x, int64_t M, int64_t K, const float* w, int64_t nt, float* y, int64_t ldy,
                  const float* next = nullptr);  // quant_matmul_float.cpp
 void float_qmatmul(const float* x, int64_t M, int64_t K, int64_t N, const void* qweight, int format, int64_t group,
-                   const half* scales, const half* mins, const float* bias, float* y, int num_threads);  // quant_matmul_float.cpp
+                   const void* scales, const void* mins, const float* bias, float* y, int num_threads);  // quant_matmul_float.cpp
 #if defined(__AVX2__) && !defined(PLAIT_VNNI512)
 // M <= MAX_Q8_M and q8_usable(K, format, group)
 void q8_qmatmul_avx2(const float* x, int64_t M, int64_t K, int64_t N, const void* qweight, int format, int64_t group,
-                   const half* scales, const half* mins, const float* bias, float* y, int num_threads);  // quant_matmul_avx2.cpp
+                   const void* scales, const void* mins, const float* bias, float* y, int num_threads);  // quant_matmul_avx2.cpp
 #endif
 #ifdef PLAIT_VNNI512
 // q8_usable(K, format, group), any M
 void q8_qmatmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, const void* qweight, int format, int64_t group,
-                   const half* scales, const half* mins, const float* bias, float* y, int num_threads);  // quant_matmul_vnni.cpp
+                   const void* scales, const void* mins, const float* bias, float* y, int num_threads);  // quant_matmul_vnni.cpp
 #endif
 void dense_matmul(const float* x, int64_t M, int64_t K, int64_t N, const float* w, const float* bias, float* y,
                   int num_threads);  // dense_gemv.cpp

@@ -21,20 +21,22 @@ inline __m256i int4_pair_dot(__m256i lo, __m256i hi, const int8_t* xp, const int
     return _mm256_add_epi32(_mm256_madd_epi16(s1, _mm256_set1_epi16(128)), _mm256_madd_epi16(s2, _mm256_set1_epi16(1)));
 }
 
+// Format 1 (int4, float16 scales), 0 (int8, float16 scales) or 3 (int8, float32 scales in groups
+// of 16 or 32, minimums where set).
 template <int M>
 void q8_rows(const int8_t* xq, const int8_t* xr, const float* xd, const float* xs, int64_t K, int64_t n_begin, int64_t n_end,
-             int64_t N, const void* qweight, int format, int64_t group, const half* scales, const half* mins,
+             int64_t N, const void* qweight, int format, int64_t group, const void* scales, const void* mins,
              const float* bias, float* y) {
     const int64_t groups = K / group, blocks = K / XBLOCK;
     const __m256i ones = _mm256_set1_epi16(1), k128 = _mm256_set1_epi16(128);
     const int64_t ahead = std::max<int64_t>(1, INT4_PREFETCH_BYTES / (K / 2));
     for (int64_t n = n_begin; n < n_end; ++n) {
-        const half* sc = scales + n * groups;
+        const half* sc = static_cast<const half*>(scales) + n * groups;
         __m256 acc[M];
         for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
-        if (format == 1) {  // int4, groups of 32: one block per group, two groups per step (see pair_x_q8)
+        if (format == PLAIT_FORMAT_INT4) {  // int4, groups of 32: one block per group, two groups per step (see pair_x_q8)
             const uint8_t* row = static_cast<const uint8_t*>(qweight) + n * (K / 2);
-            const half* mn = mins + n * groups;
+            const half* mn = static_cast<const half*>(mins) + n * groups;
             if (n + ahead < N) prefetch_int4_row(row, sc, mn, K / 2, groups, ahead);
             // the minimum's term, sum_g mn[g] * xs[g]: eight groups per FMA, in the same accumulator
             int64_t g = 0;
@@ -89,6 +91,32 @@ void q8_rows(const int8_t* xq, const int8_t* xr, const float* xd, const float* x
                                              acc[m]);
                 }
             }
+        } else if (format == PLAIT_FORMAT_INT8_F32) {  // groups of 16 (two scales per block) or 32
+            const int8_t* row = static_cast<const int8_t*>(qweight) + n * K;
+            const float* sf = static_cast<const float*>(scales) + n * groups;
+            const float* mf = mins ? static_cast<const float*>(mins) + n * groups : nullptr;
+            for (int64_t b = 0; b < blocks; ++b) {
+                const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 32));
+                const __m256i aw = _mm256_sign_epi8(w, w);
+                // lanes 0-3 hold weights 0..15 of the block, lanes 4-7 weights 16..31
+                const __m256 s = group == 16 ? _mm256_set_m128(_mm_set1_ps(sf[2 * b + 1]), _mm_set1_ps(sf[2 * b]))
+                                             : _mm256_set1_ps(sf[b]);
+                for (int m = 0; m < M; ++m) {
+                    const __m256i xv = load256(xq + m * K + b * 32), rv = load256(xr + m * K + b * 32);
+                    const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w)), k128),
+                                                         _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(rv, w)), ones));
+                    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(s, _mm256_set1_ps(xd[m * blocks + b])), acc[m]);
+                }
+            }
+            if (mf) {  // the minimum's term, sum_b mn[b] * xs[b], eight blocks per FMA
+                int64_t b = 0;
+                for (; b + 8 <= blocks; b += 8)
+                    for (int m = 0; m < M; ++m)
+                        acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(mf + b), _mm256_loadu_ps(xs + m * blocks + b), acc[m]);
+                for (; b < blocks; ++b)
+                    for (int m = 0; m < M; ++m)
+                        acc[m] = _mm256_add_ps(acc[m], _mm256_setr_ps(mf[b] * xs[m * blocks + b], 0, 0, 0, 0, 0, 0, 0));
+            }
         } else {  // int8, groups a multiple of 32
             const int8_t* row = static_cast<const int8_t*>(qweight) + n * K;
             for (int64_t b = 0; b < blocks; ++b) {
@@ -115,17 +143,17 @@ void q8_rows(const int8_t* xq, const int8_t* xr, const float* xd, const float* x
 // thread, one row of x: 5.6-5.8 -> 5.2-5.4 cycles per pair of groups at K = 576, no change at
 // 1,536. Every row count takes it (odd group counts take q8_rows), so that a row's result does not
 // depend on the rows beside it.
-template <int M>
+template <int M, class S>
 void q8_int4_rows(const int8_t* xq, const int8_t* xr, const float* xd, const float* xs, int64_t K, int64_t n_begin,
-                  int64_t n_end, int64_t N, const uint8_t* qweight, const half* scales, const half* mins,
+                  int64_t n_end, int64_t N, const uint8_t* qweight, const S* scales, const S* mins,
                   const float* bias, float* y) {
     const int64_t groups = K / 32, blocks = K / XBLOCK;
     const __m256i low4 = _mm256_set1_epi8(0x0F), spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     const int64_t ahead = std::max<int64_t>(1, INT4_PREFETCH_BYTES / (K / 2));
     RowSums8 rows[M];
     for (int64_t n = n_begin; n < n_end; ++n) {
-        const half* sc = scales + n * groups;
-        const half* mn = mins + n * groups;
+        const S* sc = scales + n * groups;
+        const S* mn = mins + n * groups;
         const uint8_t* row = qweight + n * (K / 2);
         if (n + ahead < N) prefetch_int4_row(row, sc, mn, K / 2, groups, ahead);
         __m256 acc[M], acc_min[M], d[M];
@@ -141,7 +169,7 @@ void q8_int4_rows(const int8_t* xq, const int8_t* xr, const float* xd, const flo
         };
         int64_t g = 0;
         for (; g + 8 <= groups; g += 8) {
-            const __m256 m8 = load8h(mn + g), s8 = load8h(sc + g);
+            const __m256 m8 = load8s(mn + g), s8 = load8s(sc + g);
             for (int m = 0; m < M; ++m) {
                 acc_min[m] = _mm256_fmadd_ps(m8, _mm256_loadu_ps(xs + m * blocks + g), acc_min[m]);
                 d[m] = _mm256_mul_ps(s8, _mm256_loadu_ps(xd + m * blocks + g));
@@ -149,7 +177,7 @@ void q8_int4_rows(const int8_t* xq, const int8_t* xr, const float* xd, const flo
             for (int p = 0; p < 4; ++p) pair(g + 2 * p, _mm256_add_epi32(spread, _mm256_set1_epi32(2 * p)));
         }
         for (; g < groups; g += 2) {
-            const __m128 m2 = load2h(mn + g), s2 = load2h(sc + g);
+            const __m128 m2 = load2s(mn + g), s2 = load2s(sc + g);
             for (int m = 0; m < M; ++m) {
                 acc_min[m] = _mm256_add_ps(acc_min[m], _mm256_zextps128_ps256(_mm_mul_ps(m2, load2(xs + m * blocks + g))));
                 d[m] = _mm256_castps128_ps256(_mm_mul_ps(s2, load2(xd + m * blocks + g)));
@@ -215,7 +243,7 @@ constexpr int64_t PREFETCH_AHEAD = 2 * INT8_TILE;  // rows
 }  // namespace
 
 void q8_qmatmul_avx2(const float* x, int64_t M, int64_t K, int64_t N, const void* qweight, int format, int64_t group,
-                   const half* scales, const half* mins, const float* bias, float* y, int num_threads) {
+                   const void* scales, const void* mins, const float* bias, float* y, int num_threads) {
         const int64_t blocks = K / XBLOCK;
         // q1 [M, K], then q2 [M, K], each 64-byte aligned: a 64-byte load of x that straddles two
         // cache lines cost the 512-bit int4 rows a quarter of their time
@@ -227,10 +255,10 @@ void q8_qmatmul_avx2(const float* x, int64_t M, int64_t K, int64_t N, const void
         std::unique_ptr<float[]> xd_buf(new float[M * blocks]), xs_buf(new float[M * blocks]);
         float* const xd = xd_buf.get();
         float* const xs = xs_buf.get();
-        const bool int4_even = format == 1 && blocks % 2 == 0;  // q8_int4_rows
+        const bool int4_even = int4_values(format) && blocks % 2 == 0;  // q8_int4_rows
         plait::parallel_for(M, M >= 8 ? num_threads : 1, false, [&](int64_t m) {
             quantize_x_q8(x + m * K, K, xq + m * K, xr + m * K, xd + m * blocks, xs + m * blocks);
-            if (format == 1) {
+            if (int4_values(format)) {
                 pair_x_q8(xq + m * K, K);
                 pair_x_q8(xr + m * K, K);
             }
@@ -245,19 +273,25 @@ void q8_qmatmul_avx2(const float* x, int64_t M, int64_t K, int64_t N, const void
                     const float *d = xd + m0 * blocks, *sx = xs + m0 * blocks;
                     const uint8_t* w4 = static_cast<const uint8_t*>(qweight);
                     float* out = y + m0 * N;
-                    switch (std::min<int64_t>(4, M - m0)) {
-                        case 1: q8_int4_rows<1>(q, r, d, sx, K, b, e, N, w4, scales, mins, bias, out); break;
-                        case 2: q8_int4_rows<2>(q, r, d, sx, K, b, e, N, w4, scales, mins, bias, out); break;
-                        case 3: q8_int4_rows<3>(q, r, d, sx, K, b, e, N, w4, scales, mins, bias, out); break;
-                        default: q8_int4_rows<4>(q, r, d, sx, K, b, e, N, w4, scales, mins, bias, out); break;
-                    }
+                    auto run = [&](auto* sc, auto* mn) {
+                        switch (std::min<int64_t>(4, M - m0)) {
+                            case 1: q8_int4_rows<1>(q, r, d, sx, K, b, e, N, w4, sc, mn, bias, out); break;
+                            case 2: q8_int4_rows<2>(q, r, d, sx, K, b, e, N, w4, sc, mn, bias, out); break;
+                            case 3: q8_int4_rows<3>(q, r, d, sx, K, b, e, N, w4, sc, mn, bias, out); break;
+                            default: q8_int4_rows<4>(q, r, d, sx, K, b, e, N, w4, sc, mn, bias, out); break;
+                        }
+                    };
+                    if (format == PLAIT_FORMAT_INT4_F32)
+                        run(static_cast<const float*>(scales), static_cast<const float*>(mins));
+                    else
+                        run(static_cast<const half*>(scales), static_cast<const half*>(mins));
                 }
                 return;
             }
-            if (M == 1 && format == 0) {
+            if (M == 1 && format == PLAIT_FORMAT_INT8) {
                 const int64_t tiled = b + (e - b) / INT8_TILE * INT8_TILE;
                 q8_int8_row_tiles(xq, xr, xd, K, b, tiled, static_cast<const int8_t*>(qweight), group,
-                                  scales, bias, y);
+                                  static_cast<const half*>(scales), bias, y);
                 q8_rows<1>(xq, xr, xd, xs, K, tiled, e, N, qweight, format, group, scales,
                            mins, bias, y);
                 return;

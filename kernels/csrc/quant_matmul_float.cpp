@@ -82,19 +82,19 @@ namespace {
 
 template <int M>
 void fused_rows(const float* x, int64_t K, int64_t n_begin, int64_t n_end, int64_t N, const void* qweight,
-                int format, int64_t group, const half* scales, const half* mins, const float* xsum,
+                int format, int64_t group, const void* scales, const void* mins, const float* xsum,
                 const float* bias, float* y) {
     const int64_t groups = K / group;
     for (int64_t n = n_begin; n < n_end; ++n) {
         float out[M];
         for (int m = 0; m < M; ++m) out[m] = 0.0f;
-        const half* sc = scales + n * groups;
+        const half* sc = static_cast<const half*>(scales) + n * groups;  // formats 0 and 1
 #ifdef __AVX2__
         __m256 acc[M];
         for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
-        if (format == 1 && group == 32) {
+        if (format == PLAIT_FORMAT_INT4 && group == 32) {
             const uint8_t* row = static_cast<const uint8_t*>(qweight) + n * (K / 2);
-            const half* mn = mins + n * groups;
+            const half* mn = static_cast<const half*>(mins) + n * groups;
             const __m128i low4 = _mm_set1_epi8(0x0F);
             for (int64_t g = 0; g < groups; ++g) {
                 __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + g * 16));
@@ -116,7 +116,7 @@ void fused_rows(const float* x, int64_t K, int64_t n_begin, int64_t n_end, int64
                     out[m] += mg * xsum[m * groups + g];
                 }
             }
-        } else if (format == 0 && group % 8 == 0) {
+        } else if (format == PLAIT_FORMAT_INT8 && group % 8 == 0) {
             const int8_t* row = static_cast<const int8_t*>(qweight) + n * K;
             for (int64_t g = 0; g < groups; ++g) {
                 __m256 t[M];
@@ -133,11 +133,7 @@ void fused_rows(const float* x, int64_t K, int64_t n_begin, int64_t n_end, int64
 #endif
         {
             std::vector<float> w(K);
-            if (format == 0)
-                dequant_int8_row(static_cast<const int8_t*>(qweight) + n * K, sc, K, group, w.data());
-            else
-                dequant_int4_row(static_cast<const uint8_t*>(qweight) + n * (K / 2), sc, mins + n * groups, K,
-                                 group, w.data());
+            dequant_row(qweight, format, n, K, group, scales, mins, w.data());
             for (int m = 0; m < M; ++m) {
                 float d = 0.0f;
                 for (int64_t k = 0; k < K; ++k) d += x[m * K + k] * w[k];
@@ -160,7 +156,7 @@ void fused_rows(const float* x, int64_t K, int64_t n_begin, int64_t n_end, int64
 }  // namespace
 
 void float_qmatmul(const float* x, int64_t M, int64_t K, int64_t N, const void* qweight, int format, int64_t group,
-                   const half* scales, const half* mins, const float* bias, float* y, int num_threads) {
+                   const void* scales, const void* mins, const float* bias, float* y, int num_threads) {
     const int64_t groups = K / group;
     if (M <= MAX_FUSED_M) {
         std::vector<float> xsum(M * groups, 0.0f);
@@ -184,15 +180,7 @@ void float_qmatmul(const float* x, int64_t M, int64_t K, int64_t N, const void* 
             thread_local std::vector<float> wbuf;
             wbuf.resize(TILE_N * K);
             const int64_t n0 = t * TILE_N, nt = std::min(TILE_N, N - n0);
-            for (int64_t i = 0; i < nt; ++i) {
-                const int64_t n = n0 + i;
-                if (format == 0)
-                    dequant_int8_row(static_cast<const int8_t*>(qweight) + n * K, scales + n * groups, K, group,
-                                     wbuf.data() + i * K);
-                else
-                    dequant_int4_row(static_cast<const uint8_t*>(qweight) + n * (K / 2), scales + n * groups,
-                                     mins + n * groups, K, group, wbuf.data() + i * K);
-            }
+            for (int64_t i = 0; i < nt; ++i) dequant_row(qweight, format, n0 + i, K, group, scales, mins, wbuf.data() + i * K);
             tile_matmul(x, M, K, wbuf.data(), nt, y + n0, N);
             if (bias != nullptr)
                 for (int64_t m = 0; m < M; ++m)

@@ -56,13 +56,19 @@ inline __m256i int4_pair_dot_vnni(const uint8_t* w, const int8_t* xp, const int8
 
 // Four float16 values into an SSE register.
 inline __m128 load4h(const half* p) { return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+inline __m128 load4s(const half* p) { return load4h(p); }
+inline __m128 load4s(const float* p) { return _mm_loadu_ps(p); }
+// The first `mask` of four scales (float16 or float32), zeros past them.
+inline __m128 maskz_load4s(__mmask8 mask, const half* p) { return _mm_cvtph_ps(_mm_maskz_loadu_epi16(mask, p)); }
+inline __m128 maskz_load4s(__mmask8 mask, const float* p) { return _mm_maskz_loadu_ps(mask, p); }
 
 // q8_int4_rows<1> on AVX-512 VNNI: four groups per step, x in quad layout. From L1 on one thread
 // a pair of groups costs ~2.3 cycles here against the AVX2 loop's ~4.4 (Zen 5), and from L2 at
 // SmolLM2's K = 576, 3.0-3.5 against 5.1.
+template <class S>
 void q8_int4_rows_x1_vnni(const int8_t* xq, const int8_t* xr, const float* xd, const float* xs, int64_t K,
-                          int64_t n_begin, int64_t n_end, int64_t N, const uint8_t* qweight, const half* scales,
-                          const half* mins, const float* bias, float* y) {
+                          int64_t n_begin, int64_t n_end, int64_t N, const uint8_t* qweight, const S* scales,
+                          const S* mins, const float* bias, float* y) {
     const int64_t groups = K / 32;
     // lanes 4i..4i+3 take scale product i (spread_lo) or 4 + i (spread_hi)
     const __m512i spread_lo = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
@@ -71,8 +77,8 @@ void q8_int4_rows_x1_vnni(const int8_t* xq, const int8_t* xr, const float* xd, c
     const int64_t ahead = std::max<int64_t>(1, INT4_PREFETCH_BYTES / (K / 2));
     RowSums8 rows;
     for (int64_t n = n_begin; n < n_end; ++n) {
-        const half* sc = scales + n * groups;
-        const half* mn = mins + n * groups;
+        const S* sc = scales + n * groups;
+        const S* mn = mins + n * groups;
         const uint8_t* row = qweight + n * (K / 2);
         if (n + ahead < N) prefetch_int4_row(row, sc, mn, K / 2, groups, ahead);
         auto quad = [&](int64_t g) {  // groups g..g+3, as floats
@@ -84,21 +90,21 @@ void q8_int4_rows_x1_vnni(const int8_t* xq, const int8_t* xr, const float* xd, c
         __m256 acc_min = _mm256_setzero_ps();
         int64_t g = 0;
         for (; g + 8 <= groups; g += 8) {
-            acc_min = _mm256_fmadd_ps(load8h(mn + g), _mm256_loadu_ps(xs + g), acc_min);
-            const __m512 d = _mm512_castps256_ps512(_mm256_mul_ps(load8h(sc + g), _mm256_loadu_ps(xd + g)));
+            acc_min = _mm256_fmadd_ps(load8s(mn + g), _mm256_loadu_ps(xs + g), acc_min);
+            const __m512 d = _mm512_castps256_ps512(_mm256_mul_ps(load8s(sc + g), _mm256_loadu_ps(xd + g)));
             acc = _mm512_fmadd_ps(quad(g), _mm512_permutexvar_ps(spread_lo, d), acc);
             acc = _mm512_fmadd_ps(quad(g + 4), _mm512_permutexvar_ps(spread_hi, d), acc);
         }
         if (g + 4 <= groups) {
-            acc_min = _mm256_add_ps(acc_min, _mm256_zextps128_ps256(_mm_mul_ps(load4h(mn + g), _mm_loadu_ps(xs + g))));
-            const __m512 d = _mm512_castps128_ps512(_mm_mul_ps(load4h(sc + g), _mm_loadu_ps(xd + g)));
+            acc_min = _mm256_add_ps(acc_min, _mm256_zextps128_ps256(_mm_mul_ps(load4s(mn + g), _mm_loadu_ps(xs + g))));
+            const __m512 d = _mm512_castps128_ps512(_mm_mul_ps(load4s(sc + g), _mm_loadu_ps(xd + g)));
             acc = _mm512_fmadd_ps(quad(g), _mm512_permutexvar_ps(spread_lo, d), acc);
             g += 4;
         }
         __m256 acc8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
         if (g < groups) {  // a last pair, in pair layout
-            acc_min = _mm256_add_ps(acc_min, _mm256_zextps128_ps256(_mm_mul_ps(load2h(mn + g), load2(xs + g))));
-            const __m256 d = _mm256_castps128_ps256(_mm_mul_ps(load2h(sc + g), load2(xd + g)));
+            acc_min = _mm256_add_ps(acc_min, _mm256_zextps128_ps256(_mm_mul_ps(load2s(mn + g), load2(xs + g))));
+            const __m256 d = _mm256_castps128_ps256(_mm_mul_ps(load2s(sc + g), load2(xd + g)));
             acc8 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(int4_pair_dot_vnni(row + g * 16, xq + g * 32, xr + g * 32)),
                                    _mm256_permutevar8x32_ps(d, spread), acc8);
         }
@@ -147,9 +153,9 @@ inline void layout_int4_x(const int8_t* xq, const int8_t* xr, const float* xd, c
 // share two pipes on Zen 5: a multiply per quad and row instead of the permute ran 20% slower. A
 // last pair of groups runs 256 bits wide, three groups are a masked load. For one row this is
 // exactly q8_int4_rows_x1_vnni's arithmetic, in the same order (the tests hold the two to the bit).
-template <int M>
+template <int M, class S>
 void int4_rows_vnni(const Int4X& x, int64_t K, int64_t n_begin, int64_t n_end, int64_t N, const uint8_t* qweight,
-                    const half* scales, const half* mins, const float* bias, float* y) {
+                    const S* scales, const S* mins, const float* bias, float* y) {
     const int64_t groups = K / 32;
     const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const __m512i low4 = _mm512_set1_epi8(0x0F);
@@ -159,8 +165,8 @@ void int4_rows_vnni(const Int4X& x, int64_t K, int64_t n_begin, int64_t n_end, i
     const __m256i low4y = _mm256_set1_epi8(0x0F);
     RowSums8 sums[M];
     for (int64_t n = n_begin; n < n_end; ++n) {
-        const half* sc = scales + n * groups;
-        const half* mn = mins + n * groups;
+        const S* sc = scales + n * groups;
+        const S* mn = mins + n * groups;
         const uint8_t* row = qweight + n * (K / 2);
         if (n + ahead < N) prefetch_int4_row(row, sc, mn, K / 2, groups, ahead);
         __m512 acc[M], d[M];
@@ -181,7 +187,7 @@ void int4_rows_vnni(const Int4X& x, int64_t K, int64_t n_begin, int64_t n_end, i
         };
         int64_t g = 0;
         for (; g + 8 <= groups; g += 8) {  // eight groups: one multiply of scales, two quads
-            const __m256 s8 = load8h(sc + g), m8 = load8h(mn + g);
+            const __m256 s8 = load8s(sc + g), m8 = load8s(mn + g);
             for (int m = 0; m < M; ++m) {
                 acc_min[m] = _mm256_fmadd_ps(m8, _mm256_loadu_ps(xd(m, g) + 16), acc_min[m]);
                 d[m] = _mm512_castps256_ps512(_mm256_mul_ps(s8, _mm256_loadu_ps(xd(m, g))));
@@ -191,7 +197,7 @@ void int4_rows_vnni(const Int4X& x, int64_t K, int64_t n_begin, int64_t n_end, i
         }
         if (const int64_t left = std::min<int64_t>(4, groups - g); left >= 3) {  // three or four groups: a (masked) quad
             const __mmask8 mask = static_cast<__mmask8>((1u << left) - 1);
-            const __m128 s4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(mask, sc + g)), m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(mask, mn + g));
+            const __m128 s4 = maskz_load4s(mask, sc + g), m4 = maskz_load4s(mask, mn + g);
             for (int m = 0; m < M; ++m) {
                 acc_min[m] = _mm256_add_ps(acc_min[m], _mm256_zextps128_ps256(_mm_mul_ps(m4, _mm_loadu_ps(xd(m, g) + 16))));
                 d[m] = _mm512_castps128_ps512(_mm_mul_ps(s4, _mm_loadu_ps(xd(m, g))));
@@ -206,7 +212,7 @@ void int4_rows_vnni(const Int4X& x, int64_t K, int64_t n_begin, int64_t n_end, i
             const __m256i v = _mm256_maskz_loadu_epi16(wmask, row + g * 16);
             const __m256i lo = _mm256_and_si256(v, low4y), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4y);
             const __mmask8 mask = static_cast<__mmask8>((1u << left) - 1);
-            const __m128 s2 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(mask, sc + g)), m2 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(mask, mn + g));
+            const __m128 s2 = maskz_load4s(mask, sc + g), m2 = maskz_load4s(mask, mn + g);
             const int8_t* p = reinterpret_cast<const int8_t*>(q);
             for (int m = 0; m < M; ++m, p += INT4_X_BYTES) {
                 acc_min[m] = _mm256_add_ps(acc_min[m], _mm256_zextps128_ps256(_mm_mul_ps(m2, _mm_maskz_loadu_ps(mask, xd(m, g) + 16))));
@@ -227,8 +233,9 @@ void int4_rows_vnni(const Int4X& x, int64_t K, int64_t n_begin, int64_t n_end, i
 // One row of x against int4 weights with an even number of groups (single-stream decode):
 // q8_int4_rows_x1_vnni, x in quad layout. It computes exactly int4_rows_vnni's row (same products,
 // same order of sums), ~9% faster from L2 and ~3% from memory on SmolLM2's layers (K = 576).
-void int4_row_x1_vnni(const float* x, int64_t K, int64_t N, const uint8_t* qweight, const half* scales,
-                      const half* mins, const float* bias, float* y, int num_threads) {
+template <class S>
+void int4_row_x1_vnni(const float* x, int64_t K, int64_t N, const uint8_t* qweight, const S* scales,
+                      const S* mins, const float* bias, float* y, int num_threads) {
     const int64_t blocks = K / XBLOCK;
     thread_local std::vector<int8_t> xbuf;
     thread_local std::vector<float> scale_buf;
@@ -294,8 +301,9 @@ void tiled_matmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, int64_t 
     });
 }
 
-void int4_matmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, const uint8_t* qweight, const half* scales,
-                      const half* mins, const float* bias, float* y, int num_threads) {
+template <class S>
+void int4_matmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, const uint8_t* qweight, const S* scales,
+                      const S* mins, const float* bias, float* y, int num_threads) {
     const int64_t groups = K / 32, quads = (groups + 3) / 4, sixteens = (groups + 15) / 16;
     tiled_matmul_vnni(
         x, M, K, N, quads * INT4_X_BYTES, sixteens * 32, y, num_threads,
@@ -322,9 +330,11 @@ struct Int8X {
 };
 constexpr int64_t INT8_X_BYTES = 192;
 
-// Row i of a tile of Mt rows (see layout_int4_x).
+// Row i of a tile of Mt rows (see layout_int4_x). With `xs` (int8f_rows_vnni's minimums), each
+// sixteen blocks' scales are followed by their sixteen sums: 32 floats at (j * Mt + m) * 32.
 inline void layout_int8_x(const int8_t* xq, const int8_t* xr, const float* xd, int64_t K, int64_t Mt, int64_t i,
-                          char* q, float* ds) {
+                          char* q, float* ds, const float* xs = nullptr) {
+    const int64_t stride = xs ? 32 : 16;
     for (int64_t b = 0; b < K / 32; ++b) {
         char* p = q + ((b / 2) * Mt + i) * INT8_X_BYTES;
         std::memcpy(p + (b % 2) * 32, xq + b * 32, 32);
@@ -335,7 +345,9 @@ inline void layout_int8_x(const int8_t* xq, const int8_t* xr, const float* xd, i
             for (int u = 0; u < 4; ++u) t += 128 * xq[b * 32 + 4 * l + u] + xr[b * 32 + 4 * l + u];
             c[l] = -t;
         }
-        ds[((b / 16) * Mt + i) * 16 + b % 16] = xd[b];
+        float* d = ds + ((b / 16) * Mt + i) * stride + b % 16;
+        d[0] = xd[b];
+        if (xs) d[16] = xs[b];
     }
 }
 
@@ -417,18 +429,105 @@ void int8_matmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, const int
         });
 }
 
+// int8 weights with float32 scales per 16 (Q6_K) or 32 (Q5_K) weights, and float32 minimums per 32
+// where `mins` is set (Q5_K: w = q * scale + min, q in 0..31), against M <= X_TILE_M rows of x:
+// int8_rows_vnni's dot products (weights flipped to w + 128, the tile's lane biases cancelling
+// it), with the scale products built per eight blocks: sixteen per-16-weight scales times x's
+// block scales, each 64 weights' dot lanes (four weights a lane) spread over four of them. The
+// minimums' term is sum_b min[b] * xs[b] over x's exact block sums, as the int4 rows compute it.
+template <int M>
+void int8f_rows_vnni(const Int8X& x, int64_t K, int64_t n_begin, int64_t n_end, int64_t N, const int8_t* qweight,
+                     int64_t group, const float* scales, const float* mins, const float* bias, float* y) {
+    const int64_t blocks = K / XBLOCK, groups = K / group;
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    const __m512i halves = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);  // lane l: block l / 2
+    const __m512i quarters = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);  // lane l: 16 weights l / 4
+    const int64_t ahead = std::max<int64_t>(1, INT4_PREFETCH_BYTES / K);
+    RowSums8 sums[M];
+    for (int64_t n = n_begin; n < n_end; ++n) {
+        const int8_t* row = qweight + n * K;
+        const float* sc = scales + n * groups;
+        const float* mn = mins ? mins + n * blocks : nullptr;
+        if (n + ahead < N) {
+            const char* w = reinterpret_cast<const char*>(row + ahead * K);
+            for (int64_t off = 0; off < K; off += 64) _mm_prefetch(w + off, _MM_HINT_T0);
+            const char* s = reinterpret_cast<const char*>(sc + ahead * groups);
+            for (int64_t off = 0; off < groups * int64_t(sizeof(float)); off += 64) _mm_prefetch(s + off, _MM_HINT_T0);
+        }
+        __m512 acc[M];
+        __m256 acc_min[M];
+        for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps(), acc_min[m] = _mm256_setzero_ps();
+        const char* q = x.q;
+        for (int64_t j = 0; j < blocks; j += 16) {
+            const float* ds = x.ds + (j / 16) * M * 32;
+            for (int64_t h = j; h < std::min(blocks, j + 16); h += 8) {  // eight blocks: sixteen scales of 16 weights
+                const int64_t left = std::min<int64_t>(8, blocks - h);
+                const __mmask8 mask8 = static_cast<__mmask8>((1u << left) - 1);
+                const __m512 ws = group == 16
+                    ? _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << (2 * left)) - 1), sc + 2 * h)
+                    : _mm512_permutexvar_ps(halves, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(mask8, sc + h)));
+                __m512 d[M];
+                for (int m = 0; m < M; ++m) {
+                    const float* dm = ds + m * 32 + (h - j);
+                    d[m] = _mm512_mul_ps(ws, _mm512_permutexvar_ps(halves, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(mask8, dm))));
+                    if (mn) acc_min[m] = _mm256_fmadd_ps(_mm256_maskz_loadu_ps(mask8, mn + h), _mm256_maskz_loadu_ps(mask8, dm + 16), acc_min[m]);
+                }
+                for (int64_t b = 0; b < left; b += 2, q += M * INT8_X_BYTES) {
+                    const __m512i v = left - b >= 2 ? _mm512_loadu_si512(row + (h + b) * XBLOCK)
+                                                    : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, row + (h + b) * XBLOCK);
+                    const __m512i wu = _mm512_xor_si512(v, flip);
+                    const __m512i at = _mm512_add_epi32(quarters, _mm512_set1_epi32(static_cast<int>(2 * b)));
+                    const char* p = q;
+                    for (int m = 0; m < M; ++m, p += INT8_X_BYTES) {
+                        const __m512i q1 = _mm512_dpbusd_epi32(_mm512_load_si512(p + 128), wu, _mm512_load_si512(p));
+                        const __m512i dot = _mm512_dpbusd_epi32(_mm512_slli_epi32(q1, 7), wu, _mm512_load_si512(p + 64));
+                        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(at, d[m]), acc[m]);
+                    }
+                }
+            }
+        }
+        for (int m = 0; m < M; ++m) sums[m].push(n, _mm256_add_ps(reduce512(acc[m]), acc_min[m]), bias, y + m * N);
+    }
+    for (int m = 0; m < M; ++m) sums[m].flush(n_end, bias, y + m * N);
+}
+
+void int8f_matmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, const int8_t* qweight, int64_t group,
+                       const float* scales, const float* mins, const float* bias, float* y, int num_threads) {
+    const int64_t blocks = K / XBLOCK, pairs = (blocks + 1) / 2, sixteens = (blocks + 15) / 16;
+    tiled_matmul_vnni(
+        x, M, K, N, pairs * INT8_X_BYTES, sixteens * 32, y, num_threads,
+        [&](const int8_t* xq, const int8_t* xr, const float* xd, const float* xs, int64_t Mt, int64_t i, char* tile,
+            float* tile_ds) {
+            if (blocks % 2) std::memset(tile + ((pairs - 1) * Mt + i) * INT8_X_BYTES, 0, INT8_X_BYTES);  // read padding
+            layout_int8_x(xq, xr, xd, K, Mt, i, tile, tile_ds, xs);
+        },
+        [&](auto mt, const char* tile, const float* tile_ds, int64_t b, int64_t e, float* out) {
+            int8f_rows_vnni<decltype(mt)::value>(Int8X{tile, tile_ds}, K, b, e, N, qweight, group, scales, mins, bias, out);
+        });
+}
 
 }  // namespace
 
 void q8_qmatmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, const void* qweight, int format, int64_t group,
-                   const half* scales, const half* mins, const float* bias, float* y, int num_threads) {
-        // every row count, one row included: a row's result does not depend on the rows beside it
-        if (format == 1 && M == 1 && K / XBLOCK % 2 == 0)
-            int4_row_x1_vnni(x, K, N, static_cast<const uint8_t*>(qweight), scales, mins, bias, y, num_threads);
-        else if (format == 1)
-            int4_matmul_vnni(x, M, K, N, static_cast<const uint8_t*>(qweight), scales, mins, bias, y, num_threads);
+                   const void* scales, const void* mins, const float* bias, float* y, int num_threads) {
+    // every row count, one row included: a row's result does not depend on the rows beside it
+    auto int4 = [&](auto* sc, auto* mn) {
+        const uint8_t* w = static_cast<const uint8_t*>(qweight);
+        if (M == 1 && K / XBLOCK % 2 == 0)
+            int4_row_x1_vnni(x, K, N, w, sc, mn, bias, y, num_threads);
         else
-            int8_matmul_vnni(x, M, K, N, static_cast<const int8_t*>(qweight), group, scales, bias, y, num_threads);
+            int4_matmul_vnni(x, M, K, N, w, sc, mn, bias, y, num_threads);
+    };
+    const int8_t* w8 = static_cast<const int8_t*>(qweight);
+    switch (format) {
+        case PLAIT_FORMAT_INT4: int4(static_cast<const half*>(scales), static_cast<const half*>(mins)); break;
+        case PLAIT_FORMAT_INT4_F32: int4(static_cast<const float*>(scales), static_cast<const float*>(mins)); break;
+        case PLAIT_FORMAT_INT8_F32:
+            int8f_matmul_vnni(x, M, K, N, w8, group, static_cast<const float*>(scales), static_cast<const float*>(mins),
+                              bias, y, num_threads);
+            break;
+        default: int8_matmul_vnni(x, M, K, N, w8, group, static_cast<const half*>(scales), bias, y, num_threads);
+    }
 }
 
 }  // namespace plait::qmm

@@ -39,8 +39,12 @@ def load_model(
     device: torch.device,
     quantization: str | None = None,
 ) -> LoadedModel:
-    """Builds the model; `quantization` ("int8" / "int4") swaps its linear layers for weight-only
-    quantized ones (CPU float32 kernels; the reference elsewhere).
+    """Builds the model. `quantization=None` keeps a GGUF's blocks where the quantized kernels read
+    them (`gguf_blocks.BLOCK_TYPES`), on the CPU, and dequantizes the other tensors to `dtype`;
+    "float32" dequantizes every block; "int8" / "int4" also quantize the float weights of every
+    linear layer (CPU float32 kernels; the reference elsewhere). Where the LM head is a tied
+    embedding kept in blocks and the model runs layer by layer, its embedding lookups read the
+    head's blocks too (`QuantEmbedding`) rather than a float copy of the table.
 
     The checkpoint's family, hyperparameters, tensor types and tensor names are checked from its
     header before any weight is read."""
@@ -65,7 +69,8 @@ def load_model(
     check_names(ckpt.hf_names(), model, args, location.path, show)
     if location.kind == "gguf":
         tokenizer = Tokenizer.from_gguf_metadata(ckpt.meta)
-        named = iter_gguf_weights(ckpt, keep_blocks=quantization is not None, sources=sources)
+        keep = quantization in ("int8", "int4") or (quantization is None and device.type == "cpu")
+        named = iter_gguf_weights(ckpt, keep_blocks=keep, sources=sources)
     else:
         tokenizer = Tokenizer.from_hf_dir(location.path)
         named = iter_hf_weights(ckpt, sources)
@@ -91,11 +96,23 @@ def load_model(
     for name in prequantized:  # placeholders on the meta device until the swap below
         module = model.get_submodule(name.rsplit(".", 1)[0])
         module.weight = torch.nn.Parameter(torch.empty(module.weight.shape), requires_grad=False)
-    if quantization is not None:
+    if prequantized or quantization in ("int8", "int4"):
         from plait.runtime.models.quantized import quantize_linears
 
-        quantize_linears(model, quantization, prequantized)
+        quantize_linears(model, None if quantization == "float32" else quantization, prequantized)
+        if args.tie_word_embeddings and "lm_head.weight" in prequantized:
+            _embed_from_head(model)
     model = model.to(device).eval()
     return LoadedModel(
         model, args, tokenizer, location, family, weight_types(sources, model, dtype)
     )
+
+
+def _embed_from_head(model: torch.nn.Module) -> None:
+    """Reads the embedding rows from the tied head's blocks where the model runs layer by layer
+    (the native decode stack reads a float table: models it runs keep theirs)."""
+    from plait.runtime.models.native_decode import unsupported
+    from plait.runtime.models.quantized import QuantEmbedding, QuantLinear
+
+    if isinstance(model.lm_head, QuantLinear) and unsupported(model) is not None:
+        model.model.embed_tokens = QuantEmbedding(model.lm_head)

@@ -1,7 +1,7 @@
 """Reading a GGUF file: the family, hyperparameters and tokenizer from its metadata; weights
 dequantized as the `gguf` package does (every type it reads, bit for bit), or kept in their blocks
-where plait's quantized kernels read them directly (Q4_1 and Q4_0 as int4, Q8_0 as int8, all
-with groups of 32).
+where plait's quantized kernels read them directly (Q4_0, Q4_1, Q8_0, Q5_0 and the k-quants Q4_K,
+Q5_K, Q6_K: `gguf_blocks.py`).
 
 `open_gguf` reads only the header: it refuses a file that is not a GGUF, an architecture no
 family runs, tensor types the `gguf` package cannot read and tensors the family does not have,
@@ -18,11 +18,10 @@ import numpy as np
 import torch
 
 from plait.kernels.quant_matmul import QuantizedWeight
+from plait.runtime.model_loader.gguf_blocks import BLOCK_TYPES, quantized_blocks
 from plait.runtime.model_loader.gguf_file import GgufFile, GgufTensor, dequantize
 from plait.runtime.models.args import ModelArgs
 from plait.runtime.models.registry import Family, family_for_gguf
-
-_BLOCK_TYPES = ("Q4_1", "Q4_0", "Q8_0")  # kept as they are for the quantized kernels
 
 
 @dataclass(frozen=True)
@@ -99,30 +98,9 @@ def _dequantize(tensor: GgufTensor) -> np.ndarray:
 
 
 def _quantized_blocks(tensor: GgufTensor) -> QuantizedWeight:
-    """A Q4_1 / Q4_0 / Q8_0 matrix as a `QuantizedWeight`, its blocks copied, not re-quantized."""
-    kind = tensor.tensor_type.name
+    """A matrix of one of `BLOCK_TYPES` as a `QuantizedWeight`, its blocks copied, not re-quantized."""
     n, k = tensor.dims
-    block_bytes = {"Q4_1": 20, "Q4_0": 18, "Q8_0": 34}[kind]
-    raw = np.asarray(tensor.data).view(np.uint8).reshape(n, k // 32, block_bytes)
-    scale = np.ascontiguousarray(
-        raw[..., 0:2].copy().view(np.float16)[..., 0]
-    )  # float16, as the kernels read it
-    if kind == "Q8_0":
-        q = raw[..., 2:34].copy().view(np.int8).reshape(n, k)
-        return QuantizedWeight("int8", torch.from_numpy(q), torch.from_numpy(scale), None, 32)
-    if kind == "Q4_1":
-        low = raw[..., 2:4].copy().view(np.float16)[..., 0]
-        packed = raw[..., 4:20]
-    else:  # Q4_0: w = (q - 8) * d, exact in float16 (a power-of-two multiple)
-        low = (scale * np.float16(-8.0)).astype(np.float16)
-        packed = raw[..., 2:18]
-    return QuantizedWeight(
-        "int4",
-        torch.from_numpy(packed.reshape(n, k // 2).copy()),
-        torch.from_numpy(scale),
-        torch.from_numpy(np.ascontiguousarray(low, dtype=np.float16)),
-        32,
-    )
+    return quantized_blocks(tensor.tensor_type.name, np.asarray(tensor.data), n, k)
 
 
 def iter_gguf_weights(
@@ -132,7 +110,7 @@ def iter_gguf_weights(
 ) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
     """Yields (Hugging Face name, float32 tensor) for every weight in the file.
 
-    With `keep_blocks`, 2-D Q4_1 / Q4_0 / Q8_0 tensors come as `QuantizedWeight`s instead; the
+    With `keep_blocks`, 2-D tensors of `BLOCK_TYPES` come as `QuantizedWeight`s instead; the
     token embedding then comes twice, as float32 (the lookup table) and quantized (under
     `lm_head.weight` when the file has no separate output matrix). `sources`, if given, gets
     (name, the file's type, kept in its blocks) for each weight yielded.
@@ -147,7 +125,7 @@ def iter_gguf_weights(
         heads = None
         if family.gguf_rope_permuted and (".attn_q." in name or ".attn_k." in name):
             heads = args.num_heads if ".attn_q." in name else args.num_kv_heads
-        kept = keep_blocks and kind in _BLOCK_TYPES and len(tensor.dims) == 2
+        kept = keep_blocks and kind in BLOCK_TYPES and len(tensor.dims) == 2
         if kept:
             qw = _quantized_blocks(tensor)
             if heads is not None:

@@ -110,7 +110,9 @@ def fuse_hf_weights(
         if missing:
             raise ValueError(f"checkpoint: {fused} is missing {', '.join(missing)}")
         parts_in_order = [pieces[p] for p in order]
-        if all(isinstance(p, QuantizedWeight) for p in parts_in_order):
+        if all(isinstance(p, QuantizedWeight) for p in parts_in_order) and QuantizedWeight.can_cat(
+            parts_in_order
+        ):
             out[fused] = QuantizedWeight.cat(parts_in_order)
         else:  # mixed formats in one fused matrix: fall back to float
             from plait.kernels.quant_matmul import dequantize_ref
@@ -154,7 +156,7 @@ def weight_types(
 ) -> dict[str, dict[str, int]]:
     """For each tensor type in the checkpoint, how many of its tensors became what in the built
     model: `sources` holds (Hugging Face name, the file's type, kept in its blocks)."""
-    from plait.runtime.models.quantized import QuantLinear
+    from plait.runtime.models.quantized import QuantEmbedding, QuantLinear
 
     counts: dict[str, dict[str, int]] = {}
     float_name = str(dtype).removeprefix("torch.")
@@ -162,11 +164,14 @@ def weight_types(
         owner = fused_name(name).rpartition(".")[0]
         module = model.get_submodule(owner) if owner else model
         if isinstance(module, QuantLinear) and name.endswith(".weight"):
+            scales = "" if module.scale_dtype == torch.float16 else ", float32 scales"
             became = (
-                f"{module.format} blocks as stored"
+                f"{module.format} blocks as stored{scales}"
                 if kept
                 else f"{module.format} quantized at load"
             )
+        elif isinstance(module, QuantEmbedding):
+            became = "rows read from the head's blocks"
         else:
             became = float_name
         by_type = counts.setdefault(file_type, {})

@@ -2,10 +2,11 @@
 
 `quantize_linears(model, mode, prequantized)` replaces every projection (qkv, o, gate_up, down)
 and the LM head with a `QuantLinear`. Weights found in `prequantized` (blocks a GGUF file already
-holds in a format the kernel reads: Q4_1 for int4, Q8_0 for int8) are used as they are; the others
-are quantized from their float values. Norms and the embedding table stay float32 (a decode step
-reads one embedding row, not the table); with tied embeddings the LM head gets its own quantized
-copy of the table.
+holds in a format the kernel reads: `model_loader/gguf_blocks.py`) are used as they are; the others
+are quantized from their float values, or, with `mode=None`, stay float. Norms stay float32, and
+so does the embedding table (a decode step reads one embedding row, not the table); with tied
+embeddings the LM head gets its own quantized copy of the table, which `QuantEmbedding` can read
+rows from instead of a float table.
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from plait.kernels.quant_matmul import QuantizedWeight, quant_matmul, quantize_int4, quantize_int8
+from plait.kernels.quant_matmul import (
+    QuantizedWeight,
+    dequantize,
+    quant_matmul,
+    quantize_int4,
+    quantize_int8,
+)
 
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
@@ -21,7 +28,7 @@ PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 class QuantLinear(nn.Module):
     def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None) -> None:
         super().__init__()
-        self.format, self.group = qw.format, qw.group
+        self.format, self.group, self.scale_dtype = qw.format, qw.group, qw.scales.dtype
         self.out_features, self.in_features = qw.shape
         self.register_buffer("qweight", qw.qweight)
         self.register_buffer("scales", qw.scales)
@@ -39,7 +46,7 @@ class QuantLinear(nn.Module):
         super()._apply(fn, recurse)
         for name in ("scales", "mins"):  # the kernels' format, whatever dtype the model is cast to
             if self._buffers[name] is not None:
-                self._buffers[name] = self._buffers[name].to(torch.float16)
+                self._buffers[name] = self._buffers[name].to(self.scale_dtype)
         self._refresh()  # `.to(device)` replaced the buffers
         return self
 
@@ -50,14 +57,38 @@ class QuantLinear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, format={self.format}, group={self.group}"
 
 
+class QuantEmbedding(nn.Module):
+    """An embedding table read from a tied LM head's blocks: each looked-up row dequantized (the
+    rows are the file's, as the float table would hold them). The head is not a submodule here,
+    so its bytes count once."""
+
+    def __init__(self, head: QuantLinear) -> None:
+        super().__init__()
+        self.heads = (head,)  # a tuple: not registered as a submodule
+        self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        rows = self.heads[0].qw.rows(input_ids.reshape(-1))
+        return dequantize(rows).reshape(*input_ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, from the LM head's blocks"
+
+
 def quantize_weight(w: torch.Tensor, mode: str) -> QuantizedWeight:
     return quantize_int8(w) if mode == "int8" else quantize_int4(w)
 
 
+def quantized_linears(model: nn.Module) -> bool:
+    """Whether any of the model's linears runs on the quantized kernels."""
+    return any(isinstance(m, QuantLinear) for m in model.modules())
+
+
 def quantize_linears(
-    model: nn.Module, mode: str, prequantized: dict[str, QuantizedWeight] | None = None
+    model: nn.Module, mode: str | None, prequantized: dict[str, QuantizedWeight] | None = None
 ) -> None:
-    """Swaps the model's projections and LM head for `QuantLinear`s (in place)."""
+    """Swaps the model's projections and LM head for `QuantLinear`s (in place); with `mode=None`
+    only those in `prequantized`, the others stay float."""
     prequantized = prequantized or {}
     targets = [
         name
@@ -70,6 +101,8 @@ def quantize_linears(
         parent = model.get_submodule(parent_name) if parent_name else model
         linear: nn.Linear = getattr(parent, leaf)
         qw = prequantized.get(f"{name}.weight")
+        if qw is None and mode is None:
+            continue
         if qw is None:
             qw = quantize_weight(linear.weight.detach().float(), mode)
         setattr(parent, leaf, QuantLinear(qw, linear.bias))

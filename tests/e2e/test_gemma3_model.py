@@ -89,6 +89,36 @@ def test_the_recorded_reference_is_what_transformers_computes(gemma3_engine, gem
     assert same >= 0.98 and median <= 0.02
 
 
+def test_its_blocks_run_natively_and_agree_with_the_dequantized_model(gemma3_engine):
+    """The default engine reads each block type as stored (the head and the embedding rows from the
+    Q8_0 table); greedy output equals the float32 model's on the same file, and so do the top
+    tokens of a teacher-forced text."""
+    from plait import Engine
+    from plait.kernels.quant_matmul import native_quant_available
+
+    stats = gemma3_engine.stats()
+    assert stats["quantization"] is None
+    assert stats["weight_types"]["Q4_K"] == {"int4 blocks as stored, float32 scales": 27}
+    assert stats["weight_types"]["Q6_K"] == {"int8 blocks as stored, float32 scales": 9}
+    assert stats["weight_types"]["Q5_0"] == {"int8 blocks as stored": 81}
+    assert stats["weight_types"]["Q8_0"] == {
+        "int8 blocks as stored": 10,
+        "rows read from the head's blocks": 1,
+    }
+    if native_quant_available():
+        assert stats["execution_quantized_matmul"].startswith("native")
+    prompts = ["The capital of France is", "def fibonacci(n):", "Water boils at"]
+    params = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
+    ids = reference()["ids"][:300]
+    with Engine(model_path="gemma3-270m", quantization="float32", max_total_tokens=2048) as dense:
+        assert dense.stats()["weight_types"]["Q4_K"] == {"float32": 27}
+        expected = [o["text"] for o in dense.generate(prompts, params)]
+        dense_top, dense_chosen = teacher_forced(dense, ids)
+    assert [o["text"] for o in gemma3_engine.generate(prompts, params)] == expected
+    same, median = agreement(*teacher_forced(gemma3_engine, ids), dense_top, dense_chosen)
+    assert same >= 0.98 and median <= 0.02
+
+
 def test_greedy_continuation_is_transformers(gemma3_engine):
     out = gemma3_engine.generate(
         "The capital of France is", {"max_new_tokens": 12, "temperature": 0}

@@ -206,12 +206,14 @@ def write_experts(writer, name: str, w: np.ndarray, kind) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     "qtype,quantization",
-    [(t, None) for t in TYPES] + [("Q8_0", "int8"), ("Q4_0", "int4"), ("Q4_1", "int4")],
+    [(t, "float32") for t in TYPES]
+    + [("Q8_0", "int8"), ("Q4_0", "int4"), ("Q4_1", "int4"), ("Q5_0", None), ("Q4_1", None)],
 )
 def test_gguf_types_match_transformers(
     tmp_path, smollm_tokenizer, gguf_metadata, qtype, quantization, monkeypatch
 ):
-    """Dequantized, or (with `quantization`) kept in their blocks for the quantized kernels."""
+    """Dequantized ("float32"), or kept in their blocks for the quantized kernels (None, the
+    default, and "int8" / "int4")."""
     from plait.kernels import quant_matmul
 
     # the native kernels' rows: a bfloat16 GEMM (AMX machines) would blur a misread block's error
@@ -267,7 +269,7 @@ def test_family_ggufs_match_transformers(tmp_path, smollm_tokenizer, gguf_metada
         tmp_path / "hf", family, smollm_tokenizer, seed=5, random_norms=True, **overrides
     )
     loaded = assert_gguf_matches_transformers(
-        tmp_path, hf_dir, gguf_metadata, "Q8_0", None, arch, smollm_tokenizer
+        tmp_path, hf_dir, gguf_metadata, "Q8_0", "float32", arch, smollm_tokenizer
     )
     assert loaded.family.name == ("llama" if family == "mixtral" else family)
     if case == "llama3-rope":
@@ -288,12 +290,12 @@ def assert_gguf_matches_transformers(
         str(tmp_path / f"tiny-{qtype}.gguf"), torch.float32, torch.device("cpu"), quantization
     )
     tolerance = 1e-4
-    if quantization is not None:
+    if quantization != "float32":
         from plait.kernels.quant_matmul import native_q8_rows
         from plait.runtime.models.quantized import QuantLinear
 
         linears = [m for m in loaded.model.modules() if isinstance(m, QuantLinear)]
-        assert {m.format for m in linears} == {"int8" if qtype == "Q8_0" else "int4"}
+        assert {m.format for m in linears} == {"int4" if qtype.startswith("Q4") else "int8"}
         if native_q8_rows(
             DEQUANT_GEMM_MIN_ROWS, linears[0].qw
         ):  # AVX-512 VNNI rounds x at any row count

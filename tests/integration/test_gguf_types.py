@@ -11,6 +11,8 @@ import torch
 
 from plait.kernels.quant_matmul import dequantize_ref, quantize_int4, quantize_int8
 from plait.runtime.model_loader import gguf_loader, load_model
+from plait.runtime.model_loader.gguf_blocks import BLOCK_TYPES
+from plait.runtime.models.quantized import QuantLinear
 
 HIDDEN, FFN, HEADS, KV_HEADS = 256, 256, 2, 1  # rows of 256: the k-quants' super-block
 HEAD_DIM = HIDDEN // HEADS
@@ -114,7 +116,7 @@ def as_tensor(array: np.ndarray) -> torch.Tensor:
 @pytest.mark.parametrize("qtype", ["F16", *gguf_types()])
 def test_every_type_loads_as_gguf_dequantizes_it(tmp_path, qtype):
     stored = write_tiny_gguf(tmp_path / "m.gguf", qtype)
-    loaded = load_model(str(tmp_path / "m.gguf"), torch.float32, CPU)
+    loaded = load_model(str(tmp_path / "m.gguf"), torch.float32, CPU, "float32")
     layer = loaded.model.model.layers[0]
     qkv = torch.cat([as_tensor(stored[f"blk.0.attn_{p}.weight"]) for p in "qkv"])
     gate_up = torch.cat([as_tensor(stored[f"blk.0.ffn_{p}.weight"]) for p in ("gate", "up")])
@@ -133,6 +135,26 @@ def test_every_type_loads_as_gguf_dequantizes_it(tmp_path, qtype):
     }  # norms, biases, the table and its tied head
 
 
+@pytest.mark.parametrize("qtype", BLOCK_TYPES)
+def test_by_default_the_kernels_block_types_stay_in_their_blocks(tmp_path, qtype):
+    stored = write_tiny_gguf(tmp_path / "m.gguf", qtype)
+    loaded = load_model(str(tmp_path / "m.gguf"), torch.float32, CPU)
+    layer = loaded.model.model.layers[0]
+    down = layer.mlp.down_proj
+    assert isinstance(down, QuantLinear)
+    assert torch.equal(dequantize_ref(down.qw), as_tensor(stored["blk.0.ffn_down.weight"]))
+    scales = "" if qtype in ("Q4_0", "Q4_1", "Q8_0", "Q5_0") else ", float32 scales"
+    assert loaded.weight_types[qtype] == {f"{down.format} blocks as stored{scales}": 7}
+    assert loaded.weight_types["F32"] == {"float32": 8}  # the float table's tied head stays float
+    assert isinstance(loaded.model.lm_head, torch.nn.Linear)
+
+
+def test_other_types_stay_float_by_default(tmp_path):
+    write_tiny_gguf(tmp_path / "m.gguf", "IQ4_XS")
+    loaded = load_model(str(tmp_path / "m.gguf"), torch.float32, CPU)
+    assert loaded.weight_types["IQ4_XS"] == {"float32": 7}
+
+
 @pytest.mark.parametrize(
     "qtype,quantization", [("Q4_K", "int4"), ("Q6_K", "int8"), ("IQ4_XS", "int4"), ("Q8_0", "int4")]
 )
@@ -140,9 +162,9 @@ def test_other_types_are_requantized_from_their_exact_floats(tmp_path, qtype, qu
     stored = write_tiny_gguf(tmp_path / "m.gguf", qtype)
     loaded = load_model(str(tmp_path / "m.gguf"), torch.float32, CPU, quantization)
     down = loaded.model.model.layers[0].mlp.down_proj
-    if qtype == "Q8_0":  # blocks plait's kernels read are kept as the file holds them
-        assert down.format == "int8"
-        assert loaded.weight_types[qtype] == {"int8 blocks as stored": 7}
+    if qtype in BLOCK_TYPES:  # blocks plait's kernels read are kept as the file holds them
+        scales = "" if qtype == "Q8_0" else ", float32 scales"
+        assert loaded.weight_types[qtype] == {f"{down.format} blocks as stored{scales}": 7}
         expected = as_tensor(stored["blk.0.ffn_down.weight"])
     else:
         assert down.format == quantization
@@ -155,7 +177,7 @@ def test_other_types_are_requantized_from_their_exact_floats(tmp_path, qtype, qu
 def test_stats_say_how_each_type_runs(tmp_path):
     from plait import Engine
 
-    write_tiny_gguf(tmp_path / "m.gguf", "Q5_0")
+    write_tiny_gguf(tmp_path / "m.gguf", "IQ4_XS")
     with Engine(
         model_path=str(tmp_path / "m.gguf"), quantization="int8", max_total_tokens=256
     ) as engine:
@@ -165,8 +187,9 @@ def test_stats_say_how_each_type_runs(tmp_path):
     assert stats["model_family"] == "qwen2"
     assert stats["weight_types"] == {
         "F32": {"float32": 7, "int8 quantized at load": 1},  # the tied head is quantized at load
-        "Q5_0": {"int8 quantized at load": 7},
+        "IQ4_XS": {"int8 quantized at load": 7},
     }
+    assert stats["execution_quantized_matmul"].startswith(("native", "torch reference"))
 
 
 def test_a_file_that_is_not_a_gguf_is_named(tmp_path):

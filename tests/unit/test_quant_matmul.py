@@ -65,9 +65,9 @@ def test_bad_arguments_name_the_argument() -> None:
     with pytest.raises(ValueError, match="format"):
         QuantizedWeight.cat([quantize_int8(torch.randn(4, 64)), quantize_int4(torch.randn(4, 64))])
     good = quantize_int4(torch.randn(4, 64))
-    with pytest.raises(ValueError, match="scales must be float16"):
-        QuantizedWeight("int4", good.qweight, good.scales.float(), good.mins, 32)
-    with pytest.raises(ValueError, match="mins must be float16"):
+    with pytest.raises(ValueError, match="scales must be float16 or float32"):
+        QuantizedWeight("int4", good.qweight, good.scales.double(), good.mins, 32)
+    with pytest.raises(ValueError, match="mins must be torch.float16"):
         QuantizedWeight("int4", good.qweight, good.scales, good.mins.float(), 32)
 
 

@@ -1,0 +1,107 @@
+"""GGUF's Q5_0 and k-quants (Q4_K, Q5_K, Q6_K) in the quantized kernels: the blocks load as the
+file's weights bit for bit, and the native kernel equals the torch reference (`quant_matmul_ref`
+with x rounded as the kernel rounds it) at decode and prefill row counts, on odd numbers of rows.
+
+Tolerance: against the reference that rounds x the same way (`q8_activations`, two int8 levels
+per 32 values), the kernel differs only by float32 summation order: 2e-4 of the result plus 1e-5
+of the sum of the terms' magnitudes. Against float
+activations the two-level rounding adds at most 1/256 of an int8 step of x per block, far below
+the weights' own quantization error (checked below on each type)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from plait.kernels import quant_matmul as qm
+from plait.kernels.quant_matmul import dequantize, dequantize_ref, quant_matmul, quant_matmul_ref
+from plait.runtime.model_loader.gguf_blocks import quantized_blocks
+
+KQUANTS = ["Q5_0", "Q4_K", "Q5_K", "Q6_K"]
+# rows not a multiple of a task's 16 or the eight rows reduced at once; K a multiple of 256 (a
+# k-quant superblock): 1, 2, 3 and 9 superblocks (odd counts of eight-block runs and of pairs)
+SHAPES = [(37, 256), (21, 512), (9, 768), (45, 2304)]
+
+needs_native = pytest.mark.skipif(
+    not qm.native_quant_available(), reason="native CPU kernels did not build"
+)
+
+
+def gguf_blocks(kind: str, n: int, k: int, seed: int) -> np.ndarray:
+    """[n, k] in `kind`'s blocks: quantized by gguf where it can, else random bytes with bit 6
+    clear (every float16 scale inside them is then finite)."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[kind]
+    rng = np.random.default_rng(seed)
+    try:
+        return gguf.quants.quantize(rng.normal(0, 0.1, (n, k)).astype(np.float32), qtype)
+    except NotImplementedError:
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        return rng.integers(0, 256, (n, k // block * size), dtype=np.uint8) & np.uint8(0xBF)
+
+
+@pytest.mark.parametrize("kind", KQUANTS)
+def test_blocks_load_as_gguf_dequantizes_them(kind: str) -> None:
+    import gguf
+
+    for n, k in SHAPES:
+        raw = gguf_blocks(kind, n, k, seed=n)
+        expected = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind]).reshape(n, k)
+        qw = quantized_blocks(kind, raw, n, k)
+        ours = dequantize_ref(qw).numpy()
+        assert np.array_equal(ours.view(np.uint32), expected.astype(np.float32).view(np.uint32))
+        # int8 values unless the type is 4-bit; float32 scales where float16 would round them
+        assert qw.format == ("int4" if kind == "Q4_K" else "int8")
+        assert qw.scales.dtype == (torch.float16 if kind == "Q5_0" else torch.float32)
+        assert qw.group == (16 if kind == "Q6_K" else 32)
+
+
+@needs_native
+@pytest.mark.parametrize("m", [1, 3, 17, qm.DEQUANT_GEMM_MIN_ROWS + 1])
+@pytest.mark.parametrize("kind", KQUANTS)
+def test_native_kernel_matches_reference(kind: str, m: int, monkeypatch) -> None:
+    monkeypatch.setattr(qm, "bf16_gemm_enabled", lambda: False)  # AMX machines: the bfloat16 tests
+    for n, k in SHAPES:
+        gen = torch.Generator().manual_seed(m * 1000 + n)
+        qw = quantized_blocks(kind, gguf_blocks(kind, n, k, seed=n), n, k)
+        x = torch.randn(m, k, generator=gen)
+        bias = torch.randn(n, generator=gen)
+        q8 = qm.native_q8_rows(m, qw)
+        assert q8 == (m <= qm.q8_max_rows())  # every k-quant shape takes int8 activations
+        expected = quant_matmul_ref(x, qw, bias, q8=q8)
+        w = dequantize_ref(qw)
+        # float32 sums in another order: relative to the sum of the terms' magnitudes (random
+        # k-quant bytes hold large minimums that cancel)
+        magnitude = x.abs() @ w.abs().t() + bias.abs()
+        assert (
+            (quant_matmul(x, qw, bias) - expected).abs() <= 2e-4 * expected.abs() + 1e-5 * magnitude
+        ).all()
+        torch.testing.assert_close(dequantize(qw), w, atol=0, rtol=0)
+        # x's two-level int8 rounding adds a small fraction of the weights' own error
+        weight_error = (quant_matmul_ref(x, qw, bias) - (x @ w.t() + bias)).abs().mean()
+        exact = quant_matmul_ref(x, qw, bias)
+        assert (expected - exact).abs().mean() < 0.05 * exact.abs().mean() + weight_error
+
+
+@needs_native
+@pytest.mark.parametrize("kind", KQUANTS)
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(kind: str) -> None:
+    n, k = 45, 768
+    qw = quantized_blocks(kind, gguf_blocks(kind, n, k, seed=3), n, k)
+    x = torch.randn(17, k, generator=torch.Generator().manual_seed(0))
+    alone = torch.cat([quant_matmul(x[i : i + 1], qw) for i in range(17)])
+    for m in (3, 9, 17):
+        assert torch.equal(quant_matmul(x[:m], qw), alone[:m]), f"{m} rows"
+
+
+def test_scales_and_mins_agree_in_dtype() -> None:
+    qw = quantized_blocks("Q4_K", gguf_blocks("Q4_K", 4, 256, seed=0), 4, 256)
+    with pytest.raises(ValueError, match="mins must be torch.float32"):
+        qm.QuantizedWeight("int4", qw.qweight, qw.scales, qw.mins.half(), 32)
+    with pytest.raises(ValueError, match="int8 mins need groups of 32"):
+        qm.QuantizedWeight(
+            "int8", torch.zeros(4, 256, dtype=torch.int8), torch.ones(4, 16), torch.ones(4, 16), 16
+        )
+    assert qw.code == qm.FORMAT_CODE["int4-f32"]
