@@ -70,7 +70,9 @@ class HandoffProxy:
             return None
         half = json.dumps({k: v for k, v in body.items() if k not in _NOT_PREFILLED})
         upstream = {**headers, HANDOFF_HEADER: decode.url, "content-type": "application/json"}
+        # NOTE: the decode replica counts the request from now: routing balances on in_flight
         replica.in_flight += 1
+        decode.in_flight += 1
         try:
             reply = await until_disconnect(
                 request, self.client.post(replica.url + path, content=half, headers=upstream)
@@ -83,6 +85,7 @@ class HandoffProxy:
             return Response(status_code=499)
         finally:
             replica.in_flight -= 1
+            decode.in_flight -= 1
         replica.served += 1
         if reply.status_code != 200:
             m.handoffs.labels(replica.url, "prefill_failed").inc()
