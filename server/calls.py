@@ -248,7 +248,7 @@ async def _prefill_half(
         except ValueError as e:
             raise from_value_error(e, rename=rename) from None
     auth = request.headers.get("authorization")
-    return await kv_handoff.push(prefilled, target, auth, time.perf_counter() - started)
+    return await kv_handoff.push(state, prefilled, target, auth, time.perf_counter() - started)
 
 
 class _Release:

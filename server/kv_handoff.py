@@ -68,7 +68,9 @@ def handoff_target(state: Any, request: Request) -> str | None:
     return target.rstrip("/")
 
 
-async def push(prefilled: Any, target: str, auth: str | None, prefill_s: float) -> HandedOff:
+async def push(
+    state: Any, prefilled: Any, target: str, auth: str | None, prefill_s: float
+) -> HandedOff:
     """Posts the prefilled runs to `target`'s `/kv/import`; the answer for the router."""
     from plait.runtime.kv_tiers.handoff import encode_runs
 
@@ -90,9 +92,10 @@ async def push(prefilled: Any, target: str, auth: str | None, prefill_s: float) 
     if auth:
         headers["authorization"] = auth
     started = time.perf_counter()
+    if state.push_client is None:  # one per server: a client is costly to make (TLS setup)
+        state.push_client = httpx.AsyncClient(timeout=PUSH_TIMEOUT)
     try:
-        async with httpx.AsyncClient(timeout=PUSH_TIMEOUT) as client:
-            reply = await client.post(target + IMPORT_PATH, content=body(), headers=headers)
+        reply = await state.push_client.post(target + IMPORT_PATH, content=body(), headers=headers)
         if reply.status_code == 200:
             result = reply.json()
             summary["imported_tokens"] = result["tokens"]

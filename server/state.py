@@ -89,6 +89,7 @@ class ServerState:
         stats = self.engine.stats()
         self.pool_tokens: int = stats["kv_pages_total"] * stats["page_size"]
         self._backend: Any = None
+        self.push_client: Any = None  # httpx.AsyncClient of a prefill server's KV pushes
 
     @property
     def model_name(self) -> str:
