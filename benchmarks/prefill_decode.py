@@ -3,8 +3,9 @@
 Streams of short requests decode without pause while long prompts arrive every few seconds. Each
 setup serves the same load through the router: `colocated` (one replica on every core),
 `chunked` (the same with long prompts prefilled in small chunks between decode steps, the usual
-remedy without a second replica) and `pd` (a prefill replica and a decode replica, the cores split
-between them). Reported: output tokens/s, TTFT and ITL (p50/p99) of the short streams, their ITL
+remedy without a second replica), `pd` (a prefill replica and a decode replica, the cores split
+between them) and `pd-long` (the same, but prompts under 1,000 characters are prefilled by the
+decode replica: the short streams skip the round trip and the queue behind long prefills). Reported: output tokens/s, TTFT and ITL (p50/p99) of the short streams, their ITL
 p99 *while a long prompt is being prefilled* (the interference disaggregation removes), the long
 prompts' TTFT, and for `pd` what moving the KV costs: bytes and milliseconds per long prompt,
 measured on long prompts sent alone after the load.
@@ -24,8 +25,13 @@ from typing import Any
 
 from plait.benchmarks.common import print_table, write_json
 
-SETUPS = {"colocated": (1, 0, []), "chunked": (1, 0, ["--chunked-prefill-size", "256"]),
-          "pd": (2, 1, [])}  # fmt: skip  # replicas, of them prefill, extra flags
+# replicas, of them prefill, replica flags, router settings
+SETUPS: dict[str, tuple[int, int, list[str], dict[str, Any]]] = {
+    "colocated": (1, 0, [], {}),
+    "chunked": (1, 0, ["--chunked-prefill-size", "256"], {}),
+    "pd": (2, 1, [], {}),
+    "pd-long": (2, 1, [], {"prefill_min_chars": 1000}),  # short prompts prefill where they decode
+}
 
 
 def add_prefill_decode_args(parser: argparse.ArgumentParser) -> None:
@@ -64,7 +70,9 @@ def add_prefill_decode_args(parser: argparse.ArgumentParser) -> None:
         help="KV pool tokens of each replica",
     )
     g.add_argument(
-        "--setups", default="colocated,chunked,pd", help="comma-separated, of " + ", ".join(SETUPS)
+        "--setups",
+        default="colocated,chunked,pd,pd-long",
+        help="comma-separated, of " + ", ".join(SETUPS),
     )
     g.add_argument("--seed", type=int, default=0, help="seed of the prompts")
     g.add_argument("--output", default="bench-results/pd.json", help="JSON file of the results")  # fmt: skip
@@ -199,9 +207,9 @@ def _run(args: argparse.Namespace, setup: str) -> dict[str, Any]:
     from plait.server.data_parallel import start_replicas
     from plait.server.launch import ServerThread
     from plait.server.router_app import create_router_app
-    from plait.server.routing import Router
+    from plait.server.routing import Router, RouterConfig
 
-    count, prefill, extra = SETUPS[setup]
+    count, prefill, extra, routing = SETUPS[setup]
     argv = ["--max-total-tokens", str(args.max_total_tokens), "--page-size", str(args.page_size),
             "--log-level", "warning", *extra]  # fmt: skip
     if args.quantization:
@@ -212,7 +220,8 @@ def _run(args: argparse.Namespace, setup: str) -> dict[str, Any]:
     procs = start_replicas(argv, count, roles=roles)
     try:
         urls = [p.url for p in procs]
-        router = Router.for_urls(urls[: count - prefill], None, urls[count - prefill :])
+        config = RouterConfig(**routing)
+        router = Router.for_urls(urls[: count - prefill], config, urls[count - prefill :])
         app = create_router_app(router)
         try:
             with ServerThread(app) as server:
@@ -237,6 +246,7 @@ def _run(args: argparse.Namespace, setup: str) -> dict[str, Any]:
         "replicas": count,
         "prefill_replicas": prefill,
         "flags": extra,
+        "router": routing,
         **result,
     }
 

@@ -65,7 +65,10 @@ class Proxy:
             replica = decision.replica
             tried.add(replica.url)
             self.metrics.observe_route(decision, len(key))
-            if body is not None and replica.role == "decode" and path in HANDOFF_PATHS:
+            if (
+                body is not None and replica.role == "decode" and path in HANDOFF_PATHS
+                and len(key) >= self.router.config.prefill_min_chars
+            ):  # fmt: skip
                 headers = forward_headers(request.headers)
                 answer = await self.handoffs.prefill(request, path, body, key, replica, headers)
                 if answer is not None:

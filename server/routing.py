@@ -39,6 +39,8 @@ class RouterConfig:
     health_interval: float = 1.0  # seconds between /health probes of each replica
     max_attempts: int = 3  # replicas one request may try before it fails
     max_sessions: int = 10_000
+    # with prefill replicas: shorter prompts (in characters) are prefilled where they decode
+    prefill_min_chars: int = 0
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -52,6 +54,10 @@ class RouterConfig:
         if self.balance_rel_threshold < 1.0:
             raise ValueError(
                 f"balance_rel_threshold: must be at least 1, got {self.balance_rel_threshold}"
+            )
+        if self.prefill_min_chars < 0:
+            raise ValueError(
+                f"prefill_min_chars: must be non-negative, got {self.prefill_min_chars}"
             )
         for name in ("max_tree_chars", "max_attempts", "max_sessions"):
             if getattr(self, name) < 1:

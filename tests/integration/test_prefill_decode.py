@@ -39,6 +39,7 @@ def cluster(tiny_llama_dir):
         app = create_router_app(router)
         with ServerThread(app) as server:
             server.colocated, server.prefill, server.decode = colocated, prefill, decode
+            server.router = router
             yield server
         app.state.router.close()
 
@@ -119,6 +120,25 @@ def test_openai_routes_equal_the_colocated_servers(cluster):
     assert cluster.decode.engine.stats()["cache_hit_rate"] > 0.5
     for server in (cluster.prefill, cluster.decode):
         _idle(server.engine)
+
+
+def test_short_prompts_can_be_prefilled_where_they_decode(cluster):
+    import dataclasses
+
+    router = cluster.router
+    config = router.config
+    router.config = dataclasses.replace(config, prefill_min_chars=600)  # 40 words < 600 < 200
+    try:
+        handoffs = _metric(cluster.url, "plait_router_kv_handoffs_total")
+        short = _generate(cluster.url, _text(11, 40))  # new prompts: nothing cached
+        assert short["meta_info"]["cached_tokens"] == 0  # prefilled on the decode server
+        assert _metric(cluster.url, "plait_router_kv_handoffs_total") == handoffs
+        long = _generate(cluster.url, _text(12, 200))
+        assert long["meta_info"]["cached_tokens"] > 0
+        assert _metric(cluster.url, "plait_router_kv_handoffs_total") == handoffs + 1
+    finally:
+        router.config = config
+    _idle(cluster.decode.engine)
 
 
 def test_bad_input_is_the_prefill_servers_400(cluster):
