@@ -397,3 +397,22 @@ def test_sglang_and_vllm_spellings_set_the_same_config(spellings):
         server_config(d),
         d.dp_size,
     )
+
+
+def test_the_documented_prefill_decode_commands_parse():
+    import re
+    import shlex
+    from pathlib import Path
+
+    from plait.cli import build_parser
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "scaling.md").read_text()
+    section = doc.split("## Prefill–decode disaggregation", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, flags=re.S).group(1)
+    commands = [shlex.split(line.split("#")[0].rstrip(" &")) for line in block.splitlines()]
+    assert len(commands) == 5 and all(c[:2] == ["plait", "serve"] for c in commands)
+    parsed = [build_parser().parse_args(c[1:]) for c in commands]
+    assert [a.prefill_replicas for a in parsed[:2]] == [1, 1]
+    assert parsed[1].router_prefill_min_chars == 2000
+    assert [a.role for a in parsed[2:4]] == ["prefill", "decode"]
+    assert parsed[4].prefill_urls == ["http://127.0.0.1:30001"]
