@@ -232,6 +232,37 @@ def json_extraction(r: Report) -> list[str]:
     return lines
 
 
+PD_HEADERS = ["setup", "replicas", "threads", "output tok/s", "TTFT p50 ms", "ITL p50 ms", "ITL p99 ms",
+              "ITL p99 during long prefills ms", "long TTFT p50 ms", "KV MB per long prompt", "push ms",
+              "prefill ms", "failed"]  # fmt: skip
+
+
+def prefill_decode(r: Report) -> list[str]:
+    c, runs = r["config"], r["runs"]
+    cpus = r.get("machine", {}).get("cpus")
+    rows = []
+    for name, x in runs.items():
+        t = x.get("transfer")
+        threads = f"{cpus // x['replicas']} each" if cpus and x["replicas"] > 1 else cpus
+        rows.append([name, x["replicas"], threads, x["output_tok_s"], x["short_ttft_ms"]["p50"],
+                     x["itl_ms"]["p50"], x["itl_ms"]["p99"], x["itl_during_long_prefill_ms"]["p99"],
+                     x["long_ttft_ms"]["p50"], t and t["bytes"] / 1e6, t and t["push_ms"],
+                     t and t["prefill_ms"], len(x["failed"])])  # fmt: skip
+    return [
+        f"{c['streams']} streams of short requests ({c['short_len']} words in, {c['output_len']} tokens out, "
+        f"greedy) decode without pause while {c['num_long']} long prompts of {c['long_len']} words "
+        f"({c['long_output']} tokens out) arrive {c['long_interval']:g} s apart, through the router; "
+        f"quantization {c.get('quantization')}. `colocated`: one replica on every core; `chunked`: the "
+        f"same, prefilling in chunks of 256 tokens; `pd`: a prefill and a decode replica, the cores "
+        f"split between them; `pd-long`: the same, short prompts prefilled where they decode. ITL "
+        f"during long prefills counts the gaps that overlap a long prompt's wait for its first token. "
+        f"KV per long prompt: bytes, push and prefill milliseconds of long prompts sent alone after "
+        f"the load.",
+        "",
+        *table(PD_HEADERS, rows),
+    ]
+
+
 # the page --------------------------------------------------------------------------------------
 
 # (report file, heading, renderer, its figures in IMAGES as `plots.py` names them), in page order
@@ -242,6 +273,7 @@ SECTIONS: list[tuple[str, str, Callable[[Report], list[str]], str]] = [
     ("speculative.json", "Speculative decoding", speculative, "speculative*.png"),
     ("jsonschema.json", "Structured output on real-world schemas", jsonschema, "jsonschema-*.png"),
     ("json.json", "JSON extraction: jump-forward", json_extraction, "json-*.png"),
+    ("pd.json", "Prefill–decode disaggregation", prefill_decode, "pd-*.png"),
 ]
 
 

@@ -129,6 +129,10 @@ def _run_bench(args: argparse.Namespace) -> int:
         from plait.benchmarks.jsonschema_bench import run_jsonschema_bench
 
         return run_jsonschema_bench(args)
+    if args.workload == "pd":
+        from plait.benchmarks.prefill_decode import run_prefill_decode_bench
+
+        return run_prefill_decode_bench(args)
     if args.workload == "data-parallel":
         from plait.benchmarks.data_parallel import run_data_parallel_bench
 
@@ -368,6 +372,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_data_parallel_args(dp)
     dp.set_defaults(func=_cmd_bench)
+    from plait.benchmarks.prefill_decode import add_prefill_decode_args
+
+    pd = bench_sub.add_parser(
+        "pd", help="prefill-decode disaggregation vs colocated: ITL while long prompts arrive"
+    )
+    add_prefill_decode_args(pd)
+    pd.set_defaults(func=_cmd_bench)
     from plait.benchmarks.kv_tiers import add_kv_tiers_args
 
     kvt = bench_sub.add_parser(

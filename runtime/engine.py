@@ -77,6 +77,14 @@ class Engine:
         # the Engine stops the loop and frees the model and KV pool.
         self._finalizer = weakref.finalize(self, core.shutdown)
 
+    @property
+    def handoff(self) -> Any:
+        """Prefill–decode disaggregation: this engine's prefill-and-export and import of
+        prompts' KV (`runtime/handoff.py`)."""
+        from plait.runtime.handoff import Handoff
+
+        return Handoff(self)
+
     # submitting ------------------------------------------------------------------------------
 
     def _make_requests(self, *args: Any) -> tuple[list[Request], bool]:

@@ -106,7 +106,9 @@ class EngineCore:
             )
             self.allocator.on_free = self.window.logical_freed
         self.tiers: Any = None  # KVTiers: local disk and Redis below the pool
-        salt = None
+        self.handoff: Any = None  # KVHandoff: prefill–decode disaggregation, built on first use
+        self._handoff_lock = threading.Lock()
+        self.salt: bytes | None = None
         if cc.kv_tiers:
             if self.window is not None:
                 raise ValueError(
@@ -116,7 +118,8 @@ class EngineCore:
                 )
             from plait.runtime.kv_tiers import engine_salt
 
-            salt = engine_salt(self)
+            self.salt = engine_salt(self)
+        salt = self.salt
         self.cache = RadixCache(
             cc.page_size, self.allocator, disable=cc.disable_radix_cache, salt=salt
         )
@@ -188,10 +191,42 @@ class EngineCore:
     def closing_search(self) -> Any:
         return self.constraint_tools.result().closing
 
+    def kv_handoff(self) -> Any:
+        """The `KVHandoff` that exports and imports prompts' KV (built on first use; any thread)."""
+        with self._handoff_lock:
+            if self.handoff is None:
+                from plait.runtime.kv_tiers import engine_salt
+                from plait.runtime.kv_tiers.handoff import KVHandoff
+
+                if self.tp is not None or self.cache.disable:
+                    raise ValueError(
+                        "kv handoff: needs the radix cache and one device (not disable_radix_cache "
+                        "or tp_size > 1)"
+                    )
+                if self.window is not None:
+                    raise ValueError(
+                        "kv handoff: a model with sliding-window layers keeps those layers' KV in "
+                        "window pages, which the handoff does not carry yet"
+                    )
+                self.salt = self.salt or engine_salt(self)
+                self.handoff = KVHandoff(self.kv_pool, self.cache, self.salt)
+            return self.handoff
+
+    def call(self, fn: Any) -> Any:
+        """Runs `fn()` on the loop between steps; a concurrent Future of its result."""
+        from concurrent.futures import Future
+
+        if self.stopped:
+            raise RuntimeError("Engine: already shut down")
+        future: Future = Future()
+        self.post("call", (fn, future))
+        return future
+
     # the loop --------------------------------------------------------------------------------
 
     def post(self, kind: str, item: Any) -> None:
-        """Hands the loop a message (`add`, `abort`, `flush`, `stop`); ends a running burst."""
+        """Hands the loop a message (`add`, `abort`, `flush`, `call`, `stop`); ends a running
+        burst."""
         self._inbox.put((kind, item))
         self._interrupt.value = 1
 
@@ -248,6 +283,8 @@ class EngineCore:
                 try:
                     self.processor.start(req)
                     self.scheduler.add(req)
+                    if self.handoff is not None:  # pages imported for it stay until it is admitted
+                        self.handoff.claim(req)
                 except Exception as exc:
                     status = 400 if isinstance(exc, ValueError) else 500
                     self.processor.finish(
@@ -263,9 +300,17 @@ class EngineCore:
             done, outcome = item
             ok = not self.scheduler.has_work()
             if ok:
+                if self.handoff is not None:
+                    self.handoff.release_all()
                 self.cache.reset()
             outcome.append(ok)
             done.set()
+        elif kind == "call":
+            fn, future = item
+            try:
+                future.set_result(fn())
+            except Exception as exc:
+                future.set_exception(exc)
         elif kind == "stop":
             self._stopped.set()
 
@@ -462,6 +507,7 @@ class EngineCore:
             **self._window_stats(total - free),
             **self.execution_stats,
             **(self.tiers.stats() if self.tiers is not None else {}),
+            **(self.handoff.stats() if self.handoff is not None else {}),
             **{f"total_{k}": v for k, v in self._totals.items()},
         }
 

@@ -42,7 +42,10 @@ def end(core: EngineCore, req: Request, message: str, status: int, keep: bool = 
 
 
 def expire(core: EngineCore) -> None:
-    """Aborts every request whose deadline has passed (HTTP 504)."""
+    """Aborts every request whose deadline has passed (HTTP 504); ends the holds on imported
+    KV whose request was admitted or never came."""
+    if core.handoff is not None:
+        core.handoff.expire()
     now = time.perf_counter()
     for req in core.scheduler.all_requests():
         if req.deadline is not None and now >= req.deadline:
@@ -86,5 +89,7 @@ def drain(core: EngineCore, inbox: queue.Queue[tuple[str, Any]]) -> None:
             done, outcome = item
             outcome.append(False)
             done.set()
+        elif kind == "call":
+            item[1].set_exception(RuntimeError("Engine: shut down before the call ran"))
     for req in core.scheduler.all_requests():
         end(core, req, message, 503, keep=False)

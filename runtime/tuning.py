@@ -129,3 +129,12 @@ TIER_MIN_HOLD_SECONDS = 0.005
 TIER_MAX_PENDING_WRITE_BYTES = 512 * 1024 * 1024
 # At shutdown, how long the writer may take to store what is queued.
 TIER_FLUSH_SECONDS = 30.0
+
+# Prefill–decode handoff (kv_tiers/handoff.py) --------------------------------------------------
+
+# Imported pages are held (unevictable) until the request they were sent for is admitted; the
+# router sends it right after the import, so this bounds only runs whose request never came (a
+# router that died between the two). Short: held pages are pages other requests cannot have.
+HANDOFF_HOLD_SECONDS = 10.0
+# At most this share of the pool is held for requests still to come; older holds end first.
+HANDOFF_MAX_HELD_FRACTION = 0.5

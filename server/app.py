@@ -11,6 +11,7 @@ from plait.server import native, openai_api, programs
 from plait.server.auth import APIKeyMiddleware
 from plait.server.dashboard import DashboardConfig, install_dashboard
 from plait.server.errors import install_error_handlers
+from plait.server.kv_handoff import IMPORT_PATH, install_kv_handoff
 from plait.server.limits import LimitsMiddleware
 from plait.server.metrics import CONTENT_TYPE
 from plait.server.openapi import install_openapi
@@ -39,6 +40,7 @@ def create_app(
     app.include_router(native.router)
     app.include_router(openai_api.router)
     app.include_router(programs.router)
+    install_kv_handoff(app)
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
@@ -47,5 +49,8 @@ def create_app(
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
     install_dashboard(app, dashboard)  # its static page is served before the key check
-    app.add_middleware(LimitsMiddleware, max_body_bytes=config.max_body_bytes)  # runs first
+    # runs first; pushed KV may exceed the body limit (its route has its own: the pool's size)
+    app.add_middleware(
+        LimitsMiddleware, max_body_bytes=config.max_body_bytes, exempt=(IMPORT_PATH,)
+    )
     return app

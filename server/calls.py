@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request
 
 from plait.runtime.protocol import MAX_SAMPLES
+from plait.server import kv_handoff
 from plait.server.errors import bad_request, from_value_error, queue_full
 from plait.server.metrics import StreamTimer
 
@@ -191,6 +192,9 @@ async def generate(
     """The native result(s); ValueError -> 400 (`rename`: see `from_value_error`); a disconnect
     aborts and raises `ClientGone`."""
     _prepare(state, request, kwargs)
+    target = kv_handoff.handoff_target(state, request)
+    if target is not None:
+        raise await _prefill_half(state, request, target, rename, kwargs)
     with state.admission.admit(kwargs["rid"], _samples(kwargs)):
         try:
             out = await until_disconnect(request, state.engine.async_generate(**kwargs))
@@ -211,6 +215,9 @@ async def stream(
     """Starts the call (raising a 400 or 503 before the first chunk) and returns its chunks."""
     start = time.perf_counter()
     _prepare(state, request, kwargs)
+    target = kv_handoff.handoff_target(state, request)
+    if target is not None:
+        raise await _prefill_half(state, request, target, rename, kwargs)
     admitted = state.admission.admit(kwargs["rid"], _samples(kwargs))
     rids = admitted.__enter__()
     try:
@@ -225,6 +232,23 @@ async def stream(
     # NOTE: a response that is dropped before its first chunk never enters `_relay`'s finally.
     weakref.finalize(relay, release)
     return relay
+
+
+async def _prefill_half(
+    state: ServerState, request: Request, target: str, rename: dict[str, str] | None,
+    kwargs: dict[str, Any],
+) -> kv_handoff.HandedOff:  # fmt: skip
+    """A request's prefill half (`--role prefill`): its prompts prefilled, their KV sent to the
+    decode replica at `target` (server/kv_handoff.py)."""
+    started = time.perf_counter()
+    with state.admission.admit(kwargs["rid"], 1):
+        try:
+            prefill = state.engine.handoff.async_prefill(**kwargs)
+            prefilled = await until_disconnect(request, prefill)
+        except ValueError as e:
+            raise from_value_error(e, rename=rename) from None
+    auth = request.headers.get("authorization")
+    return await kv_handoff.push(state, prefilled, target, auth, time.perf_counter() - started)
 
 
 class _Release:

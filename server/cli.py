@@ -86,6 +86,14 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         help="show prompt text on /dashboard (by default only token counts)",
     )
     parser.add_argument(
+        "--role",
+        default="both",
+        choices=["both", "prefill", "decode"],
+        help="prefill or decode: this server's half of prefill-decode disaggregation behind the "
+        "router (prefill pushes the KV of prompts it prefills to a decode server); both: whole "
+        "requests",
+    )
+    parser.add_argument(
         "--log-level",
         dest="log_level",
         default="info",
@@ -97,8 +105,15 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
     add_router_args(parser)
     parser.config_checks.append(server_config)
+    parser.config_checks.append(check_role)
     parser.set_defaults(func=serve)
     return parser
+
+
+def check_role(args: argparse.Namespace) -> None:
+    """A prefill or decode server hands KV over through its radix cache, on one device."""
+    if args.role != "both" and (args.disable_radix_cache or args.tp_size > 1):
+        raise ValueError(f"role: {args.role} needs the radix cache and --tp 1")
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
@@ -109,7 +124,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         served_model_name=args.served_model_name, accept_any_model=args.accept_any_model,
         closed_finish_reason=args.closed_finish_reason, max_queue=args.max_queue,
         log_level=args.log_level, request_timeout=args.request_timeout,
-        max_body_bytes=args.max_body_bytes,
+        max_body_bytes=args.max_body_bytes, role=args.role,
     )  # fmt: skip
 
 

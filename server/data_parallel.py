@@ -1,5 +1,7 @@
 """`plait serve --dp N`: N `plait serve` replicas on loopback ports behind the router, or
-`plait serve --replica URL ...`: the router alone, in front of servers that already run."""
+`plait serve --replica URL ...`: the router alone, in front of servers that already run.
+`--prefill-replicas K` (or `--prefill-replica URL ...`) disaggregates prefill and decode: K of
+the replicas prefill prompts and push their KV to the others, which decode."""
 
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ _ROUTER_HELP = {
     "balance_rel_threshold": "... and this many times as many (>= 1); then the idlest one is chosen",
     "max_tree_chars": "prompt characters remembered per replica (least recently used are forgotten)",
     "health_interval": "seconds between /health probes of each replica",
+    "prefill_min_chars": "with prefill replicas: prompts shorter than this many characters are "
+    "prefilled by their decode replica itself (0: every prompt goes to a prefill replica)",
 }
 
 
@@ -35,6 +39,13 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--replica", dest="replicas", action="append", default=[], metavar="URL",
                        help="route to a running plait server instead (repeatable; no local engine; "
                             "default: none)")  # fmt: skip
+    group.add_argument("--prefill-replicas", dest="prefill_replicas", type=int, default=0,
+                       help="of the --dp replicas, this many run --role prefill and push the KV "
+                            "of the prompts they prefill to the others (--role decode), which "
+                            "decode: prefill-decode disaggregation (0: off)")  # fmt: skip
+    group.add_argument("--prefill-replica", dest="prefill_urls", action="append", default=[],
+                       metavar="URL", help="with --replica: a running `plait serve --role "
+                       "prefill` that prefills for them (repeatable; default: none)")  # fmt: skip
     group.add_argument("--router-policy", dest="router_policy", default="cache_aware",
                        choices=POLICIES, help="how the router picks a replica")  # fmt: skip
     defaults = RouterConfig()
@@ -49,6 +60,16 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
 def check_router_args(args: argparse.Namespace) -> None:
     if args.dp_size < 1:
         raise ValueError(f"dp_size: must be at least 1, got {args.dp_size}")
+    if args.prefill_replicas and not 0 < args.prefill_replicas < args.dp_size:
+        raise ValueError(
+            f"prefill_replicas: must leave a decode replica, in [1, {args.dp_size - 1}] with "
+            f"--dp {args.dp_size}, got {args.prefill_replicas}"
+        )
+    if args.prefill_urls and not args.replicas:
+        raise ValueError("prefill_urls: a prefill replica needs --replica URLs to decode for")
+    routed = args.dp_size > 1 or args.replicas
+    if routed and getattr(args, "role", "both") != "both":
+        raise ValueError("role: one server's; behind the router use --prefill-replicas")
     try:
         router_config(args)
     except ValueError as e:  # RouterConfig names its field; the flag is --router-<field>
@@ -83,14 +104,18 @@ def replica_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def start_replicas(argv: list[str], dp_size: int, timeout: float = 600.0) -> list[ServerProcess]:
-    """Starts `dp_size` servers at once and waits until all are healthy (or stops them all)."""
+def start_replicas(
+    argv: list[str], dp_size: int, timeout: float = 600.0, roles: list[str] | None = None
+) -> list[ServerProcess]:
+    """Starts `dp_size` servers at once (the i-th with `--role roles[i]` when given) and waits
+    until all are healthy (or stops them all)."""
     threads = max(1, (os.cpu_count() or 1) // dp_size)
     env = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": str(threads)}
     procs: list[ServerProcess] = []
     try:
-        for _ in range(dp_size):
-            procs.append(ServerProcess(argv, timeout=timeout, env=env, wait=False))
+        for i in range(dp_size):
+            role = ["--role", roles[i]] if roles else []
+            procs.append(ServerProcess(argv + role, timeout=timeout, env=env, wait=False))
         for p in procs:
             p.wait_healthy()
     except BaseException:
@@ -111,14 +136,19 @@ def serve_router(args: argparse.Namespace) -> int:
     config = router_config(args)
     procs: list[ServerProcess] = []
     if args.replicas:
-        router = Router.for_urls(args.replicas, config)
+        router = Router.for_urls(args.replicas, config, args.prefill_urls)
     else:
         log.info("starting %d replicas", args.dp_size)
-        procs = start_replicas(replica_argv(args), args.dp_size)
-        router = Router.for_urls([p.url for p in procs], config)
+        prefill = args.prefill_replicas
+        roles = ["decode"] * (args.dp_size - prefill) + ["prefill"] * prefill if prefill else None
+        procs = start_replicas(replica_argv(args), args.dp_size, roles=roles)
+        urls = [p.url for p in procs]
+        split = args.dp_size - prefill
+        router = Router.for_urls(urls[:split], config, urls[split:])
         for replica, proc in zip(router.replicas, procs):
             replica.process = proc
-    log.info("routing (%s) to %s", config.policy, ", ".join(r.url for r in router.replicas))
+    log.info("routing (%s) to %s", config.policy,
+             ", ".join(f"{r.url} ({r.role})" for r in router.replicas))  # fmt: skip
     app: Any = create_router_app(router, api_key=args.api_key)
     # NOTE: uvicorn re-raises the SIGTERM it caught once it has shut down; turning it into
     # SystemExit lets the `finally` below stop the replicas instead of orphaning them.

@@ -24,21 +24,23 @@ KEEP_ALIVE_SECONDS = 75
 
 
 class LimitsMiddleware:
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, exempt: tuple[str, ...] = ()) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.exempt = exempt  # paths whose route limits its body itself
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        error = self.check(scope.get("headers") or [])
+        body_limit = scope["path"] not in self.exempt
+        error = self.check(scope.get("headers") or [], body_limit)
         if error is not None:
             await error.response()(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
-    def check(self, headers: list[tuple[bytes, bytes]]) -> APIError | None:
+    def check(self, headers: list[tuple[bytes, bytes]], body_limit: bool = True) -> APIError | None:
         size = sum(len(k) + len(v) for k, v in headers)
         if len(headers) > MAX_HEADERS or size > MAX_HEADER_BYTES:
             return APIError(
@@ -48,7 +50,7 @@ class LimitsMiddleware:
                 param="headers",
             )
         for name, value in headers:
-            if name == b"content-length":
+            if name == b"content-length" and body_limit:
                 try:
                     declared = int(value)
                 except ValueError:

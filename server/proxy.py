@@ -22,13 +22,16 @@ from fastapi.responses import Response, StreamingResponse
 
 from plait.server.calls import ClientGone, until_disconnect
 from plait.server.errors import APIError
+from plait.server.handoff_proxy import PATHS as HANDOFF_PATHS
+from plait.server.handoff_proxy import HandoffProxy
+from plait.server.kv_handoff import HANDOFF_HEADER
 from plait.server.routing import Decision, NoReplicaError, Replica, Router
 
 logger = logging.getLogger("plait.router")
 
 # Hop-by-hop and body-framing headers are the proxy's own business, not the replica's.
 _DROP_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection",
-                           "keep-alive", "accept-encoding"})  # fmt: skip
+                           "keep-alive", "accept-encoding", HANDOFF_HEADER})  # fmt: skip
 
 
 def forward_headers(headers: Any) -> dict[str, str]:
@@ -42,10 +45,14 @@ class Proxy:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         timeout = httpx.Timeout(None, connect=5.0)  # generation takes as long as it takes
         self.client = httpx.AsyncClient(timeout=timeout, limits=limits)
+        self.handoffs = HandoffProxy(router, self.client, metrics.handoff, self._failed)
 
     async def forward(
-        self, request: Request, path: str, raw: bytes, key: str, stream: bool
-    ) -> Response:
+        self, request: Request, path: str, raw: bytes, key: str, stream: bool,
+        body: dict[str, Any] | None = None,
+    ) -> Response:  # fmt: skip
+        """The chosen replica's response; with prefill replicas, a generation request (`body`)
+        is prefilled on one of them first (`HandoffProxy`)."""
         session = request.headers.get("x-plait-session")
         tried: set[str] = set()
         errors: list[str] = []
@@ -58,6 +65,14 @@ class Proxy:
             replica = decision.replica
             tried.add(replica.url)
             self.metrics.observe_route(decision, len(key))
+            if (
+                body is not None and replica.role == "decode" and path in HANDOFF_PATHS
+                and len(key) >= self.router.config.prefill_min_chars
+            ):  # fmt: skip
+                headers = forward_headers(request.headers)
+                answer = await self.handoffs.prefill(request, path, body, key, replica, headers)
+                if answer is not None:
+                    return answer
             outcome = await self._attempt(request, path, raw, decision, stream)
             if isinstance(outcome, Response):
                 return outcome

@@ -57,7 +57,8 @@ def create_router_app(
     async def forward(request: Request, path: str, key_of: Any) -> Response:
         raw = await request.body()
         body = await read_object(request)
-        return await state.proxy.forward(request, path, raw, key_of(body), body.get("stream") is True)
+        stream = body.get("stream") is True
+        return await state.proxy.forward(request, path, raw, key_of(body), stream, body)
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from plait.server.handoff_proxy import HandoffMetrics
 from plait.server.routing import Decision, Router
 
 
@@ -49,6 +50,7 @@ class RouterMetrics:
                                     registry=r)  # fmt: skip
         self.matched_chars = Counter("plait_router_matched_chars", "prompt characters the chosen "
                                      "replica's prefix tree already held", registry=r)  # fmt: skip
+        self.handoff = HandoffMetrics(r)
         r.register(_ReplicaCollector(router))
 
     def observe_route(self, decision: Decision, key_chars: int) -> None:

@@ -8,6 +8,11 @@ A session id pins every request of one program run to one replica.
 A replica is routed to while it is healthy: `mark_down` (a failed forward, a failed health probe,
 its process gone) takes it out of the candidates, `mark_up` (a health probe that passed) puts it
 back.
+
+With prefill replicas (prefill–decode disaggregation), requests go to the others (the decode
+replicas), and `choose(..., prefill=True)` picks the replica that prefills a request's prompt for
+them, by the same policy. With no decode replica healthy, whole requests go to the prefill
+replicas.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +39,8 @@ class RouterConfig:
     health_interval: float = 1.0  # seconds between /health probes of each replica
     max_attempts: int = 3  # replicas one request may try before it fails
     max_sessions: int = 10_000
+    # with prefill replicas: shorter prompts (in characters) are prefilled where they decode
+    prefill_min_chars: int = 0
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -46,6 +54,10 @@ class RouterConfig:
         if self.balance_rel_threshold < 1.0:
             raise ValueError(
                 f"balance_rel_threshold: must be at least 1, got {self.balance_rel_threshold}"
+            )
+        if self.prefill_min_chars < 0:
+            raise ValueError(
+                f"prefill_min_chars: must be non-negative, got {self.prefill_min_chars}"
             )
         for name in ("max_tree_chars", "max_attempts", "max_sessions"):
             if getattr(self, name) < 1:
@@ -65,11 +77,13 @@ class Replica:
     downs: int = 0  # times it went from routed-to to down
     last_error: str | None = None
     process: Any = None  # the `ServerProcess` when the router started this replica
+    role: str = "both"  # prefill | decode with prefill–decode disaggregation
 
     def describe(self) -> dict[str, Any]:
-        return {"url": self.url, "healthy": self.healthy, "in_flight": self.in_flight,
-                "served": self.served, "failures": self.failures, "downs": self.downs,
-                "last_error": self.last_error, "tree_chars": self.tree.num_chars}  # fmt: skip
+        return {"url": self.url, "role": self.role, "healthy": self.healthy,
+                "in_flight": self.in_flight, "served": self.served, "failures": self.failures,
+                "downs": self.downs, "last_error": self.last_error,
+                "tree_chars": self.tree.num_chars}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -96,25 +110,48 @@ class Router:
         self._lock = threading.Lock()
 
     @classmethod
-    def for_urls(cls, urls: list[str], config: RouterConfig | None = None) -> Router:
+    def for_urls(
+        cls, urls: list[str], config: RouterConfig | None = None, prefill_urls: Sequence[str] = ()
+    ) -> Router:
+        """Replicas serving `urls`; with `prefill_urls`, those prefill and `urls` decode."""
         config = config or RouterConfig()
         if not urls:
             raise ValueError("replicas: at least one replica URL is needed")
-        replicas = [Replica(u.rstrip("/"), PrefixTree(config.max_tree_chars)) for u in urls]
+        role = "decode" if prefill_urls else "both"
+        replicas = [Replica(u.rstrip("/"), PrefixTree(config.max_tree_chars), role=role)
+                    for u in urls]  # fmt: skip
+        replicas += [Replica(u.rstrip("/"), PrefixTree(config.max_tree_chars), role="prefill")
+                     for u in prefill_urls]  # fmt: skip
         return cls(config, replicas)
+
+    @property
+    def disaggregated(self) -> bool:
+        """Whether prompts are prefilled on prefill replicas for the decode replicas."""
+        return any(r.role == "prefill" for r in self.replicas)
 
     def healthy(self, exclude: frozenset[str] = frozenset()) -> list[Replica]:
         return [r for r in self.replicas if r.healthy and r.url not in exclude]
 
+    def candidates(self, exclude: frozenset[str], prefill: bool) -> list[Replica]:
+        """The healthy replicas a request (or, with `prefill`, its prefill half) may go to."""
+        healthy = self.healthy(exclude)
+        wanted = [r for r in healthy if (r.role == "prefill") == prefill]
+        if not wanted and not prefill:  # no decode replica left: prefill replicas serve it whole
+            return healthy
+        return wanted
+
     def choose(
-        self, key: str, session: str | None = None, exclude: frozenset[str] = frozenset()
-    ) -> Decision:
-        """The replica for a request whose prompt text is `key`; records the text in its tree."""
+        self, key: str, session: str | None = None, exclude: frozenset[str] = frozenset(),
+        prefill: bool = False,
+    ) -> Decision:  # fmt: skip
+        """The replica for a request whose prompt text is `key` (with `prefill`: the prefill
+        replica for it); records the text in its tree."""
         with self._lock:
-            candidates = self.healthy(exclude)
+            candidates = self.candidates(exclude, prefill)
             if not candidates:
+                kind = "prefill replica" if prefill else "replica"
                 down = ", ".join(r.url for r in self.replicas if not r.healthy) or "none"
-                raise NoReplicaError(f"no healthy replica left to try (down: {down})")
+                raise NoReplicaError(f"no healthy {kind} left to try (down: {down})")
             decision = self._sticky(session, candidates) or self._pick(key, candidates)
             if self.config.policy == "cache_aware":
                 decision.replica.tree.insert(key)

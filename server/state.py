@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from plait.runtime.protocol import CLOSED_FINISH_REASONS
 from plait.server.calls import Admission
+from plait.server.kv_handoff import ROLES
 from plait.server.metrics import ServerMetrics
 
 try:  # the installed distribution's version (the package's own `plait.__version__`)
@@ -35,6 +36,7 @@ class ServerConfig:
     request_timeout: float | None = None  # seconds; a request's default `timeout` (504 past it)
     max_body_bytes: int = 16 << 20  # larger request bodies get a 413
     log_level: str = "info"
+    role: str = "both"  # prefill | decode: one half of disaggregated serving (kv_handoff.py)
 
     def __post_init__(self) -> None:
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
@@ -54,6 +56,8 @@ class ServerConfig:
                 f"closed_finish_reason: expected one of {', '.join(CLOSED_FINISH_REASONS)}, "
                 f"got {self.closed_finish_reason!r}"
             )
+        if self.role not in ROLES:
+            raise ValueError(f"role: expected one of {', '.join(ROLES)}, got {self.role!r}")
         if self.retry_after < 1:
             raise ValueError(f"retry_after: must be at least 1 second, got {self.retry_after}")
         if isinstance(self.programs, str):
@@ -85,6 +89,7 @@ class ServerState:
         stats = self.engine.stats()
         self.pool_tokens: int = stats["kv_pages_total"] * stats["page_size"]
         self._backend: Any = None
+        self.push_client: Any = None  # httpx.AsyncClient of a prefill server's KV pushes
 
     @property
     def model_name(self) -> str:

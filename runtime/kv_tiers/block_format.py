@@ -79,7 +79,11 @@ class BlockCodec:
         view = memoryview(data)
         if len(view) < HEADER_BYTES:
             raise BlockError("truncated", f"{len(view)} bytes, shorter than a block header")
-        magic, version, salt, stored_name, layout, size, crc = _HEADER.unpack_from(view)
+        return self.check(name, view[:HEADER_BYTES], view[HEADER_BYTES:])
+
+    def check(self, name: bytes, header: bytes | memoryview, payload: memoryview) -> memoryview:
+        """`payload` if `header` is this engine's header of block `name` over it; else BlockError."""
+        magic, version, salt, stored_name, layout, size, crc = _HEADER.unpack_from(header)
         if magic != MAGIC or version != VERSION:
             raise BlockError(
                 "corrupt", f"not a plait KV block (magic {magic!r}, version {version})"
@@ -88,7 +92,6 @@ class BlockCodec:
             raise BlockError("foreign", "written by another model, KV dtype or page size")
         if stored_name != name:
             raise BlockError("corrupt", "the header names another block")
-        payload = view[HEADER_BYTES:]
         if size != self.layout.payload_bytes:
             raise BlockError(
                 "corrupt",
@@ -100,3 +103,8 @@ class BlockCodec:
         if zlib.crc32(payload) != crc:
             raise BlockError("corrupt", "payload checksum mismatch")
         return payload
+
+
+def declared_size(header: bytes | memoryview) -> int:
+    """The payload size a block header declares (unchecked: `BlockCodec.check` checks it)."""
+    return _HEADER.unpack_from(header)[5]

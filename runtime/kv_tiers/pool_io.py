@@ -65,7 +65,8 @@ class PoolBlockIO:
         parts = [snapshot.kv[:, :, block * bp : (block + 1) * bp]]
         if snapshot.scales is not None:
             parts.append(snapshot.scales[:, :, block * bp : (block + 1) * bp])
-        flat = torch.cat([p.contiguous().view(torch.uint8).reshape(-1) for p in parts])
+        flats = [p.contiguous().view(torch.uint8).reshape(-1) for p in parts]
+        flat = flats[0] if len(flats) == 1 else torch.cat(flats)  # a whole snapshot: no copy
         return memoryview(flat.numpy()).cast("B")
 
     def scatter(self, payload: memoryview, first_page: int, pages: list[int]) -> None:

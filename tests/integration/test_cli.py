@@ -342,6 +342,10 @@ BAD_VALUES = [
     (["serve", "--port", "70000"], "--port", "must be in [0, 65535]"),
     (["serve", "--dp", "0"], "--dp/--dp-size/--data-parallel-size", "at least 1"),
     (["serve", "--router-cache-threshold", "2"], "--router-cache-threshold", "[0, 1]"),
+    (["serve", "--dp", "2", "--prefill-replicas", "2"], "--prefill-replicas", "in [1, 1]"),
+    (["serve", "--prefill-replica", "http://p"], "--prefill-replica", "needs --replica"),
+    (["serve", "--dp", "2", "--role", "decode"], "--role", "--prefill-replicas"),
+    (["serve", "--role", "prefill", "--disable-radix-cache"], "--role", "radix cache"),
     (["serve", "--max-queue", "-1"], "--max-queued-requests/--max-queue", "non-negative"),
     (["serve", "--closed-finish-reason", "eos"], "--closed-finish-reason", "invalid choice"),
     (["serve", "--speculation", "always"], "--speculation", "needs a speculative_algorithm"),
@@ -421,3 +425,22 @@ def test_models_lists_the_packages_and_architectures(gguf_path):
     assert (
         text.returncode == 0 and "gemma3-270m" in text.stdout and "Gemma3ForCausalLM" in text.stdout
     )
+
+
+def test_the_documented_prefill_decode_commands_parse():
+    import re
+    import shlex
+    from pathlib import Path
+
+    from plait.cli import build_parser
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "scaling.md").read_text()
+    section = doc.split("## Prefill–decode disaggregation", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, flags=re.S).group(1)
+    commands = [shlex.split(line.split("#")[0].rstrip(" &")) for line in block.splitlines()]
+    assert len(commands) == 5 and all(c[:2] == ["plait", "serve"] for c in commands)
+    parsed = [build_parser().parse_args(c[1:]) for c in commands]
+    assert [a.prefill_replicas for a in parsed[:2]] == [1, 1]
+    assert parsed[1].router_prefill_min_chars == 2000
+    assert [a.role for a in parsed[2:4]] == ["prefill", "decode"]
+    assert parsed[4].prefill_urls == ["http://127.0.0.1:30001"]

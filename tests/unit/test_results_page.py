@@ -48,3 +48,26 @@ def test_check_fails_when_a_report_changed(tmp_path) -> None:
     assert results_page.main([*common, "--check"]) == 0
     write(tmp_path, "speculative.json", {"benchmark": "speculative", "rounds": 3, "results": []})
     assert results_page.main([*common, "--check"]) == 1
+
+
+def test_the_pd_section_shows_each_setup_and_what_moving_the_kv_costs(tmp_path) -> None:
+    def run(replicas: int, transfer: dict | None) -> dict:
+        return {"replicas": replicas, "output_tok_s": 100.0, "short_ttft_ms": {"p50": 300.0},
+                "itl_ms": {"p50": 11.0, "p99": 3000.0}, "itl_during_long_prefill_ms": {"p99": 3300.0},
+                "long_ttft_ms": {"p50": 3400.0}, "failed": [], "transfer": transfer}  # fmt: skip
+
+    config = {"streams": 4, "short_len": 48, "output_len": 64, "num_long": 4, "long_len": 1700,
+              "long_output": 8, "long_interval": 8.0, "quantization": "int4"}  # fmt: skip
+    moved = {"tokens": 1696.0, "bytes": 39_082_700.0, "push_ms": 118.0, "prefill_ms": 5907.0}
+    write(tmp_path, "pd.json", {"benchmark": "pd", "config": config,
+                                "runs": {"colocated": run(1, None), "pd": run(2, moved)}})  # fmt: skip
+    page = results_page.render(tmp_path, tmp_path)
+    assert "## Prefill–decode disaggregation" in page
+    assert (
+        "| colocated | 1 | 2 | 100.0 | 300.0 | 11.0 | 3,000.0 | 3,300.0 | 3,400.0 |  |  |  | 0 |"
+        in page
+    )
+    assert (
+        "| pd | 2 | 1 each | 100.0 | 300.0 | 11.0 | 3,000.0 | 3,300.0 | 3,400.0 | 39.1 | 118.0 | 5,907.0 | 0 |"
+        in page
+    )

@@ -18,7 +18,9 @@ def test_prefix_tree_matches_longest_inserted_prefix():
     tree.insert("system: be brief\nuser: hi")
     tree.insert("system: be brief\nuser: bye")
     assert tree.match_prefix("system: be brief\nuser: hello") == len("system: be brief\nuser: h")
-    assert tree.match_prefix("system: be brief\nuser: bye now") == len("system: be brief\nuser: bye")
+    assert tree.match_prefix("system: be brief\nuser: bye now") == len(
+        "system: be brief\nuser: bye"
+    )
     assert tree.match_prefix("other") == 0
     assert tree.num_chars == len("system: be brief\nuser: hi") + len("bye")
 
@@ -63,20 +65,37 @@ def test_route_keys_keep_prompt_order():
                                             {"role": "user", "content": [{"type": "text", "text": "Q"}]}]})  # fmt: skip
     assert two.startswith(one) and two.endswith("<user>Q")
     assert route_keys.generate_key({"text": 3}) == ""  # the replica answers the 400
-    odd = {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}, {"type": "text", "text": None}]}]}
+    odd = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": 5}, {"type": "text", "text": None}],
+            }
+        ]
+    }
     assert route_keys.chat_key(odd) == "<user>"
 
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
     max_leaves=12,
 )
-_fields = st.sampled_from(["text", "input_ids", "prompt", "messages", "tools", "content", "type", "role"])
+_fields = st.sampled_from(
+    ["text", "input_ids", "prompt", "messages", "tools", "content", "type", "role"]
+)
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
-@given(st.dictionaries(_fields, _json | st.lists(st.dictionaries(_fields, _json, max_size=3), max_size=3), max_size=4))
+@given(
+    st.dictionaries(
+        _fields,
+        _json | st.lists(st.dictionaries(_fields, _json, max_size=3), max_size=3),
+        max_size=4,
+    )
+)
 def test_route_keys_of_any_body_are_strings(body):
     """Malformed bodies reach the replica, which answers the 400 naming the field: the router's
     key never raises."""
@@ -116,3 +135,25 @@ def test_router_config_names_the_bad_field():
         RouterConfig(policy="random")
     with pytest.raises(ValueError, match="balance_rel_threshold"):
         RouterConfig(balance_rel_threshold=0.5)
+
+
+def test_prefill_replicas_prefill_and_the_others_serve():
+    router = Router.for_urls(["http://d1", "http://d2"], RouterConfig(), ["http://p"])
+    d1, d2, p = router.replicas
+    assert router.disaggregated and [r.role for r in router.replicas] == [
+        "decode",
+        "decode",
+        "prefill",
+    ]
+    served = {router.choose(f"prompt {i}").replica.url for i in range(6)}
+    assert served <= {"http://d1", "http://d2"}
+    assert router.choose("prompt 0", prefill=True).replica is p
+    router.mark_down(p, "gone")
+    with pytest.raises(NoReplicaError, match="no healthy prefill replica"):
+        router.choose("x", prefill=True)
+    # with no decode replica left, whole requests go to the prefill replicas
+    router.mark_up(p, p.failures)
+    router.mark_down(d1, "gone")
+    router.mark_down(d2, "gone")
+    assert router.choose("x").replica is p
+    assert not Router.for_urls(["http://a"]).disaggregated
