@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from plait.runtime.request import Request
+
+if TYPE_CHECKING:
+    from plait.runtime.burst_streams import StreamedTokens
 
 
 @dataclass
@@ -42,6 +46,9 @@ class ScheduleBatch:
     verifies: list[VerifyEntry] = field(default_factory=list)
     decodes: list[Request] = field(default_factory=list)
     decode_steps: int = 1  # steps the decodes ran: more than one in a burst (`decode_burst`)
+    # requests outside the batch wait for their turn (queued, mid-prefill or quarantined): a
+    # burst of decode steps would hold them up
+    others_waiting: bool = False
 
     @property
     def queried(self) -> list[ExtendEntry | VerifyEntry]:
@@ -81,3 +88,31 @@ class TokenResult:
     # tokens, best first, and their logprobs where logprobs are returned
     alternatives: list[int] = field(default_factory=list)
     alternative_logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass
+class RequestResult:
+    """One request's part of a step: its tokens, and the entry it ran as (an extend, a
+    verification, or neither: a decode)."""
+
+    req: Request
+    tokens: TokenResult
+    extend: ExtendEntry | None = None
+    verify: VerifyEntry | None = None
+    streamed: StreamedTokens | None = None  # what a burst handed on already (`burst_streams.py`)
+
+    @property
+    def prompt_done(self) -> bool:
+        """Whether the request's prompt is all computed after the step (its last chunk, a
+        verification or a decode): a token was due."""
+        return self.extend is None or self.extend.is_last_chunk
+
+
+@dataclass
+class StepResults:
+    """What the runner hands back for a step: a result per request, the decode steps it ran
+    (more than one in a burst) and the forward's seconds per decode step."""
+
+    results: list[RequestResult]
+    decode_steps: int
+    step_s: float

@@ -11,7 +11,6 @@ import ctypes
 import logging
 import queue
 import threading
-import time
 import traceback
 from typing import Any
 
@@ -20,9 +19,8 @@ import torch
 from plait.kernels.kv_cache import resolve_kv_dtype
 from plait.radix_cache import PageAllocator, RadixCache, WindowPages
 from plait.runtime import constraint_tools, lifecycle
-from plait.runtime.batch import ScheduleBatch, TokenResult
+from plait.runtime.batch import ScheduleBatch
 from plait.runtime.budget_closing import BudgetClosing
-from plait.runtime.burst_streams import StreamedTokens
 from plait.runtime.bursts import Bursts
 from plait.runtime.closing_jobs import ClosingJobs
 from plait.runtime.config import EngineConfig
@@ -38,12 +36,13 @@ from plait.runtime.model_loader import load_model
 from plait.runtime.model_runner import ModelRunner
 from plait.runtime.models.quantized import quantized_linears, weight_bytes
 from plait.runtime.output_processor import OutputProcessor
-from plait.runtime.outputs import build_output
 from plait.runtime.policies import ThreadPolicy
 from plait.runtime.protocol import FinishReason
 from plait.runtime.request import Request
 from plait.runtime.scheduler import Scheduler
 from plait.runtime.speculation import Speculation
+from plait.runtime.step_applier import StepApplier
+from plait.runtime.step_planner import StepPlanner
 from plait.runtime.tuning import CLOSING_GROWTH, CLOSING_WAIT_SECONDS
 
 logger = logging.getLogger("plait.engine")
@@ -150,21 +149,9 @@ class EngineCore:
         self.threads = ThreadPolicy(self.device, config.cpu_threads)
         # the grammar backend and compile cache, closing search and healer, built meanwhile
         self.constraint_tools = constraint_tools.start(self.tokenizer, config, self.args.vocab_size)
-        drafts = config.num_draft_tokens if self.speculation.drafter is not None else 0
-        # what one step may add to a constrained request, plus a margin for what it may open
-        self.closing = BudgetClosing(
-            self.closing_search, ClosingJobs(), self.tokenizer, self.context_len,
-            slack=1 + drafts + CLOSING_GROWTH, plan_jump=self._plan_jump,
-        )  # fmt: skip
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         # set by `post` from any thread: a running decode burst ends after its current step
         self._interrupt = ctypes.c_int32(0)
-        self.bursts = Bursts(
-            config.scheduler.num_continuous_decode_steps,
-            self.processor,
-            self.deliver,
-            self._interrupt,
-        )
         self._stopped = threading.Event()
         self._totals = {
             "requests": 0,
@@ -173,6 +160,38 @@ class EngineCore:
             "steps": 0,
             "burst_steps": 0,
         }
+        # an engine step in four stages: the scheduler's batch, the planner's plan, the runner's
+        # results, the applier's bookkeeping and delivery (`step`)
+        self.applier = StepApplier(
+            processor=self.processor,
+            tokenizer=self.tokenizer,
+            kv=self.scheduler.kv,
+            speculation=self.speculation,
+            scheduler=self.scheduler,
+            page_size=self.page_size,
+            jump_forward=not self.config.disable_jump_forward,
+            totals=self._totals,
+            check_invariants=self.config.check_invariants,
+        )
+        drafts = config.num_draft_tokens if self.speculation.drafter is not None else 0
+        # what one step may add to a constrained request, plus a margin for what it may open
+        self.closing = BudgetClosing(
+            self.closing_search, ClosingJobs(), self.tokenizer, self.context_len,
+            slack=1 + drafts + CLOSING_GROWTH, plan_jump=self.applier.plan_jump,
+        )  # fmt: skip
+        self.applier.closing = self.closing
+        self.bursts = Bursts(config.scheduler.num_continuous_decode_steps)
+        self.planner = StepPlanner(
+            kv=self.scheduler.kv,
+            execution=self.runner.execution,
+            can_burst=self.runner.can_burst,
+            speculation=self.speculation,
+            threads=self.threads,
+            bursts=self.bursts,
+            closing=self.closing,
+            context_len=self.context_len,
+            tiers=self.tiers,
+        )
         self._thread = threading.Thread(target=self._loop, name="plait-engine", daemon=True)
         self._thread.start()
 
@@ -249,6 +268,7 @@ class EngineCore:
         if self.tiers is not None:
             self.tiers.close()  # stores what is still queued for the tiers below the pool
         self.model = self.kv_pool = self.runner = None  # type: ignore[assignment]
+        self.planner = None  # type: ignore[assignment]  # it asks the runner what can burst
         self.speculation.drafter = None
 
     def _run_loop(self) -> None:
@@ -287,15 +307,13 @@ class EngineCore:
                         self.handoff.claim(req)
                 except Exception as exc:
                     status = 400 if isinstance(exc, ValueError) else 500
-                    self.processor.finish(
+                    self.applier.end(
                         req, FinishReason("abort", message=str(exc), status_code=status)
                     )
-                    self.deliver(req)
         elif kind == "abort":
             req = self.scheduler.abort(item)
-            if req is not None and not req.finished:
-                self.processor.finish(req, FinishReason("abort", message="aborted by the client"))
-                self.deliver(req)
+            if req is not None:
+                self.applier.end(req, FinishReason("abort", message="aborted by the client"))
         elif kind == "flush":
             done, outcome = item
             ok = not self.scheduler.has_work()
@@ -315,162 +333,38 @@ class EngineCore:
             self._stopped.set()
 
     def step(self) -> None:
-        """One forward pass over the scheduler's next batch, then bookkeeping and delivery."""
-        held = [r for r in self.scheduler.running if r.closing_job is not None]
-        if held:
-            self._take_closings(held)
+        """One engine step in four stages: the scheduler makes the batch, the planner decides how
+        to run it, the runner runs it, the applier appends, closes, finishes and delivers."""
+        self.applier.take_closings(self.scheduler.running)
         batch = self.scheduler.schedule()
-        started = time.perf_counter()
-        plain_decode = not batch.extends  # a step the speculation governor can learn from
-        speculating = self.speculation.speculate(batch)
-        if speculating:
-            self.speculation.propose(batch, self.scheduler, self.context_len)
         if not batch:
             ClosingJobs.wait(self.scheduler.running, timeout=CLOSING_WAIT_SECONDS)
             if self.tiers is not None:  # requests waiting for their blocks from below the pool
                 self.tiers.wait(CLOSING_WAIT_SECONDS)
             return
-        num_tokens = batch.num_tokens
-        threads = self.threads.choose(num_tokens)
-        forward_started = time.perf_counter()
-        streamed: dict[int, StreamedTokens] = {}  # by id(request): tokens handed on mid-burst
+        plan = self.planner.plan(batch, idle=self._inbox.empty())
         try:
-            burst = self.bursts.steps(
-                batch, self.runner, self.scheduler,
-                idle=self._inbox.empty(), speculating=speculating, closing=self.closing,
-            )  # fmt: skip
-            if burst > 1:
-                results, streamed = self.bursts.run(batch, self.runner, burst)
-                batch.decode_steps = max(len(r.tokens) for r in results)
-                self._totals["burst_steps"] += batch.decode_steps
-            else:
-                results = self.runner.forward(batch)
+            results = self.runner.execute(plan, self._interrupt, self.applier.burst_streams)
         except Exception as exc:  # a failing batch must not take the engine down
             logger.error("forward pass failed: %s", traceback.format_exc())
-            reqs = batch.requests()
-            if len({id(r) for r in reqs}) > 1:
-                self.scheduler.quarantine(reqs)  # retried one by one: only the culprit fails
-            else:
-                self._fail(batch, f"internal error: {type(exc).__name__}: {exc}")
+            self._forward_failed(batch, exc)
             return
-        step_s = (time.perf_counter() - forward_started) / batch.decode_steps
-        if self.tiers is not None and batch.extends:
-            self.tiers.record_prefill(sum(e.end - e.start for e in batch.extends), step_s)
-        self.bursts.record(batch, step_s)
-        self.threads.record(num_tokens, threads, step_s)
-        self._totals["steps"] += batch.decode_steps
-        entries = batch.requests()
-        last_chunk = [e.is_last_chunk for e in batch.queried] + [True] * len(batch.decodes)
-        updated: list[Request] = []
-        if self.drafter is not None and plain_decode and entries:
-            # verifying drafts against bursts: a step the drafter found nothing for counts as a
-            # plain one (a short burst), whoever chose it
-            verified = bool(batch.verifies)
-            tokens = sum(len(r.tokens) for r in results)
-            self.speculation.policy.record(
-                len(entries),
-                verified,
-                tokens,
-                time.perf_counter() - started,
-                steps=batch.decode_steps,
-            )
-        for entry, req, result, done_prompt in zip(
-            [*[None] * len(batch.extends), *batch.verifies, *[None] * len(batch.decodes)],
-            entries,
-            results,
-            last_chunk,
-        ):
-            got = streamed.get(id(req))
-            if got is not None and got.taken:  # its first `taken` tokens are appended already
-                self._totals["generated_tokens"] += got.added
-                if req.finished or len(result.tokens) == got.taken:
-                    if req.finished:  # by the streamer: delivered below, as final results are
-                        updated.append(req)
-                    continue
-                result = TokenResult(tokens=result.tokens[got.taken :])
-            if req.finished:
-                continue
-            self.processor.record_input_logprobs(req, result)
-            if result.tokens:
-                if req.first_token_time is None:
-                    req.first_token_time = time.perf_counter()
-                if req.closing_path is not None:
-                    # an extend caches the request's whole pages after the step (`after_step`)
-                    result = self.closing.steer(
-                        req, result, prefilled=req in self.scheduler.prefilling
-                    )
-                added = self.processor.append_tokens(req, result)
-                self._totals["generated_tokens"] += added
-                if entry is not None:  # a verification
-                    entry.num_accepted = min(len(result.tokens) - 1, added)
-                    self.speculation.observe(req, len(entry.draft_ids), len(result.tokens) - 1)
-                updated.append(req)
-            elif done_prompt:
-                self.processor.finish(req, FinishReason("length", length=req.num_output_tokens))
-                updated.append(req)
-        # NOTE: pages are released before results are delivered, so a caller that got its
-        # result sees the pool without that request.
-        self.scheduler.after_step(batch)
-        for req in updated:
-            self._close_or_jump(req)
-        if self.config.check_invariants:
-            self.scheduler.check()
-        for req in updated:
-            self.deliver(req)
+        self.planner.record(plan, results)
+        self.applier.apply(plan, results)
 
-    def _close_or_jump(self, req: Request) -> None:
-        """After a step: a constrained request near its budget steers toward its closing
-        (`BudgetClosing.check`); others jump over the text their grammar forces."""
-        if req.grammar is None or req.finished or req not in self.scheduler.running:
+    def _forward_failed(self, batch: ScheduleBatch, exc: Exception) -> None:
+        """A batch of several requests is retried one by one (only the culprit fails); a
+        request alone fails, its KV dropped (it may be half written)."""
+        reqs = batch.requests()
+        if len({id(r) for r in reqs}) > 1:
+            self.scheduler.quarantine(reqs)
             return
-        self.closing.check(req)
-        # NOTE: not over the healed text alone: that would re-append the very token healing
-        # backed up over, instead of letting the model choose the merged one; nor while a closing
-        # is looked for off the loop: the search is of this state, and the request waits for it
-        if not self.config.disable_jump_forward and not _healing(req) and req.closing_job is None:
-            self._jump_forward(req)
-
-    def _take_closings(self, held: list[Request]) -> None:
-        """Requests whose off-loop closing search is done go back to decoding, steering where
-        their room is down to the closing found."""
-        for req in ClosingJobs.done(held):
-            self.closing.job_done(req)
-
-    def _plan_jump(self, req: Request, output_ids: list[int], grammar: Any, prefilled: bool) -> Any:
-        """The jump over forced text after `output_ids` that `_close_or_jump` would take after
-        this step (`prefilled`: the step extends `req`, so its whole pages will be cached)."""
-        if self.config.disable_jump_forward or _healing(req):
-            return None
-        cached = req.num_cached_pages * self.page_size
-        if prefilled:
-            cached = max(cached, req.num_tokens // self.page_size * self.page_size)
-        return self.processor.plan_jump(req, output_ids, grammar, cached)
-
-    def _jump_forward(self, req: Request) -> None:
-        before = req.num_tokens
-        replaced = self.processor.try_jump_forward(
-            req,
-            min_kept_tokens=req.num_cached_pages * self.page_size,
-            closing=self.closing.after_jump,
-        )
-        if replaced is not None:
-            self.scheduler.rewind(req, num_valid=before - replaced)
-
-    def _fail(self, batch: ScheduleBatch, message: str) -> None:
-        for req in batch.requests():
-            self.scheduler.abort(req.rid, keep=False)  # its KV may be half written
-            if not req.finished:
-                self.processor.finish(req, FinishReason("abort", message=message, status_code=500))
-                self.deliver(req)
+        message = f"internal error: {type(exc).__name__}: {exc}"
+        for req in reqs:
+            lifecycle.end(self, req, message, 500, keep=False)
 
     def deliver(self, req: Request) -> None:
-        if req.sink is None:
-            return
-        out = build_output(req, self.tokenizer, self.processor.stream_text(req))
-        try:
-            req.sink(out, req.finished)
-        except Exception:
-            logger.error("delivering request %s failed: %s", req.rid, traceback.format_exc())
+        self.applier.deliver(req)
 
     # introspection and shutdown ----------------------------------------------------------------
 
@@ -486,7 +380,7 @@ class EngineCore:
             "kv_pages_evictable": self.cache.evictable_size(),
             "kv_pages_in_use": total - free - cached,
             "page_size": self.page_size,
-            "num_running": len(sched.running) + len(sched.prefilling),
+            "num_running": sum(not r.finished for r in (*sched.running, *sched.prefilling)),
             "num_waiting": len(sched.all_requests()) - len(sched.running) - len(sched.prefilling),
             "cache_hit_rate": sched.cached_prompt_tokens / sched.prompt_tokens
             if sched.prompt_tokens
@@ -555,12 +449,3 @@ class EngineCore:
         if not self._thread.is_alive():  # what raced in after the loop's own drain
             lifecycle.drain(self, self._inbox)
 
-
-def _healing(req: Request) -> bool:
-    """Whether the output has yet to cover the text token healing backed up over, and what the
-    grammar forces does not reach past it (then the jump retokenizes across the boundary, which
-    is what healing is for)."""
-    if not req.healed_text or len(req.text) >= len(req.healed_text):
-        return False
-    forced = req.grammar.try_jump_forward() if req.grammar is not None else None
-    return forced is None or len(req.text) + len(forced) <= len(req.healed_text)

@@ -5,8 +5,8 @@ formats, the KV cache's dtype, the CPU's instruction set and which native and Tr
 built) and settles the model-wide half of the decision table in docs/architecture.md: whether
 all layers can run in one native call, whether whole decode steps can (bursts), which attention
 kernels take the CPU rows, whether long prefill chunks attend in bfloat16. What is left to each
-step is its shape: the runner turns a batch's token counts into a `StepPlan`
-(`Execution.layers_for`).
+step is its shape: the step planner reads the layers for a batch's token counts
+(`Execution.layers_for`) into the step's plan (`runtime/step_planner.py`).
 """
 
 from __future__ import annotations
@@ -35,16 +35,6 @@ class Layers(enum.Enum):
 
     LAYERWISE = "layerwise"  # one module after another, each op at its dispatch point
     NATIVE_STACK = "native_stack"  # every layer in one native call (`NativeDecodeStack.run`)
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """How one forward pass runs: its layers as `layers`, verifying drafts where `verify`. (A burst
-    of whole decode steps is the other kind of step: `runtime/bursts.py` decides it, and
-    `Execution.can_burst` says where the model allows one.)"""
-
-    layers: Layers
-    verify: bool = False
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ class KVCacheManager:
         self.page_size = page_size
         self.window = window
         # NOTE: window pages are released `slack` tokens late: a jump-forward that retokenizes
-        # a request's tail recomputes that far back (`Scheduler.rewind`), and needs them there.
+        # a request's tail recomputes that far back (`rewind`), and needs them there.
         self.slack = slack
         self.tiers: Any = None  # KVTiers: cached blocks are also stored below the pool
 
@@ -138,6 +138,14 @@ class KVCacheManager:
         )
         self.window.detach(req.pages[max(req.window_from, cached) : end])
         req.window_from = end
+
+    def rewind(self, req: Request, num_valid: int) -> None:
+        """The request's tokens after `num_valid` changed (a jump-forward retokenized its tail):
+        their KV is stale. A finished request gives its pages back at once, caching the valid
+        prefix; a running one recomputes the tail before it decodes again (`Scheduler.schedule`)."""
+        req.num_computed = min(req.num_computed, num_valid)
+        if req.finished:
+            self.release(req, keep=True)
 
     def can_rewind(self, req: Request, position: int) -> bool:
         """Whether the request still has the window pages to recompute from `position` on."""

@@ -1,7 +1,8 @@
 """What the engine loop does besides stepping, so that every submitted request ends with a final
 result: deadlines (`timeout`), recovery from a step that raised outside the forward pass, and
-failing what is left when the engine shuts down. Each ends requests through the core's own
-finish-and-deliver path, with an abort that carries the HTTP status it stands for."""
+failing what is left when the engine shuts down. Each ends requests through the step applier's
+finish-and-deliver path (`StepApplier.end`), with an abort that carries the HTTP status it
+stands for."""
 
 from __future__ import annotations
 
@@ -36,9 +37,7 @@ def check_timeout(timeout: Any) -> float | None:
 def end(core: EngineCore, req: Request, message: str, status: int, keep: bool = True) -> None:
     """Takes `req` out of the scheduler (freeing its pages) and delivers it as aborted."""
     core.scheduler.abort(req.rid, keep=keep)
-    if not req.finished:
-        core.processor.finish(req, FinishReason("abort", message=message, status_code=status))
-        core.deliver(req)
+    core.applier.end(req, FinishReason("abort", message=message, status_code=status))
 
 
 def expire(core: EngineCore) -> None:
@@ -82,9 +81,7 @@ def drain(core: EngineCore, inbox: queue.Queue[tuple[str, Any]]) -> None:
             break
         if kind == "add":
             for req in item:
-                if not req.finished:
-                    core.processor.finish(req, FinishReason("abort", message=message, status_code=503))
-                    core.deliver(req)
+                core.applier.end(req, FinishReason("abort", message=message, status_code=503))
         elif kind == "flush":
             done, outcome = item
             outcome.append(False)

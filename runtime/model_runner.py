@@ -5,20 +5,30 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from plait.kernels import sampling_cpu
 from plait.kernels.constraint_mask import allocate_token_bitmask, apply_token_bitmask
 from plait.kernels.decode_stack import MASK_FN, BurstMasks, BurstSampling
 from plait.radix_cache import WindowPages
-from plait.runtime.batch import ExtendEntry, ScheduleBatch, TokenResult, VerifyEntry
+from plait.runtime.batch import (
+    ExtendEntry,
+    RequestResult,
+    ScheduleBatch,
+    StepResults,
+    TokenResult,
+    VerifyEntry,
+)
 from plait.runtime.constrained.burst_masks import GrammarBurst
-from plait.runtime.execution import Layers, StepPlan, choose_execution
+from plait.runtime.execution import Layers, choose_execution
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.models.llama import LlamaForCausalLM
@@ -28,6 +38,13 @@ from plait.runtime.sampling import SamplingRow, argmax, filter_params, sample
 from plait.runtime.speculative.verify import verify_draft
 from plait.runtime.tuning import CLOSING_CANDIDATES
 
+if TYPE_CHECKING:
+    from plait.runtime.burst_streams import BurstStreams
+    from plait.runtime.step_planner import StepPlan
+
+# (the burst's streaming rows as (row, request), its tokens [B, steps]) -> their streams
+StreamsFactory = Callable[[list[tuple[int, Request]], np.ndarray], "BurstStreams"]
+
 
 @dataclass
 class PreparedBatch:
@@ -35,7 +52,7 @@ class PreparedBatch:
     positions: torch.Tensor  # [T] long
     forward_batch: ForwardBatch
     plans: list[tuple[list[int], bool]]  # per entry: input-logprob rows, samples a token
-    step: StepPlan
+    layers: Layers
 
 
 class ModelRunner:
@@ -77,8 +94,9 @@ class ModelRunner:
         as multiply in it (kernels/quant_matmul.py: bf16_matmul); float32 models stay float32."""
         return self.execution.bf16_extends
 
-    def prepare(self, batch: ScheduleBatch) -> PreparedBatch:
-        """Builds the step's tensors from the batch's Python state."""
+    def prepare(self, batch: ScheduleBatch, layers: Layers | None = None) -> PreparedBatch:
+        """Builds the step's tensors from the batch's Python state; the layers as the step's plan
+        says (`StepPlanner`), or by the batch's shape where no plan is given (drafting)."""
         ids: list[int] = []
         positions: list[int] = []
         extends: list[tuple[Request, int, int, int]] = []
@@ -112,8 +130,8 @@ class ModelRunner:
             )
             for window, rows_window in spaces
         ]  # fmt: skip
-        q_lens = metas[0].extend_q_lens
-        layers = self.execution.layers_for(len(ids), max(q_lens, default=0))
+        if layers is None:
+            layers = self.execution.layers_for(len(ids), max(metas[0].extend_q_lens, default=0))
         forward_batch = ForwardBatch(
             kv_pool=self.kv_pool,
             attn=metas[0],
@@ -126,13 +144,46 @@ class ModelRunner:
             positions=torch.tensor(positions, dtype=torch.long, device=self.device),
             forward_batch=forward_batch,
             plans=plans,
-            step=StepPlan(layers, verify=bool(batch.verifies)),
+            layers=layers,
         )
 
+    def execute(
+        self,
+        plan: StepPlan,
+        interrupt: ctypes.c_int32 | None = None,
+        streams: StreamsFactory | None = None,
+    ) -> StepResults:
+        """Runs a step as planned: one forward pass with the plan's layers, or its burst of
+        decode steps (`decode_burst`; `interrupt` ends it after a step, and `streams` hands its
+        streaming rows their tokens between steps). Each result carries its request."""
+        batch = plan.batch
+        started = time.perf_counter()
+        streamed = {}
+        if plan.burst:
+            rows = [(i, r) for i, r in enumerate(batch.decodes) if r.streaming]
+            if rows and streams is not None:
+                out = torch.full((len(batch.decodes), plan.decode_steps), -1, dtype=torch.long)
+                hook = streams(rows, out.numpy())  # out: [B, steps]
+                tokens = self.decode_burst(
+                    batch, plan.decode_steps, interrupt, out=out, between_steps=hook.before_step
+                )
+                streamed = hook.streamed
+            else:
+                tokens = self.decode_burst(batch, plan.decode_steps, interrupt)
+            batch.decode_steps = max(len(t.tokens) for t in tokens)
+        else:
+            tokens = self.forward(batch, plan.layers)
+        step_s = (time.perf_counter() - started) / batch.decode_steps
+        got = iter(tokens)  # in the forward's order, `batch.requests()`
+        results = [RequestResult(e.req, next(got), extend=e) for e in batch.extends]
+        results += [RequestResult(v.req, next(got), verify=v) for v in batch.verifies]
+        results += [RequestResult(r, next(got), streamed=streamed.get(id(r))) for r in batch.decodes]
+        return StepResults(results, batch.decode_steps, step_s)
+
     @torch.inference_mode()
-    def forward(self, batch: ScheduleBatch) -> list[TokenResult]:
+    def forward(self, batch: ScheduleBatch, layers: Layers | None = None) -> list[TokenResult]:
         """Runs one step; results align with `batch.requests()`."""
-        prepared = self.prepare(batch)
+        prepared = self.prepare(batch, layers)
         masks = self._start_masks(batch, prepared.plans)
         logits = self.model(prepared.input_ids, prepared.positions, prepared.forward_batch)
         return self._results(

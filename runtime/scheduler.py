@@ -19,7 +19,7 @@ from collections import deque
 from typing import Any
 
 from plait.radix_cache import PageAllocator, RadixCache, WindowPages
-from plait.runtime.batch import ExtendEntry, ScheduleBatch, VerifyEntry
+from plait.runtime.batch import ExtendEntry, ScheduleBatch
 from plait.runtime.config import SchedulerConfig
 from plait.runtime.kv_cache_manager import KVCacheManager
 from plait.runtime.request import Request, RequestStatus
@@ -110,9 +110,34 @@ class Scheduler:
     # one step --------------------------------------------------------------------------------
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.prefilling or self.running or self.suspects)
+        # NOTE: a request a jump-forward finished after the step's bookkeeping stays in `running`,
+        # its pages released, until the next `schedule` (`_settle`); it is no work
+        return bool(self.waiting or self.prefilling or self.suspects) or any(
+            not r.finished for r in self.running
+        )
 
     def schedule(self) -> ScheduleBatch:
+        self._settle()
+        batch = self._schedule()
+        batch.others_waiting = bool(self.waiting or self.prefilling or self.suspects)
+        return batch
+
+    def _settle(self) -> None:
+        """Running requests that changed after the last step's bookkeeping (`after_step`): one a
+        jump-forward finished leaves (its pages are released already); one whose tail a
+        jump-forward retokenized computes it as an extend, like a prompt chunk, before it decodes
+        again, or is retracted where its window pages are gone that far back (it is recomputed
+        after a match)."""
+        for req in [r for r in self.running if r.finished or r.num_computed < r.num_tokens - 1]:
+            if req.finished:
+                self.running.remove(req)
+            elif not self.kv.can_rewind(req, req.num_computed):
+                self.retract(req)
+            else:
+                self.running.remove(req)
+                self.prefilling.append(req)
+
+    def _schedule(self) -> ScheduleBatch:
         batch = ScheduleBatch()
         if self.suspects:
             return self._schedule_suspect(batch)
@@ -219,20 +244,6 @@ class Scheduler:
         # NOTE: a request whose closing is being looked for off the loop waits (closing_jobs.py)
         batch.decodes.extend(r for r in self.running if r.closing_job is None)
 
-    def grow_for_burst(self, reqs: list[Request], limit: int) -> int:
-        """How many decode steps the running `reqs` take in one burst: at most `limit`, no more than
-        any of them may still produce, and 1 unless each can get pages for all of them."""
-        steps = min(limit, *(self._tokens_left(r) for r in reqs))
-        if steps <= 1:
-            return 1
-        for req in reqs:
-            if not self.kv.grow(req, req.num_tokens + steps - 1):
-                return 1  # what the others got is trimmed after the step
-        return steps
-
-    def _tokens_left(self, req: Request) -> int:
-        return min(req.budget_left, self.context_len - req.num_tokens)
-
     def retract(self, req: Request) -> None:
         """Frees a running request's pages (caching what it computed) and requeues it first."""
         if req in self.running:
@@ -285,31 +296,6 @@ class Scheduler:
             else:
                 alive.append(req)
         self.running = alive
-
-    def add_drafts(self, batch: ScheduleBatch, drafts: dict[int, list[int]]) -> None:
-        """Turns decodes into verifications (last token + draft) where pages allow."""
-        keep = []
-        for req in batch.decodes:
-            draft = drafts.get(id(req))
-            if draft and self.kv.grow(req, req.num_tokens + len(draft)):
-                n = req.num_tokens
-                batch.verifies.append(VerifyEntry(req, n - 1, n, draft))
-            else:
-                keep.append(req)
-        batch.decodes = keep
-
-    def rewind(self, req: Request, num_valid: int) -> None:
-        """A running request whose tokens after `num_valid` changed (jump-forward): its new tail is
-        computed as an extend, like a prompt chunk, before it decodes again."""
-        req.num_computed = min(req.num_computed, num_valid)
-        if not req.finished and not self.kv.can_rewind(req, req.num_computed):
-            self.retract(req)  # its window pages are gone that far back: recomputed after a match
-            return
-        self.running.remove(req)
-        if req.finished:
-            self.kv.release(req, keep=True)
-        else:
-            self.prefilling.append(req)
 
     # leaving ---------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from plait.runtime.request import Request
 
 class Speculation:
     def __init__(self, config: EngineConfig, core: Any) -> None:
-        """`core`: the engine core the drafter reads its runner, pool and scheduler from."""
+        """`core`: the engine core the drafter reads its runner, pool and KV pages from."""
         self.config = config
         self.drafter: Any = None
         if config.speculative_algorithm is not None:
@@ -33,12 +33,12 @@ class Speculation:
             and self.policy.speculate(len(batch.decodes))
         )
 
-    def propose(self, batch: ScheduleBatch, scheduler: Any, context_len: int) -> None:
-        """Adds drafts to `batch`'s decodes, each cut to the request's room and, under a
-        grammar, to the tokens it allows."""
-        candidates = [r for r in batch.decodes if self.drafter.wants(r)]
+    def propose(self, decodes: list[Request], context_len: int) -> dict[int, list[int]]:
+        """Drafts for `decodes`, by id(request), each cut to the request's room and, under a
+        grammar, to the tokens it allows; a request without one is left out."""
+        candidates = [r for r in decodes if self.drafter.wants(r)]
         if not candidates:
-            return
+            return {}
         k = self.config.num_draft_tokens
         drafts: dict[int, list[int]] = {}
         for req, draft in zip(candidates, self.drafter.propose(candidates, k)):
@@ -55,7 +55,7 @@ class Speculation:
                 draft = draft[:allowed]
             if draft:
                 drafts[id(req)] = draft
-        scheduler.add_drafts(batch, drafts)
+        return drafts
 
     def observe(self, req: Request, proposed: int, accepted: int) -> None:
         self.drafter.observe(req, proposed, accepted)

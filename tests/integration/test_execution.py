@@ -1,5 +1,5 @@
 """The engine's execution choices (`runtime/execution.py`): made once from the model and the
-machine, reported in the stats, and each step's plan taken from its shape."""
+machine, reported in the stats, and each step's plan (`StepPlanner`) taken from its shape."""
 
 from __future__ import annotations
 
@@ -39,15 +39,20 @@ def test_a_bfloat16_model_runs_layer_by_layer_and_never_bursts(tiny_llama_dir) -
 def test_each_step_is_planned_from_its_shape(tiny_llama_dir) -> None:
     with Engine(model_path=str(tiny_llama_dir), max_total_tokens=1024, num_continuous_decode_steps=1) as engine:
         runner = engine.runner
-        real, plans = runner.prepare, []
+        real_execute, real_prepare, plans = runner.execute, runner.prepare, []
 
-        def prepare(batch):
-            prepared = real(batch)
-            plans.append((len(prepared.input_ids), prepared.step.layers, prepared.forward_batch.native_stack))
+        def execute(plan, *args):
+            plans.append([plan.num_tokens, plan.layers])
+            return real_execute(plan, *args)
+
+        def prepare(batch, layers=None):  # what the runner built from the plan
+            prepared = real_prepare(batch, layers)
+            assert prepared.layers is plans[-1][1]
+            plans[-1].append(prepared.forward_batch.native_stack)
             return prepared
 
-        runner.prepare = prepare
+        runner.execute, runner.prepare = execute, prepare
         engine.generate(input_ids=list(range(10, 50)), sampling_params={"max_new_tokens": 3, "ignore_eos": True})
-    assert plans[0][:2] == (40, Layers.LAYERWISE) and plans[0][2] is None  # the 40-token prefill
-    assert [p[:2] for p in plans[1:]] == [(1, Layers.NATIVE_STACK)] * 2
+    assert tuple(plans[0][:2]) == (40, Layers.LAYERWISE) and plans[0][2] is None  # the 40-token prefill
+    assert [tuple(p[:2]) for p in plans[1:]] == [(1, Layers.NATIVE_STACK)] * 2
     assert all(p[2] is runner.execution.native_stack for p in plans[1:])

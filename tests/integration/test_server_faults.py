@@ -38,10 +38,10 @@ def client(server):
 def poisoned_forward(engine, marker: str = "poison"):
     real = engine.runner.forward
 
-    def forward(batch):
+    def forward(batch, *args):
         if any(marker in e.req.rid for e in batch.extends) or any(marker in r.rid for r in batch.decodes):
             raise RuntimeError("injected fault")
-        return real(batch)
+        return real(batch, *args)
 
     engine.runner.forward = forward
     try:
