@@ -205,9 +205,6 @@ class KVCacheManager:
 
     # accounting --------------------------------------------------------------------------
 
-    def num_in_use(self, reqs: Iterable[Request]) -> int:
-        return sum(len(r.pages) - r.num_cached_pages for r in reqs)
-
     def check(self, reqs: Iterable[Request]) -> None:
         """Raises AssertionError unless free + cached + in use == pool size, with no page twice
         (and, for the sliding layers, every window page free or held once, as `WindowPages`
