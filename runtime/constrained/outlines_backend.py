@@ -362,7 +362,7 @@ class OutlinesGrammar(Grammar):
         if guide_steps <= self._guide.get_allowed_rollback():
             if guide_steps:
                 self._guide.rollback_state(guide_steps)
-        else:  # past the guide's history: replay from the start (~0.1 us a token)
+        else:  # past the guide's history: replay from the start (a table lookup a token)
             self._guide.reset()
             for token_id in self._tokens:
                 self._guide.advance(token_id, return_tokens=False)

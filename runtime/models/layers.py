@@ -187,8 +187,8 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
         if x.device.type == "cpu" and x.dim() == 2 and rows > CPU_MLP_ROWS:
-            # NOTE: glibc maps allocations over 32 MB fresh from the OS each time: an 8192-token
-            # prefill's [tokens, 2 x intermediate] activations page-faulted ~4% of the step away.
+            # NOTE: glibc maps allocations over 32 MB fresh from the OS each time, so a long
+            # prefill's [tokens, 2 x intermediate] activations would page-fault on every step.
             # Blocks of rows keep every activation under that size, reused from the heap.
             out = torch.empty(rows, self.down_proj.out_features, dtype=x.dtype)
             for s in range(0, rows, CPU_MLP_ROWS):
