@@ -3,8 +3,9 @@
 The same batch of decode-only requests (`--concurrency` streams of `--output-len` tokens, one
 shared prompt) runs in alternating rounds: nobody watching (the engine probe off), then a watcher
 polling `/dashboard/snapshot` at each `--poll-hz` (1 Hz is what the page does; faster rates show
-the trend). A round's figures are its wall time and this process's CPU time over the engine's decode steps
-(the watcher runs in another process; CPU time is steadier than wall time on a shared machine).
+the trend). A round's figures are its wall time and this process's CPU time over the engine's
+decode steps (the watcher runs in another process; CPU time is steadier than wall time on a shared
+machine).
 Also reported: how long one snapshot takes to build on the server's event loop, and the probe's
 own cost per step on a fake batch (no model), so the two parts of the cost are seen apart.
 """

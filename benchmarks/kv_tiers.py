@@ -136,7 +136,8 @@ def run_restart(args: argparse.Namespace, directory: str) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _redis_url(url: str | None, directory: str) -> Iterator[str | None]:
-    """`url`, or a redis-server started on a free loopback port for the run (None: not installed)."""
+    """`url`, or a redis-server started on a free loopback port for the run (None: not
+    installed)."""
     if url is not None:
         yield url
         return

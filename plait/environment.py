@@ -19,7 +19,7 @@ callers ask per layer; `reload()` reads it again (tests, and benchmarks that fli
 between runs in one process).
 
 NOTE: stdlib only, so that every layer, `kernels/` included, may import it.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 

@@ -20,7 +20,8 @@ class RadixCache:
     Ownership protocol for a request:
       1. `m = match_prefix(tokens)`, then `lock(m.node)`; `m.pages` stay valid while locked.
       2. Allocate pages for the rest of the tokens and run the model.
-      3. `n = insert(tokens, pages)`; the tree keeps `pages[n // page_size : len(tokens) // page_size]`.
+      3. `n = insert(tokens, pages)`; the tree keeps
+         `pages[n // page_size : len(tokens) // page_size]`.
          The caller frees `pages[len(m.pages) : n // page_size]` (duplicates of pages another
          request cached meanwhile) and any page past the last whole page.
       4. `unlock(m.node)`.
@@ -240,7 +241,8 @@ class RadixCache:
         }
 
     def reset(self) -> list[int]:
-        """Empties the tree and the statistics; returns the pages it held (freed into the allocator)."""
+        """Empties the tree and the statistics; returns the pages it held (freed into the
+        allocator)."""
         if self._protected_size:
             raise RuntimeError(
                 f"reset: {self._protected_size} cached pages are still locked by running requests"

@@ -226,7 +226,8 @@ class KVCacheManager:
                 f"request {r.rid}: a page after window_from {r.window_from} has no window page"
             )
             assert all(self.window.of[p] < 0 for p in own_released), (
-                f"request {r.rid}: an own page before window_from {r.window_from} kept its window page"
+                f"request {r.rid}: an own page before window_from {r.window_from} kept its "
+                "window page"
             )
         locks = Counter(p for r in reqs for p in r.pages[r.window_from : r.num_cached_pages])
         self.window.check(set(self.cache.pages()), dict(locks))

@@ -68,7 +68,8 @@ class OutlinesBackend(GrammarBackend):
         `max_digit_run` / `max_whitespace_run`: runaway bounds on JSON output (`bounds.py`)."""
         if vocab_size is not None and vocab_size < tokenizer.vocab_size:
             raise ValueError(
-                f"grammar backend: model vocab_size {vocab_size} < tokenizer vocab_size {tokenizer.vocab_size}"
+                f"grammar backend: model vocab_size {vocab_size} < tokenizer vocab_size "
+                f"{tokenizer.vocab_size}"
             )
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size or tokenizer.vocab_size

@@ -166,7 +166,8 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
     def _norm_qk(self, qkv: torch.Tensor) -> torch.Tensor:
-        """qkv [T, q_size + 2 kv_size] with each query and key head RMS-normalized (before rotary)."""
+        """qkv [T, q_size + 2 kv_size] with each query and key head RMS-normalized (before
+        rotary)."""
         num_tokens = qkv.shape[0]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = self.q_norm(q.reshape(num_tokens * self.num_heads, self.head_dim))

@@ -328,7 +328,8 @@ def test_help_shows_defaults_choices_and_aliases():
     text = " ".join(out.stdout.split())
     assert "--port PORT the port to listen on (0-65535) (default: 30000)" in text
     assert (
-        "--page-size PAGE_SIZE, --block-size PAGE_SIZE KV cache tokens per page (1-1024) (default: 1)"
+        "--page-size PAGE_SIZE, --block-size PAGE_SIZE KV cache tokens per page (1-1024) "
+        "(default: 1)"
         in text
     )
     assert "--closed-finish-reason {length,stop}" in text and "(default: length)" in text

@@ -318,7 +318,8 @@ def test_dense_matmul_matches_linear(m: int, k: int) -> None:
 def test_dense_matmul_keeps_a_large_matrix_on_the_native_kernel_at_any_row_count(
     monkeypatch,
 ) -> None:
-    """An LM head-sized weight takes the native kernel at prefill row counts too (it beat torch's GEMM)."""
+    """An LM head-sized weight takes the native kernel at prefill row counts too (it beat torch's
+    GEMM)."""
     gen = torch.Generator().manual_seed(0)
     w = torch.randn((qm.DEQUANT_GEMM_MAX_ELEMENTS // 256) + 1, 256, generator=gen)
     x = torch.randn(qm.DEQUANT_GEMM_MIN_ROWS + 3, 256, generator=gen)
