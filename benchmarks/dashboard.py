@@ -71,33 +71,29 @@ def poll(url: str, hz: float) -> None:
 
 
 def probe_cost_us(batch_size: int, repeats: int = 20000) -> float:
-    """Microseconds the installed probe adds to one `schedule` + `after_step` of a decode batch."""
+    """Microseconds the subscribed probe adds to one step of a decode batch: the step's events
+    (`StepFinished`, and the check for it with nobody subscribed) without a model."""
+    from plait.runtime.events import EngineEvents, StepFinished
     from plait.server.dashboard_probe import StepProbe
-
-    class Scheduler:
-        def schedule(self) -> Any:
-            return batch
-
-        def after_step(self, batch: Any) -> None:
-            pass
 
     reqs = [SimpleNamespace(rid=str(i), output_ids=[1] * 10, prompt_ids=[1] * 10, grammar=None,
                             finished=False, first_token_time=0.0, arrival_time=0.0)
             for i in range(batch_size)]  # fmt: skip
-    batch = SimpleNamespace(extends=[], decodes=reqs, decode_steps=1)
-    sched = Scheduler()
-    engine = SimpleNamespace(scheduler=sched, cache=SimpleNamespace(root=None))
+    batch = SimpleNamespace(extends=[], verifies=[], decodes=reqs, decode_steps=1,
+                            requests=lambda: reqs)  # fmt: skip
+    events = EngineEvents()
 
     def run() -> float:
         start = time.perf_counter()
         for _ in range(repeats):
-            sched.after_step(sched.schedule())
+            if events.wants(StepFinished):  # as the engine emits it
+                events.step_finished(batch, start)
             for r in reqs:
                 r.output_ids.append(1)
         return time.perf_counter() - start
 
     plain = run()
-    probe = StepProbe(engine)
+    probe = StepProbe(SimpleNamespace(events=events))
     probe.install()
     watched = run()
     probe.uninstall()

@@ -33,6 +33,7 @@ from plait.runtime.engine_setup import (
     resolve_dtype,
     window_layers,
 )
+from plait.runtime.events import BatchScheduled, EngineEvents, RequestFinished, StepFinished
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.model_loader import load_model
 from plait.runtime.model_runner import ModelRunner
@@ -123,13 +124,15 @@ class EngineCore:
         self.cache = RadixCache(
             cc.page_size, self.allocator, disable=cc.disable_radix_cache, salt=salt
         )
+        self.events = EngineEvents()  # what observers subscribe to (`Engine.events`)
+        self.events.watch_cache(self.cache)
         if salt is not None:
             from plait.runtime.kv_tiers import create_kv_tiers
 
             self.tiers = create_kv_tiers(cc, self.kv_pool, self.cache, salt)
         self.scheduler = Scheduler(
             sc, self.allocator, self.cache, cc.page_size, self.context_len, self.window,
-            tiers=self.tiers,
+            tiers=self.tiers, events=self.events,
         )  # fmt: skip
         self.generator = torch.Generator(device=self.device).manual_seed(self.config.random_seed)
         self.runner = ModelRunner(
@@ -330,6 +333,8 @@ class EngineCore:
             if self.tiers is not None:  # requests waiting for their blocks from below the pool
                 self.tiers.wait(CLOSING_WAIT_SECONDS)
             return
+        if self.events.wants(BatchScheduled):
+            self.events.batch_scheduled(batch)
         num_tokens = batch.num_tokens
         threads = self.threads.choose(num_tokens)
         forward_started = time.perf_counter()
@@ -415,6 +420,8 @@ class EngineCore:
             self._close_or_jump(req)
         if self.config.check_invariants:
             self.scheduler.check()
+        if self.events.wants(StepFinished):
+            self.events.step_finished(batch, started)
         for req in updated:
             self.deliver(req)
 
@@ -464,6 +471,8 @@ class EngineCore:
                 self.deliver(req)
 
     def deliver(self, req: Request) -> None:
+        if req.finished and self.events.wants(RequestFinished):
+            self.events.request_finished(req)
         if req.sink is None:
             return
         out = build_output(req, self.tokenizer, self.processor.stream_text(req))
