@@ -58,6 +58,7 @@ from plait.kernels.tuning import (
     BF16_GEMM_SLICE,
     DEQUANT_GEMM_MAX_ELEMENTS,
     DEQUANT_GEMM_MIN_ROWS,
+    QMATMUL_TASK_ROWS,
 )
 
 FORMATS = ("int8", "int4")
@@ -261,7 +262,38 @@ def _kernels() -> tuple | None:
     dq16 = native.function(
         "cpu_kernels", "plait_dequantize_bf16", [ptr, c_int, i64, i64, i64, ptr, ptr, ptr, c_int]
     )
+    set_task_rows(QMATMUL_TASK_ROWS.get(_isa_name(), ()))
     return mm, dq, q8, q8_max(), dq16
+
+
+def _isa_name() -> str:
+    fn = native.function("cpu_kernels", "plait_qmatmul_isa", [], ctypes.c_int)
+    return {2: "avx512-vnni", 1: "avx2"}.get(fn(), "portable")
+
+
+def set_task_rows(table: tuple[tuple[int, int], ...]) -> None:
+    """Gives the library a tuning table of weight rows per task (`tuning.QMATMUL_TASK_ROWS`:
+    (rows of x at most, weight rows) pairs); `()` restores 16 rows at every M. Done once as the
+    library loads; benchmarks and tests call it to compare tables."""
+    fn = native.function(
+        "cpu_kernels",
+        "plait_qmatmul_set_task_rows",
+        [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64],
+    )
+    max_m = (ctypes.c_int64 * max(1, len(table)))(*(m for m, _ in table))
+    rows = (ctypes.c_int64 * max(1, len(table)))(*(r for _, r in table))
+    fn(max_m, rows, len(table))
+
+
+def task_rows(m: int, n: int, num_threads: int | None = None) -> int:
+    """The weight rows per task the native multi-row kernels take for an [m, K] x [n, K] product."""
+    fn = native.function(
+        "cpu_kernels",
+        "plait_qmatmul_task_rows",
+        [ctypes.c_int64, ctypes.c_int64, ctypes.c_int],
+        ctypes.c_int64,
+    )
+    return fn(m, n, num_threads or torch.get_num_threads())
 
 
 def q8_max_rows() -> int:
@@ -283,8 +315,7 @@ def native_isa() -> str:
     (no integer dot products: the float paths alone) or "none" (no native kernels)."""
     if not native_quant_available():
         return "none"
-    fn = native.function("cpu_kernels", "plait_qmatmul_isa", [], ctypes.c_int)
-    return {2: "avx512-vnni", 1: "avx2"}.get(fn(), "portable")
+    return _isa_name()
 
 
 def native_quant_available() -> bool:

@@ -20,6 +20,17 @@ DEQUANT_GEMM_MIN_ROWS = 48
 # Matrices with more elements than this (an LM head) stay on the native tile kernel at any row
 # count: a dequantized float32 copy would cost more memory traffic than the GEMM saves.
 DEQUANT_GEMM_MAX_ELEMENTS = 8 << 20
+# Weight rows per task of the native multi-row integer matmul, per CPU kind (`native_isa()`), as
+# (rows of x at most, weight rows) pairs by increasing rows of x; the last pair covers every larger
+# row count. A task's weight rows stay in cache while every tile of x passes over them, and x is
+# read from L2 (or memory, for prefill chunks) once per task: small batches want small tasks
+# (many to share among the threads, each short), prefill chunks large ones (x read fewer times).
+# The library takes the table once, as it loads (`quant_matmul._kernels`); the kernel then shrinks
+# a task so that N splits evenly over the threads. Measured with `plait bench kernels`
+# (docs/cpu.md, "The tuning table"). A CPU kind absent here keeps 16 rows at every M.
+QMATMUL_TASK_ROWS: dict[str, tuple[tuple[int, int], ...]] = {
+    "avx512-vnni": ((16, 16), (64, 32), (1 << 40, 128)),
+}
 # From this many rows of x, where torch's bfloat16 GEMM runs on AMX tiles, prefill-shaped
 # quantized matmuls run there (`bf16_matmul`): faster, at bfloat16 rounding of x and the weights.
 BF16_GEMM_MIN_ROWS = DEQUANT_GEMM_MIN_ROWS

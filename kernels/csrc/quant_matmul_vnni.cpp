@@ -272,8 +272,9 @@ void with_tile_rows(int64_t mt, F&& f) {
 
 // The driver of int4_rows_vnni and int8_rows_vnni (decode rows, verification, prefill): each row of
 // x quantized in two levels and laid out in its tile (`layout(xq, xr, xd, xs, Mt, i, tile, tile_ds)`,
-// `row_bytes` / `row_floats` a row's share of the tiles), then 16-row chunks of the weights against
-// X_TILE_M rows of x at a time (a chunk stays in L1 across the passes): `rows(mt, tile, tile_ds,
+// `row_bytes` / `row_floats` a row's share of the tiles), then chunks of `task_rows` weight rows
+// against X_TILE_M rows of x at a time (the chunk stays in cache across the passes over x, and x
+// is read from L2 or memory once per chunk, so many rows of x want larger chunks): `rows(mt, tile, tile_ds,
 // n_begin, n_end, y_rows)`.
 template <class Layout, class Rows>
 void tiled_matmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, int64_t row_bytes, int64_t row_floats,
@@ -291,7 +292,7 @@ void tiled_matmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, int64_t 
         layout(tq.data(), tr.data(), td.data(), ts.data(), std::min(X_TILE_M, M - m0), m - m0, q + m0 * row_bytes,
                ds + m0 * row_floats);
     });
-    const int64_t chunk = 16, chunks = (N + chunk - 1) / chunk;
+    const int64_t chunk = task_rows(M, N, num_threads), chunks = (N + chunk - 1) / chunk;
     plait::parallel_for(chunks, num_threads, false, [&](int64_t c) {
         const int64_t b = c * chunk, e = std::min(N, b + chunk);
         for (int64_t m0 = 0; m0 < M; m0 += X_TILE_M)
