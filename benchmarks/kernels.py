@@ -11,6 +11,12 @@ weights dequantized), and two measured roofs:
   bounds small M, where each weight is used M times per read;
 - *float32 peak*: torch's float32 GEMM on a large square product, the float roof of these cores.
 
+`--compare-library PATH` also times the same products through another build of the kernels (a
+`cpu_kernels-*.so`, e.g. built from another commit's `kernels/csrc`), interleaved with this one's
+and both called straight through ctypes (`direct` and `compared`: no Python around the call, which
+`quant_matmul` adds to every figure of the first column), so that a change to the kernels is
+measured side by side in one run.
+
 GFLOP/s counts 2 M N K per product, whatever the arithmetic inside (the int8 kernels do two
 integer dot products per weight, for x's two int8 levels). Each figure is the best of a few timed
 runs (`common.best_of`): on a machine shared with other work, compare columns of one run.
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -43,6 +50,8 @@ def add_kernels_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cpu-threads", type=int, default=None, help="torch threads (default: all)"
     )
+    parser.add_argument("--compare-library", default=None, metavar="PATH",
+                        help="another build of the kernels to time beside this one (default: none)")  # fmt: skip
     parser.add_argument(
         "--output", default="bench-results/kernels.json", help="JSON file of the results"
     )
@@ -67,6 +76,25 @@ def block_weight(kind: str, n: int, k: int, seed: int = 0) -> Any:
         block, size = gguf.GGML_QUANT_SIZES[qtype]
         raw = rng.integers(0, 256, (n, k // block * size), dtype=np.uint8) & np.uint8(0xBF)
     return quantized_blocks(kind, raw, n, k)
+
+
+def library_matmul(path: str) -> Any:
+    """`quant_matmul`'s native call through the build at `path`: fn(x, qw) -> y."""
+    import ctypes
+
+    p, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    fn = ctypes.CDLL(path).plait_qmatmul_f32
+    fn.argtypes, fn.restype = [p, i64, i64, i64, p, c_int, i64, p, p, p, p, c_int], None
+
+    def matmul(x: torch.Tensor, qw: Any) -> torch.Tensor:
+        (m, k), n = x.shape, qw.shape[0]
+        y = torch.empty(m, n)
+        mins = 0 if qw.mins is None else qw.mins.data_ptr()
+        fn(x.data_ptr(), m, k, n, qw.qweight.data_ptr(), qw.code, qw.group, qw.scales.data_ptr(), mins, 0,
+           y.data_ptr(), torch.get_num_threads())  # fmt: skip
+        return y
+
+    return matmul
 
 
 def _seconds(fn: Any, min_seconds: float) -> float:
@@ -110,8 +138,8 @@ def run_kernels_bench(args: argparse.Namespace) -> int:
     torch_rows = []
     for m in sizes:
         x, x16 = xs[m], xs[m].to(torch.bfloat16)
-        f32 = _seconds(lambda: torch.nn.functional.linear(x, w32), args.min_seconds)
-        bf16 = _seconds(lambda: torch.nn.functional.linear(x16, w16), args.min_seconds)
+        f32 = _seconds(partial(torch.nn.functional.linear, x, w32), args.min_seconds)
+        bf16 = _seconds(partial(torch.nn.functional.linear, x16, w16), args.min_seconds)
         torch_rows.append(
             {
                 "m": m,
@@ -120,6 +148,14 @@ def run_kernels_bench(args: argparse.Namespace) -> int:
             }
         )
     float32_read = memory_read.read_seconds([w32])
+    other = this = None
+    if args.compare_library:  # both builds through the same ctypes call, with no Python around it
+        from plait.kernels import native
+
+        other, this = (
+            library_matmul(args.compare_library),
+            library_matmul(str(native.build("cpu_kernels"))),
+        )
     results, table = [], []
     for kind in kinds:
         qw = block_weight(kind, n, k)
@@ -127,27 +163,34 @@ def run_kernels_bench(args: argparse.Namespace) -> int:
         read = memory_read.read_seconds(parts)
         for m, ref in zip(sizes, torch_rows):
             x = xs[m]
-            seconds = _seconds(lambda: quant_matmul(x, qw), args.min_seconds)
+            seconds = _seconds(partial(quant_matmul, x, qw), args.min_seconds)
+            compared = None
+            if other is not None:  # interleaved: this build, the other, this one again
+                ours = _seconds(partial(this, x, qw), args.min_seconds)
+                compared = _seconds(partial(other, x, qw), args.min_seconds)
+                ours = min(ours, _seconds(partial(this, x, qw), args.min_seconds))
             row = {
                 "block_type": kind, "m": m, "n": n, "k": k, "weight_bytes": qw.nbytes,
                 "int8_activations": native_q8_rows(m, qw), "seconds": seconds,
                 "gflops": _gflops(m, n, k, seconds),
                 "memory_roof_gflops": _gflops(m, n, k, read) if read else None,
                 "torch_float32_gflops": ref["float32_gflops"], "torch_bfloat16_gflops": ref["bfloat16_gflops"],
+                "compared_gflops": _gflops(m, n, k, compared) if compared else None,
+                "direct_gflops": _gflops(m, n, k, ours) if compared else None,
             }  # fmt: skip
             results.append(row)
-            table.append([kind, m, row["gflops"], row["memory_roof_gflops"], row["torch_float32_gflops"],
-                          row["torch_bfloat16_gflops"], "int8 x" if row["int8_activations"] else "float x"])  # fmt: skip
-        del qw, parts
-    print_table(
-        ["block type", "M", "GFLOP/s", "memory roof", "torch f32", "torch bf16", "path"], table
-    )
+            table.append([kind, m, row["gflops"], row["direct_gflops"], row["compared_gflops"], row["memory_roof_gflops"],
+                          row["torch_float32_gflops"], row["torch_bfloat16_gflops"],
+                          "int8 x" if row["int8_activations"] else "float x"])  # fmt: skip
+    headers = ["block type", "M", "GFLOP/s", "direct", "compared", "memory roof", "torch f32", "torch bf16", "path"]  # fmt: skip
+    print_table(headers, table)
     print(f"float32 GEMM peak (2048^3): {peak:.1f} GFLOP/s")
     # float32 weights' own memory roof, for the torch columns
     f32_roof = {m: _gflops(m, n, k, float32_read) if float32_read else None for m in sizes}
     write_json(args.output, {
         "benchmark": "kernels", "shape": {"n": n, "k": k}, "batch_sizes": sizes, "block_types": kinds,
-        "float32_peak_gflops": peak, "float32_memory_roof_gflops": f32_roof, "torch": torch_rows, "results": results,
+        "compare_library": args.compare_library, "float32_peak_gflops": peak,
+        "float32_memory_roof_gflops": f32_roof, "torch": torch_rows, "results": results,
     })  # fmt: skip
     return 0
 

@@ -21,6 +21,7 @@ from plait.kernels.quant_matmul import (
     quantize_int8,
     unpack_int4,
 )
+from plait.kernels.tuning import QMATMUL_TASK_ROWS
 
 
 def test_int8_per_channel_error_is_at_most_half_a_step() -> None:
@@ -134,10 +135,28 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(fmt: str, n: int, k
     w = torch.randn(n, k, generator=gen)
     qw = {"int8": lambda: quantize_int8(w), "int8-g32": lambda: quantize_int8(w, 32), "int8-g96": lambda: quantize_int8(w, 96),
           "int4": lambda: quantize_int4(w)}[fmt]()  # fmt: skip
-    x = torch.randn(9, k, generator=gen)
-    alone = torch.cat([quant_matmul(x[i : i + 1], qw) for i in range(9)])
-    for m in (2, 3, 5, 8, 9):
+    x = torch.randn(32, k, generator=gen)
+    alone = torch.cat([quant_matmul(x[i : i + 1], qw) for i in range(32)])
+    for m in (2, 3, 5, 8, 9, 16, 17, 32):
         assert torch.equal(quant_matmul(x[:m], qw), alone[:m]), f"{m} rows"
+
+
+@needs_native
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_the_tuning_table_changes_no_result(fmt: str) -> None:
+    # the table sets how many weight rows a task takes; every row's sum stays in the same order
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(200, 576, generator=gen)
+    qw = quantize_int8(w) if fmt == "int8" else quantize_int4(w)
+    x = torch.randn(40, 576, generator=gen)
+    expected = quant_matmul(x, qw)
+    try:
+        for table in ((), ((8, 16), (1 << 40, 128)), ((1 << 40, 40),)):
+            qm.set_task_rows(table)
+            assert torch.equal(quant_matmul(x, qw), expected), table
+            assert all(qm.task_rows(m, 200, t) % 16 == 0 for m in (1, 40) for t in (1, 2, 3))
+    finally:
+        qm.set_task_rows(QMATMUL_TASK_ROWS.get(qm.native_isa(), ()))
 
 
 def _bf16_reference(
