@@ -97,6 +97,16 @@ def library_matmul(path: str) -> Any:
     return matmul
 
 
+def matmul_path(m: int, qw: Any) -> str:
+    """Which path `quant_matmul` takes for m rows of x: "bf16 GEMM", "int8 x" (the integer
+    kernels) or "float x" (float tiles, or torch's float32 GEMM on the dequantized matrix)."""
+    from plait.kernels import quant_matmul as qm
+
+    if m >= qm.BF16_GEMM_MIN_ROWS and qm.bf16_gemm_enabled() and m >= qm.bf16_gemm_min_rows():
+        return "bf16 GEMM"
+    return "int8 x" if qm.native_q8_rows(m, qw) else "float x"
+
+
 def _seconds(fn: Any, min_seconds: float) -> float:
     """The best time of one call of `fn`, over enough calls to fill `min_seconds` (at least 3)."""
     fn()
@@ -171,7 +181,7 @@ def run_kernels_bench(args: argparse.Namespace) -> int:
                 ours = min(ours, _seconds(partial(this, x, qw), args.min_seconds))
             row = {
                 "block_type": kind, "m": m, "n": n, "k": k, "weight_bytes": qw.nbytes,
-                "int8_activations": native_q8_rows(m, qw), "seconds": seconds,
+                "int8_activations": native_q8_rows(m, qw), "path": matmul_path(m, qw), "seconds": seconds,
                 "gflops": _gflops(m, n, k, seconds),
                 "memory_roof_gflops": _gflops(m, n, k, read) if read else None,
                 "torch_float32_gflops": ref["float32_gflops"], "torch_bfloat16_gflops": ref["bfloat16_gflops"],
@@ -181,7 +191,7 @@ def run_kernels_bench(args: argparse.Namespace) -> int:
             results.append(row)
             table.append([kind, m, row["gflops"], row["direct_gflops"], row["compared_gflops"], row["memory_roof_gflops"],
                           row["torch_float32_gflops"], row["torch_bfloat16_gflops"],
-                          "int8 x" if row["int8_activations"] else "float x"])  # fmt: skip
+                          row["path"]])  # fmt: skip
     headers = ["block type", "M", "GFLOP/s", "direct", "compared", "memory roof", "torch f32", "torch bf16", "path"]  # fmt: skip
     print_table(headers, table)
     print(f"float32 GEMM peak (2048^3): {peak:.1f} GFLOP/s")
