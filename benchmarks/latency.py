@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from plait.benchmarks.common import best_of, check_decoded, cpu_model, print_table, write_json
-from plait.kernels.quant_matmul import bf16_gemm_enabled, native_isa
+from plait.kernels.quant_matmul import bf16_gemm_enabled, cpu_kind, native_isa
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 FORMATS = ("float32", "bfloat16", "native", "int8", "int4")
@@ -416,7 +416,7 @@ def run_latency_bench(args: argparse.Namespace) -> int:
         f"read bandwidth {bandwidth / 1e9:.1f} GB/s (1 GiB probe; the weights themselves read at "
         f"GB/s: {weights_read or '-'}), float32 matmul {matmul_flops / 1e9:.0f} GFLOP/s, "
         f"{torch.get_num_threads()} threads, native kernels {native_isa()}"
-        f"{', bfloat16 prefill GEMM (AMX)' if bf16_gemm_enabled() else ''}, "
+        f"{f', bfloat16 prefill GEMM ({cpu_kind()})' if bf16_gemm_enabled() else ''}, "
         f"{cpu_model()}"
     )
     write_json(

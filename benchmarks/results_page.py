@@ -271,6 +271,27 @@ def prefill_decode(r: Report) -> list[str]:
     ]
 
 
+def kernels(r: Report) -> list[str]:
+    shape, rows = r["shape"], []
+    for x in r["results"]:
+        before, direct = x.get("compared_gflops"), x.get("direct_gflops")
+        rows.append([x["block_type"], x["m"], x["gflops"], x.get("path", "-"), direct, before,
+                     times(direct / before) if direct and before else "-", x["torch_float32_gflops"],
+                     x["torch_bfloat16_gflops"], x["memory_roof_gflops"]])  # fmt: skip
+    compared = r.get("compare_library")
+    return [
+        f"One [M, {shape['k']}] x [{shape['n']}, {shape['k']}] product per block type and M, GFLOP/s "
+        f"(2 M N K per product): `quant_matmul` (its path: the integer kernels or the bfloat16 GEMM), "
+        f"the integer kernels alone called straight through ctypes"
+        + (f", and the same call on another build (`{compared}`)" if compared else "")
+        + f"; torch's float32 and bfloat16 `F.linear` on the same shape, and the memory roof (a plain "
+        f"read of the block type's bytes). float32 GEMM peak (2048³): {r['float32_peak_gflops']:.0f} GFLOP/s.",
+        "",
+        *table(["block type", "M", "GFLOP/s", "path", "integer kernels", "other build", "×", "torch float32",
+                "torch bfloat16", "memory roof"], rows),  # fmt: skip
+    ]
+
+
 # the page --------------------------------------------------------------------------------------
 
 # (report file, heading, renderer, its figures in IMAGES as `plots.py` names them), in page order
@@ -282,6 +303,7 @@ SECTIONS: list[tuple[str, str, Callable[[Report], list[str]], str]] = [
     ("jsonschema.json", "Structured output on real-world schemas", jsonschema, "jsonschema-*.png"),
     ("json.json", "JSON extraction: jump-forward", json_extraction, "json-*.png"),
     ("pd.json", "Prefill–decode disaggregation", prefill_decode, "pd-*.png"),
+    ("kernels.json", "The quantized matmul by block type and rows of x", kernels, "kernels-*.png"),
 ]
 
 
@@ -291,7 +313,7 @@ def machine_line(m: dict[str, Any]) -> str:
         parts.append(f"{m['memory_gib']:.0f} GiB")
     parts.append(f"native kernels `{m.get('native_isa', '?')}`")
     if m.get("bf16_prefill_gemm"):
-        parts.append("bfloat16 prefill GEMM (AMX)")
+        parts.append(f"bfloat16 prefill GEMM ({m.get('cpu_kind', 'AMX')})")
     parts.append(f"torch {m.get('torch', '?')}, {m.get('torch_threads', '?')} threads")
     return ", ".join(parts)
 
