@@ -59,7 +59,7 @@ def cpu_model() -> str:
 def write_json(path: str, payload: dict[str, Any]) -> None:
     import torch
 
-    from plait.kernels.quant_matmul import bf16_gemm_enabled, native_isa
+    from plait.kernels.quant_matmul import bf16_gemm_enabled, cpu_kind, native_isa
 
     payload = {
         "command": command_line(),
@@ -73,6 +73,7 @@ def write_json(path: str, payload: dict[str, Any]) -> None:
             "torch_threads": torch.get_num_threads(),
             "native_isa": native_isa(),
             "bf16_prefill_gemm": bf16_gemm_enabled(),
+            "cpu_kind": cpu_kind(),
         },
         **payload,
     }

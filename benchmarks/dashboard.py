@@ -3,8 +3,9 @@
 The same batch of decode-only requests (`--concurrency` streams of `--output-len` tokens, one
 shared prompt) runs in alternating rounds: nobody watching (the engine probe off), then a watcher
 polling `/dashboard/snapshot` at each `--poll-hz` (1 Hz is what the page does; faster rates show
-the trend). A round's figures are its wall time and this process's CPU time over the engine's decode steps
-(the watcher runs in another process; CPU time is steadier than wall time on a shared machine).
+the trend). A round's figures are its wall time and this process's CPU time over the engine's
+decode steps (the watcher runs in another process; CPU time is steadier than wall time on a shared
+machine).
 Also reported: how long one snapshot takes to build on the server's event loop, and the probe's
 own cost per step on a fake batch (no model), so the two parts of the cost are seen apart.
 """
@@ -70,33 +71,29 @@ def poll(url: str, hz: float) -> None:
 
 
 def probe_cost_us(batch_size: int, repeats: int = 20000) -> float:
-    """Microseconds the installed probe adds to one `schedule` + `after_step` of a decode batch."""
+    """Microseconds the subscribed probe adds to one step of a decode batch: the step's events
+    (`StepFinished`, and the check for it with nobody subscribed) without a model."""
+    from plait.runtime.events import EngineEvents, StepFinished
     from plait.server.dashboard_probe import StepProbe
-
-    class Scheduler:
-        def schedule(self) -> Any:
-            return batch
-
-        def after_step(self, batch: Any) -> None:
-            pass
 
     reqs = [SimpleNamespace(rid=str(i), output_ids=[1] * 10, prompt_ids=[1] * 10, grammar=None,
                             finished=False, first_token_time=0.0, arrival_time=0.0)
             for i in range(batch_size)]  # fmt: skip
-    batch = SimpleNamespace(extends=[], decodes=reqs, decode_steps=1)
-    sched = Scheduler()
-    engine = SimpleNamespace(scheduler=sched, cache=SimpleNamespace(root=None))
+    batch = SimpleNamespace(extends=[], verifies=[], decodes=reqs, decode_steps=1,
+                            requests=lambda: reqs)  # fmt: skip
+    events = EngineEvents()
 
     def run() -> float:
         start = time.perf_counter()
         for _ in range(repeats):
-            sched.after_step(sched.schedule())
+            if events.wants(StepFinished):  # as the engine emits it
+                events.step_finished(batch, start)
             for r in reqs:
                 r.output_ids.append(1)
         return time.perf_counter() - start
 
     plain = run()
-    probe = StepProbe(engine)
+    probe = StepProbe(SimpleNamespace(events=events))
     probe.install()
     watched = run()
     probe.uninstall()

@@ -111,7 +111,8 @@ def e2e_rows(sz: Any, tmp: Path) -> list[dict[str, Any]]:
 
 
 def greedy_agreement(sz: Any) -> dict[str, Any]:
-    """Greedy outputs with the Triton kernels against the torch references, default model, float32."""
+    """Greedy outputs with the Triton kernels against the torch references, default model,
+    float32."""
     from plait import environment
     from plait.kernels.dispatch import DISABLE_TRITON_ENV
     from plait.runtime.engine import Engine

@@ -1,6 +1,7 @@
 """Kernel part of the device check (`gpu_check.py`): each Triton kernel timed against its torch
 reference (and flash-attn for prefill), and decode attention's bandwidth at 32k-token contexts as a
-fraction of the device's copy bandwidth. `Sizes` says what runs: `Sizes()` on the GPU, `DRY` on a CPU.
+fraction of the device's copy bandwidth. `Sizes` says what runs: `Sizes()` on the GPU, `DRY` on a
+CPU.
 """
 
 from __future__ import annotations

@@ -47,9 +47,11 @@ def prompts(tokenizer: Any, n: int, seed: int = 0) -> list[str]:
         name, city = rng.choice(_NAMES), rng.choice(_CITIES)
         bio = (
             f"{name} is {rng.randint(19, 80)} years old, lives in {city} and can be reached at "
-            f"{name.split()[0].lower()}{i}@example.org. An {rng.choice(['admin', 'user', 'guest'])} "
+            f"{name.split()[0].lower()}{i}@example.org. "
+            f"An {rng.choice(['admin', 'user', 'guest'])} "
             f"account, currently {'active' if rng.random() < 0.5 else 'inactive'}, score "
-            f"{rng.randint(0, 100)}. Interests: {', '.join(rng.sample(['chess', 'jazz', 'hiking', 'go', 'tea'], 2))}."
+            f"{rng.randint(0, 100)}. Interests: "
+            f"{', '.join(rng.sample(['chess', 'jazz', 'hiking', 'go', 'tea'], 2))}."
         )
         out.append(
             tokenizer.apply_chat_template(
@@ -147,7 +149,10 @@ def spacing_names(value: str) -> list[str]:
     names = [v.strip() for v in str(value).split(",") if v.strip()]
     bad = [n for n in names if n not in JSON_WHITESPACE]
     if not names or bad:
-        raise SystemExit(f"--spacings: {value!r}: expected a comma-separated list of {', '.join(JSON_WHITESPACE)}")
+        raise SystemExit(
+            f"--spacings: {value!r}: expected a comma-separated list of "
+            f"{', '.join(JSON_WHITESPACE)}"
+        )
     return names
 
 
@@ -224,8 +229,8 @@ def run_json_bench(args: argparse.Namespace) -> int:
                      off["warm"]["seconds"], on["warm"]["seconds"], entry["speedup_warm"],
                      f"{on['cold']['jump_forward_tokens']}/{on['cold']['output_tokens']}",
                      f"{on['cold']['valid_json']}+{off['cold']['valid_json']}/{2 * n}"])  # fmt: skip
-    print("\nExtraction requests under an 8-field schema, greedy, in one batch; cold: prompts prefilled, "
-          "warm: prompts in the prefix cache")
+    print("\nExtraction requests under an 8-field schema, greedy, in one batch; cold: prompts "
+          "prefilled, warm: prompts in the prefix cache")
     print_table(["requests", "off s", "on s", "JF speedup", "off s (warm)", "on s (warm)", "JF speedup (warm)",
                  "jumped/output", "valid JSON"], rows)  # fmt: skip
     off_s = runs["jump-forward off"][0]
@@ -242,12 +247,14 @@ def run_json_bench(args: argparse.Namespace) -> int:
           f"apply for {args.mask_batch} rows: {m[f'apply_us_mean_batch{args.mask_batch}']:.1f} us; "
           f"schema compile {results['compile_s']:.2f} s")
     st = results["steps"]
-    print(f"decode step at batch {args.mask_batch} (jump-forward off): constrained {st['constrained_step_ms']:.1f} ms, "
-          f"unconstrained {st['unconstrained_step_ms']:.1f} ms ({st['constrained_step_overhead']:+.1%})")
+    print(f"decode step at batch {args.mask_batch} (jump-forward off): "
+          f"constrained {st['constrained_step_ms']:.1f} ms, "
+          f"unconstrained {st['unconstrained_step_ms']:.1f} ms "
+          f"({st['constrained_step_overhead']:+.1%})")
     print(f"sample: {results['jump-forward on']['sample']}")
     results["spacing"] = by_spacing
-    print(f"\nJSON spacing (json_whitespace): {len(PEOPLE)} name/age/city extractions, greedy, checked "
-          f"against the paragraphs; {largest} 8-field requests, cold, jump-forward off and on")
+    print(f"\nJSON spacing (json_whitespace): {len(PEOPLE)} name/age/city extractions, greedy, "
+          f"checked against the paragraphs; {largest} 8-field requests, cold, jump-forward off and on")
     print_table(SPACING_HEADERS, spacing_rows(by_spacing))
     write_json(args.output, {"benchmark": "json", "results": results})
     return 0

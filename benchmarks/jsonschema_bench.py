@@ -6,12 +6,12 @@ the files of each category sorted by name, `random.Random(seed).sample` of `--pe
 
 For each grammar backend: declared coverage (the schema compiles), compile time p50/p99 (after
 one warm-up compile that builds the backend's per-tokenizer state, reported apart as
-`first_compile_ms`), mask time per token (mean/p99, over a short random walk of each compiled grammar); then for each
-`--max-tokens` budget, greedy generation on the default model of one instance per covered schema,
-each output sorted into valid, finished-but-invalid, truncated (length, not closed), closed early
-and valid, closed early but invalid. Last, constrained against unconstrained decode tok/s at batch
-1 and 16 (the same number of tokens each). With `--llama-cpp`, llama.cpp's server on the same
-sample and budgets (`jsonschema_llama_cpp.py`).
+`first_compile_ms`), mask time per token (mean/p99, over a short random walk of each compiled
+grammar); then for each `--max-tokens` budget, greedy generation on the default model of one
+instance per covered schema, each output sorted into valid, finished-but-invalid, truncated
+(length, not closed), closed early and valid, closed early but invalid. Last, constrained against
+unconstrained decode tok/s at batch 1 and 16 (the same number of tokens each). With `--llama-cpp`,
+llama.cpp's server on the same sample and budgets (`jsonschema_llama_cpp.py`).
 """
 
 from __future__ import annotations
@@ -307,7 +307,8 @@ def run_jsonschema_bench(args: argparse.Namespace) -> int:
             outcome_rows.append(["llama.cpp", budget, f"{c['valid']}/{len(schemas)}", None, c["finished_invalid"],
                                  c["truncated"], None, c["unvalidated"], c["tok_per_s"]])  # fmt: skip
     print(
-        f"JSONSchemaBench sample: {len(schemas)} schemas ({args.per_category} per category, seed {args.seed}); {cpu_model()}"
+        f"JSONSchemaBench sample: {len(schemas)} schemas ({args.per_category} per category, "
+        f"seed {args.seed}); {cpu_model()}"
     )
     print_table(
         ["backend", "covered", "compile p50 ms", "compile p99 ms", "mask mean us", "mask p99 us"],

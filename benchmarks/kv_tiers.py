@@ -8,6 +8,10 @@
   concurrency: the prompt tokens served from cache, and output tokens per second, with and
   without the disk tier. Cycling in order is the pool's worst case: each prefix was evicted by
   the time it comes back.
+- **shared**: two replicas on one Redis tier: the second replica's time to first token on a
+  `--prefix-len` prefix the first one computed, against a cold engine's. The Redis server is
+  `--kv-redis`, or a `redis-server` the benchmark starts on a free loopback port (the part is
+  skipped, saying so, where there is neither).
 
     plait bench kv-tiers --prefix-len 4000 --num-prefixes 64 --shared-len 2000 --requests 256
 """
@@ -15,10 +19,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import random
 import shutil
+import socket
+import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -44,7 +53,15 @@ def add_kv_tiers_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--concurrency", type=int, default=4, help="working set: requests in flight")
     g.add_argument(
-        "--parts", default="restart,working-set", help="comma-separated: restart, working-set"
+        "--parts",
+        default="restart,working-set,shared",
+        help="comma-separated: restart, working-set, shared",
+    )
+    g.add_argument(
+        "--kv-redis",
+        dest="kv_redis",
+        default=None,
+        help="shared: the Redis both replicas use (default: a redis-server started for the run)",
     )
     g.add_argument("--kv-disk-dir", dest="kv_disk_dir", default=None,
                    help="where the disk tier's blocks go (default: a temporary directory)")  # fmt: skip
@@ -114,6 +131,73 @@ def run_restart(args: argparse.Namespace, directory: str) -> dict[str, Any]:
         "disk_bytes_read": stats["kv_disk_promotions"]
         * stats["kv_disk_bytes"]
         / max(stats["kv_disk_blocks"], 1),
+    }
+
+
+@contextlib.contextmanager
+def _redis_url(url: str | None, directory: str) -> Iterator[str | None]:
+    """`url`, or a redis-server started on a free loopback port for the run (None: not
+    installed)."""
+    if url is not None:
+        yield url
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        yield None
+        return
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.makedirs(directory, exist_ok=True)
+    command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+               "--appendonly", "no", "--dir", directory]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # until it accepts connections
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise RuntimeError(f"redis-server did not start on port {port}") from None
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def _written(engine: Any, timeout: float = 120.0) -> dict[str, Any]:
+    """The engine's stats once its tier writes have all landed."""
+    deadline = time.monotonic() + timeout
+    while (stats := engine.stats())["kv_tiers_pending_write_bytes"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return stats
+
+
+def run_shared(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    rng = random.Random(args.seed + 1)
+    prefix = _ids(rng, args.prefix_len)
+    with _engine(args, kv_redis=url) as first:
+        _warm(first, rng)
+        first.generate(input_ids=prefix, sampling_params={"max_new_tokens": 1})
+        first_stats = _written(first)
+    with _engine(args, kv_redis=url) as second:
+        _warm(second, rng)
+        warm_s, warm_cached = _ttft(second, prefix)
+        stats = second.stats()
+    with _engine(args) as cold:
+        _warm(cold, rng)
+        cold_s, _ = _ttft(cold, prefix)
+    return {
+        "prefix_tokens": args.prefix_len,
+        "cold_ttft_s": cold_s,
+        "second_replica_ttft_s": warm_s,
+        "second_over_cold": warm_s / cold_s,
+        "second_replica_cached_tokens": warm_cached,
+        "redis_blocks_written": first_stats["kv_redis_demotions"],
+        "redis_load_seconds_mean": stats["kv_redis_load_seconds_mean"],
     }
 
 
@@ -202,6 +286,19 @@ def run_kv_tiers_bench(args: argparse.Namespace) -> int:
                 [[r["setup"], f"{r['hit_rate']:.1%}", r["output_tok_s"], r["duration_s"]] for r in rows],
             )  # fmt: skip
             print(f"disk tier / pool only: {speedup:.2f}x output tok/s")
+        if "shared" in parts:
+            with _redis_url(args.kv_redis, f"{base}/redis") as url:
+                if url is None:
+                    print("\nshared: skipped (no --kv-redis, and redis-server is not installed)")
+                else:
+                    r = run_shared(args, url)
+                    results["shared"] = r
+                    print(f"\nshared: TTFT of a {r['prefix_tokens']}-token prefix a replica computed")
+                    print_table(
+                        ["cold TTFT s", "second replica TTFT s", "second / cold", "cached tokens"],
+                        [[r["cold_ttft_s"], r["second_replica_ttft_s"],
+                          f"{r['second_over_cold']:.1%}", r["second_replica_cached_tokens"]]],
+                    )  # fmt: skip
     finally:
         if own:
             shutil.rmtree(base, ignore_errors=True)

@@ -3,16 +3,18 @@ plait beside transformers and llama.cpp.
 
 Formats are float32 / bfloat16 (dtypes: a GGUF's blocks dequantized), native (the default: a
 GGUF's blocks as stored where the quantized kernels read them, float32 compute) or int8 / int4
-(weight-only quantization, float32 compute). For each, plait's prefill (512-token prompt) and decode (128 tokens, one stream; greedy,
-and sampled at temperature 0.7 and top-p 0.9 beside it), the
+(weight-only quantization, float32 compute). For each, plait's prefill (512-token prompt) and
+decode (128 tokens, one stream; greedy, and sampled at temperature 0.7 and top-p 0.9 beside it), the
 weights one decode step reads (`weight_bytes`), the roofline (the steps/s of a plain read of
 those very weights where they lie, `measure_weights_read`) and the share of it reached (the
 median over the decode runs, each against the faster of the reads just before and after it: the
-VM's memory drifts by tens of percent within seconds), in parentheses the share of the roofline by a fixed 1 GiB probe (which read 47 or 75 GB/s on the
-same VM depending on its allocation, and often slower than the weights themselves), the
+VM's memory drifts by tens of percent within seconds), in parentheses the share of the roofline by
+a fixed 1 GiB probe (which read 47 or 75 GB/s on the same VM depending on its allocation, and often
+slower than the weights themselves), the
 prefill's share of the measured float32 matmul rate (its FLOPs: the projections' 2 per weight
-per token, plus causal attention's 2 * layers * heads * head_dim * T^2), and the perplexity of the second half of a fixed text, computed over its first half read back from
-the KV cache (so that the cache's storage format counts). transformers runs the float dtypes on the same weights;
+per token, plus causal attention's 2 * layers * heads * head_dim * T^2), and the perplexity of the
+second half of a fixed text, computed over its first half read back from the KV cache (so that the
+cache's storage format counts). transformers runs the float dtypes on the same weights;
 llama-cpp-python (if installed: `make bench-deps`) runs the GGUF file itself once, with the same
 thread count. `--kv-cache-dtype` stores plait's KV cache as bfloat16 or int8 (the perplexity
 column shows what that costs). Everything runs in one process, one after the other.
@@ -29,19 +31,20 @@ from typing import Any
 import torch
 
 from plait.benchmarks.common import best_of, check_decoded, cpu_model, print_table, write_json
-from plait.kernels.quant_matmul import bf16_gemm_enabled, native_isa
+from plait.kernels.quant_matmul import bf16_gemm_enabled, cpu_kind, native_isa
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 FORMATS = ("float32", "bfloat16", "native", "int8", "int4")
 
 PERPLEXITY_TEXT = (
-    "The lighthouse stood at the end of a narrow spit of rock, and for ninety years its keepers had "
-    "climbed the same hundred and twelve steps each evening to light the lamp. The last keeper, a "
-    "quiet woman who had come to the island as a child, kept a logbook in which she wrote the "
-    "weather, the ships that passed, and the birds that rested on the gallery rail. When the light "
-    "was automated, she stayed on as a caretaker, painting the iron railings every spring and "
-    "answering letters from people who remembered the sound of the foghorn. Scientists later used "
-    "her logbooks to study how the migration of seabirds had shifted as the winters grew milder."
+    "The lighthouse stood at the end of a narrow spit of rock, and for ninety years its keepers "
+    "had climbed the same hundred and twelve steps each evening to light the lamp. The last "
+    "keeper, a quiet woman who had come to the island as a child, kept a logbook in which she "
+    "wrote the weather, the ships that passed, and the birds that rested on the gallery rail. When "
+    "the light was automated, she stayed on as a caretaker, painting the iron railings every "
+    "spring and answering letters from people who remembered the sound of the foghorn. Scientists "
+    "later used her logbooks to study how the migration of seabirds had shifted as the winters "
+    "grew milder."
 )
 
 
@@ -58,7 +61,8 @@ SAMPLED = {"temperature": 0.7, "top_p": 0.9, "seed": 0}
 
 
 def measure_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
-    """Read bandwidth in bytes/s: the best time to sum a float32 tensor far larger than the caches."""
+    """Read bandwidth in bytes/s: the best time to sum a float32 tensor far larger than the
+    caches."""
     x = torch.ones(int(gib * (1 << 30)) // 4)
     x.sum()
     seconds = best_of(lambda: x.sum(), repeats)
@@ -140,9 +144,9 @@ def measure_plait(
             check_decoded(last, decode_len)
             return (decode_len - 1) / elapsed
 
-        # NOTE: a virtual machine's memory reads can drift by tens of percent within seconds, so each decode run
-        # is paired with reads of the weights just before and after it, and its share of the
-        # roofline is taken against the faster of the two.
+        # NOTE: a virtual machine's memory reads can drift by tens of percent within seconds, so
+        # each decode run is paired with reads of the weights just before and after it, and its
+        # share of the roofline is taken against the faster of the two.
         # The sampled runs alternate with the greedy ones, so that both see the same memory phases.
         decode_runs, read_runs, sampled_runs = [], [], []
         for _ in range(repeats):
@@ -409,9 +413,10 @@ def run_latency_bench(args: argparse.Namespace) -> int:
         if fmt in FORMATS and r["plait"]["weights_read_s"]
     )
     print(
-        f"read bandwidth {bandwidth / 1e9:.1f} GB/s (1 GiB probe; the weights themselves read at GB/s: "
-        f"{weights_read or '-'}), float32 matmul {matmul_flops / 1e9:.0f} GFLOP/s, {torch.get_num_threads()} threads, "
-        f"native kernels {native_isa()}{', bfloat16 prefill GEMM (AMX)' if bf16_gemm_enabled() else ''}, "
+        f"read bandwidth {bandwidth / 1e9:.1f} GB/s (1 GiB probe; the weights themselves read at "
+        f"GB/s: {weights_read or '-'}), float32 matmul {matmul_flops / 1e9:.0f} GFLOP/s, "
+        f"{torch.get_num_threads()} threads, native kernels {native_isa()}"
+        f"{f', bfloat16 prefill GEMM ({cpu_kind()})' if bf16_gemm_enabled() else ''}, "
         f"{cpu_model()}"
     )
     write_json(

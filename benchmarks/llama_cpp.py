@@ -138,8 +138,8 @@ def _run_server(
             )
             summary = summarize(results, duration)
             runs.append({"server": label, "concurrency": level, **summary})
-            print(f"{label} c={level}: {summary['output_tok_s']:.1f} output tok/s, {summary['failed']} failed",
-                  flush=True)  # fmt: skip
+            print(f"{label} c={level}: {summary['output_tok_s']:.1f} output tok/s, "
+                  f"{summary['failed']} failed", flush=True)  # fmt: skip
     finally:
         _stop(process)
     return runs
@@ -180,8 +180,9 @@ def run_llama_cpp_bench(args: argparse.Namespace) -> int:
         ratio = r["output_tok_s"] / ref["output_tok_s"] if ref and ref["output_tok_s"] else None
         rows.append([r["server"], r["concurrency"], r["completed"], r["failed"], r["output_tok_s"],
                      r["ttft_ms"]["median"], r["itl_ms"]["median"], ratio])  # fmt: skip
-    print(f"\n{args.num_prompts} requests per run, ~{args.input_len} words in, <= {args.output_len} tokens out, "
-          f"{threads} threads, {os.path.basename(loc.path)}, sampling {_sampling(args)}")  # fmt: skip
+    print(f"\n{args.num_prompts} requests per run, ~{args.input_len} words in, "
+          f"<= {args.output_len} tokens out, {threads} threads, {os.path.basename(loc.path)}, "
+          f"sampling {_sampling(args)}")  # fmt: skip
     print_table(
         [
             "server",

@@ -277,8 +277,14 @@ PLOTTERS: dict[str, Callable[[Any, str], list[str]]] = {
     "programs": plot_programs, "json": plot_json, "jsonschema": plot_jsonschema,
     "speculative": plot_speculative,
     "data-parallel": plot_data_parallel, "llama-cpp": plot_llama_cpp, "overhead": plot_overhead,
-    "dashboard": plot_dashboard,
+    "dashboard": plot_dashboard, "kernels": lambda data, out: _plot_kernels(data, out),
 }  # fmt: skip
+
+
+def _plot_kernels(data: Any, out: str) -> list[str]:
+    from plait.benchmarks.kernels import plot_kernels
+
+    return plot_kernels(data, out, _save)
 _NAMES = {"llama_cpp": "llama-cpp", "data_parallel": "data-parallel"}
 
 

@@ -5,7 +5,8 @@ setup serves the same load through the router: `colocated` (one replica on every
 `chunked` (the same with long prompts prefilled in small chunks between decode steps, the usual
 remedy without a second replica), `pd` (a prefill replica and a decode replica, the cores split
 between them) and `pd-long` (the same, but prompts under 1,000 characters are prefilled by the
-decode replica: the short streams skip the round trip and the queue behind long prefills). Reported: output tokens/s, TTFT and ITL (p50/p99) of the short streams, their ITL
+decode replica: the short streams skip the round trip and the queue behind long prefills).
+Reported: output tokens/s, TTFT and ITL (p50/p99) of the short streams, their ITL
 p99 *while a long prompt is being prefilled* (the interference disaggregation removes), the long
 prompts' TTFT, and for `pd` what moving the KV costs: bytes and milliseconds per long prompt,
 measured on long prompts sent alone after the load.

@@ -71,17 +71,18 @@ def latency(r: Report) -> list[str]:
         rows.append([f"llama.cpp {llama.get('version', '')} (same GGUF)", llama["prefill_tok_s"], "",
                      llama["decode_tok_s"], "", "", ""])  # fmt: skip
     lines = [
-        f"A {r['prompt_len']}-token prompt prefilled, then {r['decode_len']} tokens decoded greedily "
-        f"(and once sampled: temperature 0.7, top-p 0.9), one request. The share of the roofline is "
-        f"decode steps per second against a plain read of the weights a step reads, measured beside "
-        f"each run; prefill against a float32 matmul's rate.",
+        f"A {r['prompt_len']}-token prompt prefilled, then {r['decode_len']} tokens decoded "
+        f"greedily (and once sampled: temperature 0.7, top-p 0.9), one request. The share of the "
+        f"roofline is decode steps per second against a plain read of the weights a step reads, "
+        f"measured beside each run; prefill against a float32 matmul's rate.",
         "",
         *table(["system", "prefill tok/s", "of matmul rate", "decode tok/s", "of roofline",
                 "sampled decode tok/s", "perplexity"], rows),  # fmt: skip
     ]
     if llama and "int4" in res:
         ours = res["int4"]["plait"]
-        lines += [f"plait int4 against llama.cpp: prefill {times(ours['prefill_tok_s'] / llama['prefill_tok_s'])}, "
+        lines += [f"plait int4 against llama.cpp: "
+                  f"prefill {times(ours['prefill_tok_s'] / llama['prefill_tok_s'])}, "
                   f"decode {times(ours['decode_tok_s'] / llama['decode_tok_s'])}.", ""]  # fmt: skip
     return lines
 
@@ -93,9 +94,9 @@ def throughput(r: Report) -> list[str]:
              pct(c["steps_s"] / r["roofline_steps_s"]), c["ttft_mean_s"], c["ttft_p99_s"]]
             for c in res["random"]]  # fmt: skip
     lines = [
-        f"{a['num_requests']} random prompts of {a['min_prompt_len']}–{a['max_prompt_len']} tokens, "
-        f"{a['output_len']} tokens out each, offered by that many concurrent clients; quantization "
-        f"{a.get('quantization')}. Decode steps per second against the roofline of "
+        f"{a['num_requests']} random prompts of {a['min_prompt_len']}–{a['max_prompt_len']} "
+        f"tokens, {a['output_len']} tokens out each, offered by that many concurrent clients; "
+        f"quantization {a.get('quantization')}. Decode steps per second against the roofline of "
         f"{r['roofline_steps_s']:.0f} steps/s (one read of the weights per step).",
         "",
         *table(["concurrency", "output tok/s", "× concurrency 1", "steps/s", "of roofline",
@@ -119,8 +120,8 @@ def speculative(r: Report) -> list[str]:
              x["mean_accept_length"], pct(x["acceptance_rate"])] for x in r["results"]]  # fmt: skip
     return [
         f"Greedy decoding of the same prompts with each drafter and without (`none`), the engines "
-        f"taking turns batch by batch over {r['rounds']} alternating rounds. Extractive prompts ask "
-        f"for text the prompt already holds; chat prompts do not.",
+        f"taking turns batch by batch over {r['rounds']} alternating rounds. Extractive prompts "
+        f"ask for text the prompt already holds; chat prompts do not.",
         "",
         *table(["workload", "batch", "drafter", "decode tok/s", "× none", "mean accepted length",
                 "acceptance rate"], rows),  # fmt: skip
@@ -140,10 +141,10 @@ def llama_cpp(r: Report) -> list[str]:
                      pct(ours.get("spaced_events_per_token"))])  # fmt: skip
     flags = " ".join(r.get("engine_flags") or []) or "defaults"
     return [
-        f"`plait serve` ({flags}) and llama-cpp-python's server one after the other on the same GGUF "
-        f"and {r['threads']} threads, streaming `/v1/completions`; llama-cpp-python's server answers "
-        f"one request at a time. Tokens streamed apart: the share of plait's output tokens that "
-        f"reached the client as an event of their own.",
+        f"`plait serve` ({flags}) and llama-cpp-python's server one after the other on the same "
+        f"GGUF and {r['threads']} threads, streaming `/v1/completions`; llama-cpp-python's server "
+        f"answers one request at a time. Tokens streamed apart: the share of plait's output tokens "
+        f"that reached the client as an event of their own.",
         "",
         *table(["concurrency", "plait output tok/s", "llama.cpp output tok/s", "plait / llama.cpp",
                 "plait TTFT median ms", "llama.cpp TTFT median ms", "plait ITL median ms",
@@ -173,25 +174,27 @@ def jsonschema(r: Report) -> list[str]:
                             None, c["truncated"]])  # fmt: skip
     lines = [
         f"{n} schemas of [JSONSchemaBench](https://github.com/guidance-ai/jsonschemabench) "
-        f"({r['per_category']} per category, seed {r['seed']}), one greedy request each; every output "
-        f"validated against its schema with `jsonschema` (formats checked).",
+        f"({r['per_category']} per category, seed {r['seed']}), one greedy request each; every "
+        f"output validated against its schema with `jsonschema` (formats checked).",
         "",
         *table(["backend", "covered", "compile p50 ms", "compile p99 ms", "mask mean µs", "mask p99 µs"], cover),
         *table(["backend", "max_tokens", "valid", "of which closed early", "finished invalid",
                 "closed invalid", "truncated"], outcome),  # fmt: skip
     ]
     if lc:
-        lines += ["llama.cpp's server (llama-cpp-python, same GGUF, one request at a time) falls back to "
-                  "any-JSON output where it cannot convert a schema; its `covered` counts the schemas its "
-                  "converter takes, its `valid` every valid output.", ""]
-        lost = [f"{c.get('crashed', 0)} crashed its server and {c.get('failed', 0)} failed at {budget} tokens"
+        lines += ["llama.cpp's server (llama-cpp-python, same GGUF, one request at a time) falls back "
+                  "to any-JSON output where it cannot convert a schema; its `covered` counts the "
+                  "schemas its converter takes, its `valid` every valid output.", ""]
+        lost = [f"{c.get('crashed', 0)} crashed its server and {c.get('failed', 0)} failed at "
+                f"{budget} tokens"
                 for budget, c in lc["by_budget"].items() if c.get("crashed") or c.get("failed")]  # fmt: skip
         if lost:
-            lines[-2] += (f" Of its requests, {'; '.join(lost)} (a segmentation fault; the benchmark starts a "
-                          "new server; a failed request is one sent while it was down or past the timeout).")
+            lines[-2] += (f" Of its requests, {'; '.join(lost)} (a segmentation fault; the "
+                          "benchmark starts a new server; a failed request is one sent while it was "
+                          "down or past the timeout).")
     if speed:
-        lines += ["Decode speed under a schema against free decoding of as many tokens (`strings`: a list "
-                  "of bounded strings; `records`: objects with forced keys):", "",
+        lines += ["Decode speed under a schema against free decoding of as many tokens (`strings`: a "
+                  "list of bounded strings; `records`: objects with forced keys):", "",
                   *table(["backend", "schema, batch", "free tok/s", "constrained tok/s", "ratio"], speed)]
     return lines
 
@@ -221,14 +224,18 @@ def json_extraction(r: Report) -> list[str]:
                          f"{a['cities_right']}/{a['of']}", times(e["jf_off_s"] / e["jf_on_s"]),
                          f"{e['jumped']} of {e['output_tokens']}"])  # fmt: skip
         lines += ["By JSON spacing (`json_whitespace`): name, age and city extracted from twelve short "
-                  "paragraphs and checked against them; jump-forward's speedup on the largest count, cold.", "",
+                  "paragraphs and checked against them; jump-forward's speedup on the largest "
+                  "count, cold.", "",
                   *table(["spacing", "ages right", "names right", "cities right", "JF speedup", "tokens jumped"],
                          rows)]  # fmt: skip
     if "steps" in res and "mask" in res:
         st, m = res["steps"], res["mask"]
-        lines += [f"A constrained decode step (jump-forward off) took {st['constrained_step_ms']:.1f} ms against "
-                  f"{st['unconstrained_step_ms']:.1f} ms unconstrained ({st['constrained_step_overhead']:+.1%}); "
-                  f"a mask filled in {m['fill_us_mean']:.0f} µs per token (P99 {m['fill_us_p99']:.0f} µs).", ""]
+        lines += [f"A constrained decode step (jump-forward off) took "
+                  f"{st['constrained_step_ms']:.1f} ms against "
+                  f"{st['unconstrained_step_ms']:.1f} ms unconstrained "
+                  f"({st['constrained_step_overhead']:+.1%}); "
+                  f"a mask filled in {m['fill_us_mean']:.0f} µs per token "
+                  f"(P99 {m['fill_us_p99']:.0f} µs).", ""]
     return lines
 
 
@@ -249,17 +256,39 @@ def prefill_decode(r: Report) -> list[str]:
                      x["long_ttft_ms"]["p50"], t and t["bytes"] / 1e6, t and t["push_ms"],
                      t and t["prefill_ms"], len(x["failed"])])  # fmt: skip
     return [
-        f"{c['streams']} streams of short requests ({c['short_len']} words in, {c['output_len']} tokens out, "
-        f"greedy) decode without pause while {c['num_long']} long prompts of {c['long_len']} words "
-        f"({c['long_output']} tokens out) arrive {c['long_interval']:g} s apart, through the router; "
-        f"quantization {c.get('quantization')}. `colocated`: one replica on every core; `chunked`: the "
-        f"same, prefilling in chunks of 256 tokens; `pd`: a prefill and a decode replica, the cores "
-        f"split between them; `pd-long`: the same, short prompts prefilled where they decode. ITL "
-        f"during long prefills counts the gaps that overlap a long prompt's wait for its first token. "
-        f"KV per long prompt: bytes, push and prefill milliseconds of long prompts sent alone after "
-        f"the load.",
+        f"{c['streams']} streams of short requests ({c['short_len']} words in, "
+        f"{c['output_len']} tokens out, greedy) decode without pause while {c['num_long']} long "
+        f"prompts of {c['long_len']} words ({c['long_output']} tokens out) arrive "
+        f"{c['long_interval']:g} s apart, through the router; quantization "
+        f"{c.get('quantization')}. `colocated`: one replica on every core; `chunked`: the same, "
+        f"prefilling in chunks of 256 tokens; `pd`: a prefill and a decode replica, the cores "
+        f"split between them; `pd-long`: the same, short prompts prefilled where they decode. "
+        f"ITL during long prefills counts the gaps that overlap a long prompt's wait for its first "
+        f"token. KV per long prompt: bytes, push and prefill milliseconds of long prompts sent "
+        f"alone after the load.",
         "",
         *table(PD_HEADERS, rows),
+    ]
+
+
+def kernels(r: Report) -> list[str]:
+    shape, rows = r["shape"], []
+    for x in r["results"]:
+        before, direct = x.get("compared_gflops"), x.get("direct_gflops")
+        rows.append([x["block_type"], x["m"], x["gflops"], x.get("path", "-"), direct, before,
+                     times(direct / before) if direct and before else "-", x["torch_float32_gflops"],
+                     x["torch_bfloat16_gflops"], x["memory_roof_gflops"]])  # fmt: skip
+    compared = r.get("compare_library")
+    return [
+        f"One [M, {shape['k']}] x [{shape['n']}, {shape['k']}] product per block type and M, GFLOP/s "
+        f"(2 M N K per product): `quant_matmul` (its path: the integer kernels or the bfloat16 GEMM), "
+        f"the integer kernels alone called straight through ctypes"
+        + (f", and the same call on another build (`{compared}`)" if compared else "")
+        + f"; torch's float32 and bfloat16 `F.linear` on the same shape, and the memory roof (a plain "
+        f"read of the block type's bytes). float32 GEMM peak (2048³): {r['float32_peak_gflops']:.0f} GFLOP/s.",
+        "",
+        *table(["block type", "M", "GFLOP/s", "path", "integer kernels", "other build", "×", "torch float32",
+                "torch bfloat16", "memory roof"], rows),  # fmt: skip
     ]
 
 
@@ -274,6 +303,7 @@ SECTIONS: list[tuple[str, str, Callable[[Report], list[str]], str]] = [
     ("jsonschema.json", "Structured output on real-world schemas", jsonschema, "jsonschema-*.png"),
     ("json.json", "JSON extraction: jump-forward", json_extraction, "json-*.png"),
     ("pd.json", "Prefill–decode disaggregation", prefill_decode, "pd-*.png"),
+    ("kernels.json", "The quantized matmul by block type and rows of x", kernels, "kernels-*.png"),
 ]
 
 
@@ -283,7 +313,7 @@ def machine_line(m: dict[str, Any]) -> str:
         parts.append(f"{m['memory_gib']:.0f} GiB")
     parts.append(f"native kernels `{m.get('native_isa', '?')}`")
     if m.get("bf16_prefill_gemm"):
-        parts.append("bfloat16 prefill GEMM (AMX)")
+        parts.append(f"bfloat16 prefill GEMM ({m.get('cpu_kind', 'AMX')})")
     parts.append(f"torch {m.get('torch', '?')}, {m.get('torch_threads', '?')} threads")
     return ", ".join(parts)
 
@@ -295,7 +325,8 @@ def render(results: Path = RESULTS, images: Path = IMAGES) -> str:
     lines = [
         "# Results",
         "",
-        "<!-- generated by `python -m plait.benchmarks.results_page` from benchmarks/results/*.json -->",
+        "<!-- generated by `python -m plait.benchmarks.results_page` from "
+        "benchmarks/results/*.json -->",
         "",
         "The latest figures of each `plait bench …` command, written from the JSON report it wrote "
         "(`benchmarks/results/`). How to run the benchmarks and read them: "

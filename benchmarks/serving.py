@@ -79,7 +79,8 @@ def make_dataset(args: argparse.Namespace, seed: int | None = None) -> list[Prom
 def _payload(
     backend: str, prompt: Prompt, model: str, sampling: dict[str, float] | None = None
 ) -> tuple[str, dict[str, Any]]:
-    """The request for one prompt: greedy unless `sampling` ({"temperature", "top_p"}) says otherwise."""
+    """The request for one prompt: greedy unless `sampling` ({"temperature", "top_p"}) says
+    otherwise."""
     sampling = {"temperature": 0, **(sampling or {})}
     if backend == "native":
         params = {"max_new_tokens": prompt.output_len, "ignore_eos": True, **sampling}
@@ -311,7 +312,8 @@ def run_serving_bench(args: argparse.Namespace) -> int:
                  "TTFT med", "TTFT p99", "ITL mean", "ITL med", "ITL p99", "TPOT mean",
                  "E2E med", "cache hit", "events/tok"], rows)  # fmt: skip
     print(
-        f"(latencies in ms; events/tok: stream events at least {SPACED_EVENT_S * 1000:g} ms apart per token)"
+        f"(latencies in ms; events/tok: stream events at least {SPACED_EVENT_S * 1000:g} ms apart "
+        "per token)"
     )
     _write(args.output, {"label": label, "config": {k: v for k, v in vars(args).items()
                                  if isinstance(v, (str, int, float, bool, type(None)))}, "runs": runs})  # fmt: skip

@@ -15,15 +15,15 @@ PASSAGES = [
     "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is "
     "named after the engineer Gustave Eiffel, whose company designed and built the tower from 1887 "
     "to 1889 as the centerpiece of the 1889 World's Fair.",
-    "def mean(values):\n    total = 0\n    for v in values:\n        total += v\n    return total / "
-    "len(values)\n\n\ndef variance(values):\n    m = mean(values)\n    return sum((v - m) ** 2 for v "
-    "in values) / len(values)\n",
+    "def mean(values):\n    total = 0\n    for v in values:\n        total += v\n    return "
+    "total / len(values)\n\n\ndef variance(values):\n    m = mean(values)\n    return "
+    "sum((v - m) ** 2 for v in values) / len(values)\n",
     "Photosynthesis is the process by which green plants and some other organisms use sunlight to "
     "synthesize foods from carbon dioxide and water. It generally involves the green pigment "
     "chlorophyll and generates oxygen as a byproduct.",
     "The mitochondrion is an organelle found in the cells of most eukaryotes. Mitochondria use "
-    "aerobic respiration to generate adenosine triphosphate, which is used throughout the cell as a "
-    "source of chemical energy.",
+    "aerobic respiration to generate adenosine triphosphate, which is used throughout the cell as "
+    "a source of chemical energy.",
 ]
 EXTRACTIVE = [
     "Repeat the following passage exactly, word for word:\n\n{p}",
@@ -100,8 +100,9 @@ def run_speculative_bench(args: argparse.Namespace) -> int:
                 runs: dict[str, list[dict]] = {name: [] for name in names}
                 for name in names:
                     engines[name].generate(prompts[0], {"max_new_tokens": 4})  # warm up
-                # NOTE: a shared machine's speed can drift by tens of percent between minutes, so the engines
-                # take turns batch by batch, in alternating order, and their runs are pooled.
+                # NOTE: a shared machine's speed can drift by tens of percent between minutes, so
+                # the engines take turns batch by batch, in alternating order, and their runs are
+                # pooled.
                 for r in range(rounds):
                     for g, group in enumerate(groups):
                         for name in names if (r + g) % 2 == 0 else names[::-1]:
@@ -118,7 +119,8 @@ def run_speculative_bench(args: argparse.Namespace) -> int:
         rows.append([r["algorithm"], r["workload"], r["batch"], r["decode_tok_s"], speedup,
                      r["mean_accept_length"], r["acceptance_rate"]])
     print(
-        f"\ngreedy, {args.max_new_tokens} new tokens, num_draft_tokens {kwargs.get('num_draft_tokens')}, "
+        f"\ngreedy, {args.max_new_tokens} new tokens, "
+        f"num_draft_tokens {kwargs.get('num_draft_tokens')}, "
         f"{rounds} alternating rounds"
     )
     print_table(["drafter", "workload", "batch", "decode tok/s", "speedup", "accept len", "accept rate"], rows)

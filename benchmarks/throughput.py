@@ -187,11 +187,12 @@ def run_throughput_bench(args: argparse.Namespace) -> int:
     for r in results["transformers"]:
         rows.append([f"transformers static b={r['batch_size']}", r["output_tok_s"], r["output_tok_s"] / single,
                      r["output_tok_s"] / best_hf, None, None, None, None])
-    print(f"\n{args.num_requests} requests, prompts {args.min_prompt_len}-{args.max_prompt_len} tokens, "
-          f"{args.output_len} output tokens ({_sampling_text(sampling(args))}), "
+    print(f"\n{args.num_requests} requests, prompts {args.min_prompt_len}-{args.max_prompt_len} "
+          f"tokens, {args.output_len} output tokens ({_sampling_text(sampling(args))}), "
           f"dtype {str(dtype).removeprefix('torch.')}, "
           f"quantization {kwargs.get('quantization')}; roofline {roofline:.0f} steps/s "
-          f"(weights read at {roofline * weight_bytes / 1e9:.1f} GB/s; 1 GiB probe {bandwidth / 1e9:.1f} GB/s)")
+          f"(weights read at {roofline * weight_bytes / 1e9:.1f} GB/s; "
+          f"1 GiB probe {bandwidth / 1e9:.1f} GB/s)")
     print_table(["system", "output tok/s", "x plait c=1", "x best transformers", "steps/s", "of roofline",
                  "TTFT mean s", "TTFT P99 s"], rows)  # fmt: skip
     on, off_r = results["shared_prefix"]

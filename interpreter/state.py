@@ -27,7 +27,10 @@ class ProgramState(StateBase):
 
     def __repr__(self) -> str:
         ex = self._executor
-        return f"<ProgramState {ex.program_name} chars={len(ex.data.text)} vars={sorted(ex.data.variables)}>"
+        return (
+            f"<ProgramState {ex.program_name} chars={len(ex.data.text)} "
+            f"vars={sorted(ex.data.variables)}>"
+        )
 
     # reading ----------------------------------------------------------------------------------
 

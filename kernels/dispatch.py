@@ -33,10 +33,6 @@ except ImportError:  # Linux-only wheels; the torch references need nothing else
     triton = None
 
 
-def triton_available() -> bool:
-    return triton is not None
-
-
 def triton_disabled() -> bool:
     return environment.current().disable_triton
 

@@ -36,8 +36,9 @@ plain `int8` with its float16 scales (values q - 16). `dequantize_ref` of each i
 `gguf.quants.dequantize` of the file's blocks, bit for bit; the kernels read them at one
 `format_code` each.
 
-Where torch's bfloat16 GEMM runs on AMX tiles (Intel Xeon from Sapphire Rapids on; oneDNN), from
-`BF16_GEMM_MIN_ROWS` rows of x (prefill chunks, scoring a prompt) the matrix is dequantized to
+Where torch's bfloat16 GEMM runs on AMX tiles (Intel Xeon from Sapphire Rapids on; oneDNN) or
+AVX-512 BF16 dot products (AMD Zen 4 and 5), from the tuning table's rows of x for this CPU kind
+(`tuning.CPU_TUNING`, `cpu_kind()`; prefill chunks, scoring a prompt) the matrix is dequantized to
 bfloat16 slice by slice and multiplied there instead (`bf16_matmul`): float32 accumulation, x, the
 weights and the product rounded to bfloat16. `PLAIT_BF16_GEMM=0` turns that off, `=1` forces it on
 any CPU (slow without AMX: for tests).
@@ -56,8 +57,11 @@ from plait.kernels import native
 from plait.kernels.tuning import (
     BF16_GEMM_MIN_ROWS,
     BF16_GEMM_SLICE,
+    CPU_TUNING,
     DEQUANT_GEMM_MAX_ELEMENTS,
     DEQUANT_GEMM_MIN_ROWS,
+    NO_TUNING,
+    CpuTuning,
 )
 
 FORMATS = ("int8", "int4")
@@ -261,7 +265,38 @@ def _kernels() -> tuple | None:
     dq16 = native.function(
         "cpu_kernels", "plait_dequantize_bf16", [ptr, c_int, i64, i64, i64, ptr, ptr, ptr, c_int]
     )
+    set_task_rows(CPU_TUNING.get(_kind(_isa_name()), NO_TUNING).task_rows)
     return mm, dq, q8, q8_max(), dq16
+
+
+def _isa_name() -> str:
+    fn = native.function("cpu_kernels", "plait_qmatmul_isa", [], ctypes.c_int)
+    return {2: "avx512-vnni", 1: "avx2"}.get(fn(), "portable")
+
+
+def set_task_rows(table: tuple[tuple[int, int], ...]) -> None:
+    """Gives the library a tuning table of weight rows per task (`tuning.CpuTuning.task_rows`:
+    (rows of x at most, weight rows) pairs); `()` restores 16 rows at every M. Done once as the
+    library loads; benchmarks and tests call it to compare tables."""
+    fn = native.function(
+        "cpu_kernels",
+        "plait_qmatmul_set_task_rows",
+        [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64],
+    )
+    max_m = (ctypes.c_int64 * max(1, len(table)))(*(m for m, _ in table))
+    rows = (ctypes.c_int64 * max(1, len(table)))(*(r for _, r in table))
+    fn(max_m, rows, len(table))
+
+
+def task_rows(m: int, n: int, num_threads: int | None = None) -> int:
+    """The weight rows per task the native multi-row kernels take for an [m, K] x [n, K] product."""
+    fn = native.function(
+        "cpu_kernels",
+        "plait_qmatmul_task_rows",
+        [ctypes.c_int64, ctypes.c_int64, ctypes.c_int],
+        ctypes.c_int64,
+    )
+    return fn(m, n, num_threads or torch.get_num_threads())
 
 
 def q8_max_rows() -> int:
@@ -283,8 +318,7 @@ def native_isa() -> str:
     (no integer dot products: the float paths alone) or "none" (no native kernels)."""
     if not native_quant_available():
         return "none"
-    fn = native.function("cpu_kernels", "plait_qmatmul_isa", [], ctypes.c_int)
-    return {2: "avx512-vnni", 1: "avx2"}.get(fn(), "portable")
+    return _isa_name()
 
 
 def native_quant_available() -> bool:
@@ -316,13 +350,7 @@ def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch
     return out
 
 
-@cache
-def bf16_gemm_enabled() -> bool:
-    """Whether prefill-shaped quantized matmuls run in bfloat16 (`bf16_matmul`): where torch's CPU
-    GEMM has AMX tiles, unless `PLAIT_BF16_GEMM` says otherwise ("0" never, "1" always)."""
-    setting = environment.current().bf16_gemm
-    if setting is not None:
-        return setting
+def _amx_tiles() -> bool:
     try:  # the CPU has tiles, and the kernel lets this process use them (Linux 5.16 on)
         return bool(
             torch.backends.mkldnn.is_available()
@@ -331,6 +359,56 @@ def bf16_gemm_enabled() -> bool:
         )
     except (AttributeError, RuntimeError):  # a torch without the probes
         return False
+
+
+def _kind(isa: str) -> str:
+    if _amx_tiles():
+        return "amx"
+    try:
+        bf16 = torch.backends.mkldnn.is_available() and torch.cpu._is_avx512_bf16_supported()
+    except AttributeError:
+        bf16 = False
+    return "avx512-bf16" if isa == "avx512-vnni" and bf16 else isa
+
+
+@cache
+def cpu_kind() -> str:
+    """The kind of CPU the tuning table (`tuning.CPU_TUNING`) knows this one as: "amx" (torch's
+    GEMM has AMX tiles this process may use), "avx512-bf16" (AVX-512 VNNI and BF16 without AMX:
+    AMD Zen 4 and 5), else the native kernels' build (`native_isa()`)."""
+    return _kind(native_isa())
+
+
+def cpu_tuning() -> CpuTuning:
+    """This CPU kind's entry of `tuning.CPU_TUNING`."""
+    return CPU_TUNING.get(cpu_kind(), NO_TUNING)
+
+
+@cache
+def bf16_gemm_enabled() -> bool:
+    """Whether prefill-shaped quantized matmuls run in bfloat16 (`bf16_matmul`): where the tuning
+    table says so for this CPU kind (AMX tiles, AVX-512 BF16), unless `PLAIT_BF16_GEMM` says
+    otherwise ("0" never, "1" always)."""
+    setting = environment.current().bf16_gemm
+    if setting is not None:
+        return setting
+    return cpu_tuning().bf16_gemm_min_rows is not None
+
+
+def bf16_gemm_min_rows() -> int:
+    """From how many rows of x `bf16_matmul` takes a product where it is enabled."""
+    if environment.current().bf16_gemm is not None:
+        return BF16_GEMM_MIN_ROWS
+    return max(BF16_GEMM_MIN_ROWS, cpu_tuning().bf16_gemm_min_rows or BF16_GEMM_MIN_ROWS)
+
+
+def bf16_extends_enabled() -> bool:
+    """Whether prefill chunks of models with quantized weights attend in bfloat16 as well: where
+    their matmuls run in bfloat16 and the tuning table says so for this CPU kind (or
+    `PLAIT_BF16_GEMM=1`)."""
+    if not bf16_gemm_enabled():
+        return False
+    return environment.current().bf16_gemm is not None or cpu_tuning().bf16_extends
 
 
 def bf16_matmul(
@@ -366,7 +444,7 @@ def quant_matmul(
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k).contiguous()
     m = x2.shape[0]
-    if m >= BF16_GEMM_MIN_ROWS and bf16_gemm_enabled():
+    if m >= BF16_GEMM_MIN_ROWS and bf16_gemm_enabled() and m >= bf16_gemm_min_rows():
         return bf16_matmul(x2, qw, bias).reshape(*lead, n)
     if (
         m >= DEQUANT_GEMM_MIN_ROWS

@@ -9,6 +9,8 @@ not here: the library exports them (`native.abi_constant`, `quant_matmul.q8_max_
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 # Quantized and dense matmuls (quant_matmul.py) ----------------------------------------------------
 
 # From this many rows of x (prefill chunks), a quantized matrix is dequantized once for torch's
@@ -20,8 +22,45 @@ DEQUANT_GEMM_MIN_ROWS = 48
 # Matrices with more elements than this (an LM head) stay on the native tile kernel at any row
 # count: a dequantized float32 copy would cost more memory traffic than the GEMM saves.
 DEQUANT_GEMM_MAX_ELEMENTS = 8 << 20
-# From this many rows of x, where torch's bfloat16 GEMM runs on AMX tiles, prefill-shaped
-# quantized matmuls run there (`bf16_matmul`): faster, at bfloat16 rounding of x and the weights.
+
+
+@dataclass(frozen=True)
+class CpuTuning:
+    """How quantized matmuls run on one kind of CPU (`quant_matmul.cpu_kind()`), measured there
+    with `plait bench kernels` (docs/cpu.md, "The tuning table") and chosen once per process.
+
+    - `bf16_gemm_min_rows`: from this many rows of x (prefill chunks), the matrix is dequantized to
+      bfloat16 slice by slice for torch's bfloat16 GEMM (`quant_matmul.bf16_matmul`), where that
+      GEMM runs on AMX tiles or AVX-512 BF16 dot products faster than the integer kernels; None:
+      never.
+    - `bf16_extends`: prefill chunks of models with quantized weights also attend in bfloat16.
+    - `task_rows`: weight rows per task of the native multi-row integer kernels, as (rows of x at
+      most, weight rows) pairs by increasing rows of x, the last pair for every larger count. A
+      task's weight rows stay in cache while every tile of x passes over them, and x is read from
+      L2 (or memory) once per task: small batches want small tasks (many to share among the
+      threads), many rows of x larger ones. The library takes the table as it loads; the kernel
+      shrinks a task so that N splits evenly over the threads. Empty: 16 rows at every M.
+    """
+
+    bf16_gemm_min_rows: int | None
+    bf16_extends: bool
+    task_rows: tuple[tuple[int, int], ...]
+
+
+_VNNI_TASK_ROWS = ((16, 16), (64, 32), (1 << 40, 128))
+CPU_TUNING: dict[str, CpuTuning] = {
+    # Intel Xeon from Sapphire Rapids on: torch's bfloat16 GEMM on AMX tiles; the integer kernels
+    # are the AVX-512 VNNI ones (their task rows are the EPYC's, not measured on such a CPU)
+    "amx": CpuTuning(bf16_gemm_min_rows=48, bf16_extends=True, task_rows=_VNNI_TASK_ROWS),
+    # AMD Zen 4 and 5 (and Intel Cooper Lake): AVX-512 BF16 dot products in torch's GEMM ran
+    # SmolLM2's projections faster than the integer kernels from 32-64 rows of x on
+    "avx512-bf16": CpuTuning(bf16_gemm_min_rows=64, bf16_extends=False, task_rows=_VNNI_TASK_ROWS),
+    "avx512-vnni": CpuTuning(bf16_gemm_min_rows=None, bf16_extends=False, task_rows=_VNNI_TASK_ROWS),
+    "avx2": CpuTuning(bf16_gemm_min_rows=None, bf16_extends=False, task_rows=()),
+}
+NO_TUNING = CpuTuning(bf16_gemm_min_rows=None, bf16_extends=False, task_rows=())  # any other CPU
+# The fewest rows of x any CPU kind sends to the bfloat16 GEMM (`CpuTuning.bf16_gemm_min_rows`),
+# and where `PLAIT_BF16_GEMM=1` sends them on any CPU.
 BF16_GEMM_MIN_ROWS = DEQUANT_GEMM_MIN_ROWS
 # Weight elements dequantized to bfloat16 at a time by `bf16_matmul` (8 MB of scratch): smaller
 # slices cost more GEMM calls, larger ones a bigger copy for an LM head.

@@ -45,7 +45,8 @@ class Constraint:
         ]
         if len(given) > 1:
             raise ValueError(
-                f"gen: pass at most one of regex, json_schema, dtype, grammar; got {', '.join(given)}"
+                "gen: pass at most one of regex, json_schema, dtype, grammar; "
+                f"got {', '.join(given)}"
             )
         if grammar is not None:
             if not isinstance(grammar, str) or not grammar.strip():
@@ -92,7 +93,8 @@ class Constraint:
         )
 
     def parse(self, text: str) -> Any:
-        """The typed value of `text`; `ValueError` saying what was expected when it does not parse."""
+        """The typed value of `text`; `ValueError` saying what was expected when it does not
+        parse."""
         if self.dtype is not None:
             return _parse_dtype(self.dtype, text)
         if self.model is not None:

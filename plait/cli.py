@@ -141,6 +141,10 @@ def _run_bench(args: argparse.Namespace) -> int:
         from plait.benchmarks.throughput import run_throughput_bench
 
         return run_throughput_bench(args)
+    if args.workload == "kernels":
+        from plait.benchmarks.kernels import run_kernels_bench
+
+        return run_kernels_bench(args)
     if args.workload == "overhead":
         from plait.benchmarks.overhead import run_overhead_bench
 
@@ -413,6 +417,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="a .gguf file or a Hugging Face folder (default: the embedded model)",
     )
     over.set_defaults(func=_cmd_bench)
+    from plait.benchmarks.kernels import add_kernels_args
+
+    kern = bench_sub.add_parser(
+        "kernels", help="the quantized matmul's GFLOP/s per block type and batch size"
+    )
+    add_kernels_args(kern)
+    kern.set_defaults(func=_cmd_bench)
 
     from plait.benchmarks.dashboard import add_dashboard_args
 

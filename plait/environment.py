@@ -9,7 +9,7 @@ whole process:
 | `PLAIT_DISABLE_NATIVE` | `1` / `0` | `0` | never build or call the native CPU kernels (the torch references run) |
 | `PLAIT_NATIVE_MARCH` | a `-march` target | `native` | the CPU the native kernels are built for (`haswell`: the AVX2 paths) |
 | `PLAIT_CACHE_DIR` | a directory | `~/.cache/plait` | where built kernels are cached (under `native/`) |
-| `PLAIT_BF16_GEMM` | `1` / `0` / `auto` | `auto` | prefill-shaped quantized matmuls in bfloat16 (`auto`: where torch's GEMM has AMX tiles) |
+| `PLAIT_BF16_GEMM` | `1` / `0` / `auto` | `auto` | prefill-shaped quantized matmuls in bfloat16 (`auto`: where the tuning table says so for the CPU kind: AMX tiles, AVX-512 BF16) |
 | `PLAIT_DISABLE_TRITON` | `1` / `0` | `0` | CUDA tensors take the torch references instead of the Triton kernels |
 | `CXX` | a compiler | `c++`, then `g++` | the C++ compiler of the native kernels |
 
@@ -19,7 +19,7 @@ callers ask per layer; `reload()` reads it again (tests, and benchmarks that fli
 between runs in one process).
 
 NOTE: stdlib only, so that every layer, `kernels/` included, may import it.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ class Environment:
     disable_native: bool = False
     native_march: str = "native"
     cache_dir: Path = Path.home() / ".cache" / "plait"
-    bf16_gemm: bool | None = None  # None: decided by the CPU (AMX tiles)
+    bf16_gemm: bool | None = None  # None: decided by the CPU kind (kernels/tuning.py: CPU_TUNING)
     disable_triton: bool = False
     cxx: str | None = None  # None: the first of c++, g++ on PATH
 

@@ -118,7 +118,8 @@ def format_tree(root: TreeNode, max_key_tokens: int = 8) -> str:
         else:
             more = "..." if len(node.key) > max_key_tokens else ""
             lines.append(
-                f"{'  ' * depth}{node.key[:max_key_tokens]}{more} pages={node.value[:max_key_tokens]}"
+                f"{'  ' * depth}{node.key[:max_key_tokens]}{more} "
+                f"pages={node.value[:max_key_tokens]}"
                 f"{more} lock_ref={node.lock_ref} t={node.last_access}"
             )
         children = sorted(node.children.values(), key=lambda c: c.key)

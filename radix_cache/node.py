@@ -33,10 +33,6 @@ class TreeNode:
     last_access: int = 0
     id: int = field(default_factory=lambda: next(_node_ids))
 
-    @property
-    def is_leaf(self) -> bool:
-        return not self.children
-
     def __repr__(self) -> str:
         head = self.key[:8]
         more = "..." if len(self.key) > 8 else ""

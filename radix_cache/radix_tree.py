@@ -20,12 +20,18 @@ class RadixCache:
     Ownership protocol for a request:
       1. `m = match_prefix(tokens)`, then `lock(m.node)`; `m.pages` stay valid while locked.
       2. Allocate pages for the rest of the tokens and run the model.
-      3. `n = insert(tokens, pages)`; the tree keeps `pages[n // page_size : len(tokens) // page_size]`.
+      3. `n = insert(tokens, pages)`; the tree keeps
+         `pages[n // page_size : len(tokens) // page_size]`.
          The caller frees `pages[len(m.pages) : n // page_size]` (duplicates of pages another
          request cached meanwhile) and any page past the last whole page.
       4. `unlock(m.node)`.
 
     Locked nodes (and so all their ancestors) are never evicted. Not thread-safe.
+
+    Hooks for observers, None unless the owner sets them, called after the operation:
+    `on_match(result, queried_tokens)` for each recorded `match_prefix`, `on_insert(tokens,
+    cached_tokens, new_pages)` when an insert gives the tree pages, `on_evict(freed, asked)` when
+    an eviction frees pages. The engine points them at its event hub (`runtime/events.py`).
 
     With a `salt`, every cached page also carries its content address (`node.names`): a hash
     chain over the token ids from the first page, seeded by the salt (`block_names`).
@@ -44,6 +50,9 @@ class RadixCache:
         self.allocator = allocator
         self.disable = disable
         self.root_name = root_name(salt) if salt is not None else None
+        self.on_match: Callable[[MatchResult, int], None] | None = None
+        self.on_insert: Callable[[int, int, int], None] | None = None
+        self.on_evict: Callable[[list[int], int], None] | None = None
         self._clear()
         self._reset_stats()
 
@@ -87,9 +96,12 @@ class RadixCache:
             pages.extend(child.value)
             node = child
             pos += matched
+        result = MatchResult(pages, node, pos)
         if record:
             self._matched_tokens += pos
-        return MatchResult(pages, node, pos)
+            if self.on_match is not None:
+                self.on_match(result, len(tokens))
+        return result
 
     def insert(self, tokens: Sequence[int], pages: Sequence[int]) -> int:
         """Caches the whole pages of `tokens`; returns how many tokens were cached already."""
@@ -123,6 +135,8 @@ class RadixCache:
                 self._evictable_size += len(new.value)
                 self._evictable_leaves.discard(node)
                 self._evictable_leaves.add(new)
+                if self.on_insert is not None:
+                    self.on_insert(end, pos, len(new.value))
                 return pos
             matched = self._match_length(child.key, tokens, pos, end)
             if matched < len(child.key):
@@ -207,6 +221,8 @@ class RadixCache:
                 heapq.heappush(heap, (parent.last_access, parent.id, parent))
         if self.allocator is not None:
             self.allocator.free(freed)
+        if self.on_evict is not None and freed:
+            self.on_evict(freed, num_pages)
         return freed
 
     # sizes, statistics, maintenance
@@ -240,7 +256,8 @@ class RadixCache:
         }
 
     def reset(self) -> list[int]:
-        """Empties the tree and the statistics; returns the pages it held (freed into the allocator)."""
+        """Empties the tree and the statistics; returns the pages it held (freed into the
+        allocator)."""
         if self._protected_size:
             raise RuntimeError(
                 f"reset: {self._protected_size} cached pages are still locked by running requests"

@@ -65,7 +65,8 @@ class ScheduleBatch:
 
     @property
     def num_tokens(self) -> int:
-        """Tokens whose KV the step computes (a verification counts its real token, not its draft)."""
+        """Tokens whose KV the step computes (a verification counts its real token, not its
+        draft)."""
         return (
             sum(e.end - e.start for e in self.queried) + len(self.decodes) * self.decode_steps
         )

@@ -186,7 +186,8 @@ class BudgetClosing:
         return forward if probe.accepts_after(forward) else None
 
     def _after_text(self, path: list[int], text: bytes) -> list[int] | None:
-        """What follows `text` in `path` where `path` spells it first, token for token; else None."""
+        """What follows `text` in `path` where `path` spells it first, token for token; else
+        None."""
         spelled = b""
         for k, token in enumerate(path):
             if spelled == text:

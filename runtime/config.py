@@ -62,7 +62,9 @@ class CacheConfig:
     max_total_tokens: int | None = None
     mem_fraction_static: float | None = None
     disable_radix_cache: bool = False
-    kv_cache_dtype: str = "auto"  # "auto" (the model's dtype; bfloat16 for int8/int4 weights on the CPU), float32, bfloat16, int8 (scaled)
+    # "auto" (the model's dtype; bfloat16 for int8/int4 weights on the CPU), float32, bfloat16,
+    # int8 (scaled)
+    kv_cache_dtype: str = "auto"
     # tiers below the pool (runtime/kv_tiers/): a directory of KV blocks and its size limit, and
     # a Redis server shared between engines
     kv_disk: str | None = None
@@ -113,7 +115,8 @@ class SchedulerConfig:
     max_prefill_tokens: int = 8192
     chunked_prefill_size: int = 2048
     max_queued_requests: int | None = None
-    # decode steps (greedy or sampled) run back to back in one native call when nothing else is queued (CPU)
+    # decode steps (greedy or sampled) run back to back in one native call when nothing else is
+    # queued (CPU)
     num_continuous_decode_steps: int = 16
 
     def __post_init__(self) -> None:

@@ -86,7 +86,8 @@ _ENGINE_HELP = {
     "device": "auto (a GPU when there is one), cpu, cuda or cuda:N",
     "context_length": "tokens of prompt and output per request (default: the model's)",
     "quantization": "float32: dequantize a GGUF's blocks; int8 / int4: weight-only quantization "
-    "(default: a GGUF's blocks as stored where the CPU kernels read them, else the checkpoint's dtype)",
+    "(default: a GGUF's blocks as stored where the CPU kernels read them, else the checkpoint's "
+    "dtype)",
     "page_size": "KV cache tokens per page (1-1024)",
     "max_total_tokens": "KV pool size in tokens (default: from mem-fraction-static)",
     "mem_fraction_static": "share of free GPU memory (default 0.8) or of RAM (0.1) for the KV "
@@ -115,7 +116,8 @@ _ENGINE_HELP = {
     "disable_jump_forward": "sample every token, also the ones a constraint forces",
     "json_whitespace": "how JSON under a schema is spaced: conventional (one space after : and ,), "
     "compact (none) or flexible (the model's own)",
-    "json_max_digit_run": "digits in a row under a JSON schema, where the schema allows more; 0: off",
+    "json_max_digit_run": "digits in a row under a JSON schema, where the schema allows more; "
+    "0: off",
     "json_max_whitespace_run": "whitespace characters in a row under a JSON schema; 0: off",
     "budget_closing": "close constrained outputs near max_new_tokens on a valid end",
     "speculative_algorithm": "speculative decoding drafter (default: none)",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import queue
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from plait.runtime.config import EngineConfig
 from plait.runtime.engine_core import EngineCore
 from plait.runtime.engine_setup import off_main_thread, resolve_device, resolve_dtype
+from plait.runtime.events import RequestSubmitted
 from plait.runtime.protocol import LogprobOptions
 from plait.runtime.request import Request
 from plait.runtime.request_builder import build_requests
@@ -69,6 +71,7 @@ class Engine:
     drafter = _FromCore()
     governor = _FromCore()
     thread_governor = _FromCore()
+    events = _FromCore()  # EngineEvents: subscribe to what the engine does (runtime/events.py)
 
     def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
         self.config = EngineConfig.from_kwargs(model_path=model_path, **kwargs)
@@ -187,6 +190,12 @@ class Engine:
     def _submit(self, reqs: list[Request]) -> None:
         if self.core.stopped:
             raise RuntimeError("Engine: already shut down")
+        events = self.core.events
+        if events.wants(RequestSubmitted):  # on the caller's thread: its context is still there
+            now = time.perf_counter()
+            for req in reqs:
+                events.emit(RequestSubmitted(now, req.rid, len(req.prompt_ids),
+                                             req.params.max_new_tokens, req))  # fmt: skip
         self.core.post("add", reqs)  # one message: submitted together, scheduled together
 
     def abort(self, rid: str) -> None:

@@ -31,6 +31,7 @@ from plait.runtime.engine_setup import (
     resolve_dtype,
     window_layers,
 )
+from plait.runtime.events import BatchScheduled, EngineEvents
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.model_loader import load_model
 from plait.runtime.model_runner import ModelRunner
@@ -122,13 +123,15 @@ class EngineCore:
         self.cache = RadixCache(
             cc.page_size, self.allocator, disable=cc.disable_radix_cache, salt=salt
         )
+        self.events = EngineEvents()  # what observers subscribe to (`Engine.events`)
+        self.events.watch_cache(self.cache)
         if salt is not None:
             from plait.runtime.kv_tiers import create_kv_tiers
 
             self.tiers = create_kv_tiers(cc, self.kv_pool, self.cache, salt)
         self.scheduler = Scheduler(
             sc, self.allocator, self.cache, cc.page_size, self.context_len, self.window,
-            tiers=self.tiers,
+            tiers=self.tiers, events=self.events,
         )  # fmt: skip
         self.generator = torch.Generator(device=self.device).manual_seed(self.config.random_seed)
         self.runner = ModelRunner(
@@ -172,6 +175,7 @@ class EngineCore:
             jump_forward=not self.config.disable_jump_forward,
             totals=self._totals,
             check_invariants=self.config.check_invariants,
+            events=self.events,
         )
         drafts = config.num_draft_tokens if self.speculation.drafter is not None else 0
         # what one step may add to a constrained request, plus a margin for what it may open
@@ -343,6 +347,8 @@ class EngineCore:
                 self.tiers.wait(CLOSING_WAIT_SECONDS)
             return
         plan = self.planner.plan(batch, idle=self._inbox.empty())
+        if self.events.wants(BatchScheduled):
+            self.events.batch_scheduled(plan.batch)
         try:
             results = self.runner.execute(plan, self._interrupt, self.applier.burst_streams)
         except Exception as exc:  # a failing batch must not take the engine down

@@ -131,7 +131,7 @@ def choose_execution(model: torch.nn.Module, pool: KVPool, device: torch.device)
         and decode_stack.burst_available()
     )  # fmt: skip
     bf16_extends = (
-        device.type == "cpu" and quant_matmul.bf16_gemm_enabled()
+        device.type == "cpu" and quant_matmul.bf16_extends_enabled()
         and any(isinstance(m, QuantLinear) for m in model.modules())
     )  # fmt: skip
     window = lm.args.sliding_window if lm is not None and lm.args.uniform_layers else None

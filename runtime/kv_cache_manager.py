@@ -213,9 +213,6 @@ class KVCacheManager:
 
     # accounting --------------------------------------------------------------------------
 
-    def num_in_use(self, reqs: Iterable[Request]) -> int:
-        return sum(len(r.pages) - r.num_cached_pages for r in reqs)
-
     def check(self, reqs: Iterable[Request]) -> None:
         """Raises AssertionError unless free + cached + in use == pool size, with no page twice
         (and, for the sliding layers, every window page free or held once, as `WindowPages`
@@ -237,7 +234,8 @@ class KVCacheManager:
                 f"request {r.rid}: a page after window_from {r.window_from} has no window page"
             )
             assert all(self.window.of[p] < 0 for p in own_released), (
-                f"request {r.rid}: an own page before window_from {r.window_from} kept its window page"
+                f"request {r.rid}: an own page before window_from {r.window_from} kept its "
+                "window page"
             )
         locks = Counter(p for r in reqs for p in r.pages[r.window_from : r.num_cached_pages])
         self.window.check(set(self.cache.pages()), dict(locks))

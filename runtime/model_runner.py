@@ -204,9 +204,8 @@ class ModelRunner:
             return None
         if self.device.type == "cpu" and torch.get_num_threads() >= _usable_cpus():
             # NOTE: every core runs the forward: a mask thread beside it preempts one of its
-            # OpenMP threads, which the others then wait for at each barrier (16 masks beside a
-            # 2-thread forward on 2 cores: the forward 32 -> 46 ms, the masks 2.7 -> 9.6 ms);
-            # filled after the forward instead (`_results`)
+            # OpenMP threads, which the others then wait for at each barrier, and both run slower
+            # than one after the other; filled after the forward instead (`_results`)
             return None
         if self._mask_pool is None:
             self._mask_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plait-masks")

@@ -134,7 +134,3 @@ class Request:
         start = self.logprob.logprob_start_len
         last = len(self.prompt_ids) - 1
         return last if start < 0 else min(start, last)
-
-    @property
-    def wants_input_logprobs(self) -> bool:
-        return self.logprob.return_logprob and not self.output_ids

@@ -58,7 +58,8 @@ def build_requests(
             bad = [t for t in p if not 0 <= t < engine.args.vocab_size]
             if bad:
                 raise ValueError(
-                    f"input_ids: token id {bad[0]} is outside the vocabulary [0, {engine.args.vocab_size})"
+                    f"input_ids: token id {bad[0]} is outside the vocabulary "
+                    f"[0, {engine.args.vocab_size})"
                 )
     # NOTE: SamplingParams turns `stop` and `stop_token_ids` into lists before it checks them.
     for p in sampling_params if isinstance(sampling_params, list) else [sampling_params]:

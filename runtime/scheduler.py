@@ -15,12 +15,14 @@ that follows one request fails only that request.
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
 from typing import Any
 
 from plait.radix_cache import PageAllocator, RadixCache, WindowPages
 from plait.runtime.batch import ExtendEntry, ScheduleBatch
 from plait.runtime.config import SchedulerConfig
+from plait.runtime.events import EngineEvents, RequestRetracted
 from plait.runtime.kv_cache_manager import KVCacheManager
 from plait.runtime.request import Request, RequestStatus
 from plait.runtime.schedule_policy import fair_order, order_waiting
@@ -43,8 +45,10 @@ class Scheduler:
         context_len: int,
         window: WindowPages | None = None,
         tiers: Any = None,
+        events: EngineEvents | None = None,
     ) -> None:
         self.config = config
+        self.events = events if events is not None else EngineEvents()
         self.kv = KVCacheManager(allocator, cache, page_size, window, REWIND_SLACK_TOKENS)
         # KVTiers: blocks below the pool, promoted while their requests wait (kv_tiers/)
         self.tiers = tiers
@@ -246,6 +250,9 @@ class Scheduler:
 
     def retract(self, req: Request) -> None:
         """Frees a running request's pages (caching what it computed) and requeues it first."""
+        if self.events.wants(RequestRetracted):
+            self.events.emit(RequestRetracted(time.perf_counter(), req.rid, req.num_tokens,
+                                              len(req.pages)))  # fmt: skip
         if req in self.running:
             self.running.remove(req)
         else:

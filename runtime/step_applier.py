@@ -26,6 +26,7 @@ from plait.runtime.batch import RequestResult, StepResults, TokenResult
 from plait.runtime.budget_closing import BudgetClosing
 from plait.runtime.burst_streams import BurstStreams
 from plait.runtime.closing_jobs import ClosingJobs
+from plait.runtime.events import EngineEvents, RequestFinished, StepFinished
 from plait.runtime.kv_cache_manager import KVCacheManager
 from plait.runtime.output_processor import JumpPlan, OutputProcessor
 from plait.runtime.outputs import build_output
@@ -42,7 +43,8 @@ logger = logging.getLogger("plait.engine")
 class StepApplier:
     """`scheduler`: whose bookkeeping takes each finished step (`after_step`; also its page
     accounting check after each step, with `check_invariants`); `totals`: the engine's counters
-    (`generated_tokens`, `steps`, `burst_steps`), updated here. `closing` is set once built,
+    (`generated_tokens`, `steps`, `burst_steps`), updated here; `events`: where a finished step
+    and each finished request are announced (`Engine.events`). `closing` is set once built,
     since it plans jumps through this object (`plan_jump`)."""
 
     def __init__(
@@ -57,6 +59,7 @@ class StepApplier:
         jump_forward: bool,
         totals: dict[str, int],
         check_invariants: bool = False,
+        events: EngineEvents | None = None,
     ) -> None:
         self.processor = processor
         self.tokenizer = tokenizer
@@ -67,6 +70,7 @@ class StepApplier:
         self.jump_forward = jump_forward
         self.totals = totals
         self.check_invariants = check_invariants
+        self.events = events if events is not None else EngineEvents()
         self.closing: BudgetClosing = None  # type: ignore[assignment]
 
     # the step -----------------------------------------------------------------------------------
@@ -84,6 +88,8 @@ class StepApplier:
                 self._close_or_jump(r.req)
         if self.check_invariants:
             self.scheduler.check()
+        if self.events.wants(StepFinished):
+            self.events.step_finished(plan.batch, plan.started)
         for r in updated:
             self.deliver(r.req)
 
@@ -171,6 +177,8 @@ class StepApplier:
         self.deliver(req)
 
     def deliver(self, req: Request) -> None:
+        if req.finished and self.events.wants(RequestFinished):
+            self.events.request_finished(req)
         if req.sink is None:
             return
         out = build_output(req, self.tokenizer, self.processor.stream_text(req))

@@ -137,7 +137,8 @@ class Tokenizer:
         return self.vocab_bytes()[token_id]
 
     def vocab_bytes(self) -> list[bytes]:
-        """`token_bytes` for every id below `vocab_size`, built once (b"" where an id has no token)."""
+        """`token_bytes` for every id below `vocab_size`, built once (b"" where an id has no
+        token)."""
         if self._vocab_bytes is None:
             self._vocab_bytes = [self._spell_bytes(i) for i in range(self.vocab_size)]
         return self._vocab_bytes

@@ -31,7 +31,8 @@ _QWEN2_SPLIT = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 # `tokenizer.ggml.pre` names (llama.cpp) grouped by the pre-tokenizer of the original HF tokenizer.
-# Starcoder-like (SmolLM2 too): every \p{N} alone (HF: `Digits(individual_digits=True)`), then GPT-2.
+# Starcoder-like (SmolLM2 too): every \p{N} alone (HF: `Digits(individual_digits=True)`), then
+# GPT-2.
 _PRE_STARCODER = ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b")
 _PRE_GPT2 = ("gpt-2", "gpt2", "mpt", "olmo", "jais", "trillion")
 PRE_LLAMA3 = ("llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe")

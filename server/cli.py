@@ -1,4 +1,5 @@
-"""`plait serve`: the engine behind the HTTP server. `plait.cli` adds the parser and calls `serve`."""
+"""`plait serve`: the engine behind the HTTP server. `plait.cli` adds the parser and calls
+`serve`."""
 
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ The page is a static file with no data in it: `DashboardPage` serves it before t
 snapshot answers 401. The snapshot obeys the key like every other route.
 
 Nothing runs while nobody watches: the first snapshot installs the engine probe
-(`dashboard_probe.StepProbe`), each one takes at most one history row, and the probe comes off
-`idle_after` seconds after the last snapshot.
+(`dashboard_probe.StepProbe`, a subscriber to the engine's events), each one takes at most one
+history row, and the probe comes off `idle_after` seconds after the last snapshot.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,10 @@ SNAPSHOT_VERSION = 1
 KEY_TOKENS = 12  # token ids of each shown edge decoded into its label when prompts may be shown
 TREE_BUDGET = 100  # a walk of the tree is reused for up to 100x the time it took
 MAX_WALK = 20_000  # nodes walked at most (~50 ms); beyond, the summary says it was truncated
+
+# by id(engine): each view holds its engine, so an id is not reused while its view lives; a view
+# lives as long as an app that installed it (`install_dashboard`)
+_views: weakref.WeakValueDictionary[int, EngineView] = weakref.WeakValueDictionary()
 
 
 @dataclass(frozen=True)
@@ -67,10 +72,9 @@ class EngineView:
 
     @classmethod
     def of(cls, engine: Any, config: DashboardConfig) -> EngineView:
-        view = vars(engine).get("_dashboard_view")
+        view = _views.get(id(engine))
         if view is None:
-            view = cls(engine, config)
-            engine._dashboard_view = view
+            view = _views[id(engine)] = cls(engine, config)
         return view
 
     def watch(self, idle_after: float) -> None:
@@ -247,7 +251,8 @@ def install_dashboard(app: FastAPI, config: DashboardConfig | None = None) -> No
     served first, before the API-key check)."""
     config = config or DashboardConfig()
     app.state.dashboard = config
-    EngineView.of(app.state.plait.engine, config)  # labels requests from the first one on
+    # labels requests from the first one on; the app holds the view (and so its subscriptions)
+    app.state.dashboard_view = EngineView.of(app.state.plait.engine, config)
     app.include_router(router)
     app.add_middleware(RouteLabel)
     app.add_middleware(DashboardPage)

@@ -1,19 +1,28 @@
 """What the dashboard sees of each engine step, recorded only while someone watches.
 
-`StepProbe.install()` wraps five methods on the engine's own scheduler and cache instances (not
-their classes): `schedule` and `after_step` (the step's composition and time, each request's
-first token and token gaps), `retract` and `evict` (events), `match_prefix` (hits per tree node).
-`uninstall()` puts the originals back, so a server nobody watches runs the engine's code
-untouched. The wrappers run on the engine thread and only append to bounded deques and dicts;
+`StepProbe.install()` subscribes to the engine's events (`Engine.events`, `runtime/events.py`):
+`StepFinished` (the step's composition and time, each request's first token and token gaps),
+`RequestFinished`, `RequestRetracted` and `CacheEvicted` (events), `CacheMatched` (hits per tree
+node). `uninstall()` unsubscribes, so a server nobody watches has no subscriber on the engine's
+step. The callbacks run on the engine thread and only append to bounded deques and dicts;
 readers on the event loop copy those before using them.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
+
+from plait.runtime.events import (
+    CacheEvicted,
+    CacheMatched,
+    RequestFinished,
+    RequestRetracted,
+    StepFinished,
+)
 
 MAX_STEPS = 4096
 MAX_EVENTS = 256
@@ -23,11 +32,11 @@ MAX_TRACKED = 8192  # requests whose last token time is remembered (for inter-to
 
 
 class StepRecord(NamedTuple):
-    """One forward pass: tokens by kind, and the wall time from `schedule()` to `after_step()`.
-    (A named tuple: one is made per step, and it is the cheapest record to make.)"""
+    """One forward pass: tokens by kind, and the wall time from its scheduling to the end of its
+    bookkeeping. (A named tuple: one is made per step, and it is the cheapest record to make.)"""
 
     time: float  # time.time() when it ended
-    seconds: float | None  # None when the probe was installed mid-step
+    seconds: float | None
     prefill: int  # prompt tokens (and recomputed ones of resumed requests)
     decode: int  # one per decoding request per decode step
     verify: int  # speculative: last token plus the draft, per verified request
@@ -35,6 +44,27 @@ class StepRecord(NamedTuple):
     jump_forward: int  # tokens a grammar forced, computed as an extend of a running request
     decode_steps: int  # more than one in a burst of back-to-back decode steps
     batch_size: int
+
+
+def subscribe_weakly(
+    engine: Any, method: Callable[[Any], None], kinds: tuple[type, ...]
+) -> weakref.finalize | None:
+    """Subscribes a bound method without the engine keeping its object alive: the engine's loop
+    holds the hub, and a dashboard that is dropped must not stay subscribed (nor keep the engine
+    it holds from being collected). Calling the returned finalizer unsubscribes (once); it runs by
+    itself when the object is collected. None for an engine without events."""
+    events = getattr(engine, "events", None)
+    if events is None:
+        return None
+    ref = weakref.WeakMethod(method)
+
+    def call(event: Any) -> None:
+        target = ref()
+        if target is not None:
+            target(event)
+
+    sub = events.subscribe(call, kinds)
+    return weakref.finalize(method.__self__, sub.unsubscribe)
 
 
 class StepProbe:
@@ -47,116 +77,64 @@ class StepProbe:
         self.finished: deque[Any] = deque(maxlen=MAX_FINISHED)  # Request objects
         self.hits: dict[int, int] = {}
         self.installed_at: float | None = None  # perf_counter time
-        self._patched: list[tuple[Any, str, Any, bool]] = []
-        self._step_started: float | None = None
+        self._subscription: weakref.finalize | None = None
         self._last_token: dict[str, tuple[float, int]] = {}
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            StepFinished: self._step_finished,
+            RequestFinished: self._request_finished,
+            RequestRetracted: self._retracted,
+            CacheEvicted: self._evicted,
+            CacheMatched: self._matched,
+        }
 
     @property
     def installed(self) -> bool:
-        return bool(self._patched)
+        return self._subscription is not None
 
     def install(self) -> None:
-        if self._patched:
+        if self._subscription is not None:
             return
-        sched, cache = self.engine.scheduler, self.engine.cache
         self.installed_at = time.perf_counter()
-        self._step_started = None
-        self._patch(sched, "schedule", self._wrap_schedule)
-        self._patch(sched, "after_step", self._wrap_after_step)
-        self._patch(sched, "retract", self._wrap_retract)
-        self._patch(cache, "evict", self._wrap_evict)
-        self._patch(cache, "match_prefix", self._wrap_match_prefix)
+        self._subscription = subscribe_weakly(self.engine, self._on_event, tuple(self._handlers))
 
     def uninstall(self) -> None:
-        while self._patched:
-            obj, name, original, had_own = self._patched.pop()
-            if had_own:
-                setattr(obj, name, original)
-            else:
-                obj.__dict__.pop(name, None)  # the class's method shows through again
+        if self._subscription is not None:
+            self._subscription()
+            self._subscription = None
         self._last_token.clear()
 
-    def _patch(self, obj: Any, name: str, make: Callable[[Any], Any]) -> None:
-        original = getattr(obj, name, None)
-        if original is None:  # an engine without this method: that part of the view stays empty
-            return
-        had_own = name in vars(obj)
-        setattr(obj, name, make(original))
-        self._patched.append((obj, name, original, had_own))
+    # the subscriber (engine thread) -----------------------------------------------------------
 
-    # the wrappers (engine thread) -------------------------------------------------------------
+    def _on_event(self, event: Any) -> None:
+        self._handlers[type(event)](event)
 
-    def _wrap_schedule(self, original: Any) -> Any:
-        def schedule(*args: Any, **kwargs: Any) -> Any:
-            batch = original(*args, **kwargs)
-            self._step_started = time.perf_counter()
-            return batch
-
-        return schedule
-
-    def _wrap_after_step(self, original: Any) -> Any:
-        def after_step(batch: Any, *args: Any, **kwargs: Any) -> Any:
-            record = self._composition(batch)
-            result = original(batch, *args, **kwargs)
-            self._finish_step(batch, record)
-            return result
-
-        return after_step
-
-    def _wrap_retract(self, original: Any) -> Any:
-        def retract(req: Any, *args: Any, **kwargs: Any) -> Any:
-            self.events.append({"time": time.time(), "kind": "retract", "rid": req.rid,
-                                "tokens": req.num_tokens, "pages": len(req.pages)})  # fmt: skip
-            return original(req, *args, **kwargs)
-
-        return retract
-
-    def _wrap_evict(self, original: Any) -> Any:
-        def evict(num_pages: int, *args: Any, **kwargs: Any) -> Any:
-            freed = original(num_pages, *args, **kwargs)
-            if freed:
-                self.events.append({"time": time.time(), "kind": "evict", "pages": len(freed),
-                                    "asked": num_pages})  # fmt: skip
-            return freed
-
-        return evict
-
-    def _wrap_match_prefix(self, original: Any) -> Any:
-        root = self.engine.cache.root
-
-        def match_prefix(tokens: Any, record: bool = True, **kwargs: Any) -> Any:
-            result = original(tokens, record, **kwargs)
-            if record and result.num_tokens:
-                hits, node = self.hits, result.node
-                while node is not None and node is not root:
-                    hits[node.id] = hits.get(node.id, 0) + 1
-                    node = node.parent
-            return result
-
-        return match_prefix
-
-    def _composition(self, batch: Any) -> tuple[int, ...]:
-        prefill = verify = accepted = jump = 0
-        for v in batch.verifies:
-            verify += v.end - v.start + len(v.draft_ids)
-            accepted += v.num_accepted
-        for e in batch.extends:
-            req = e.req
-            if req.grammar is not None and e.start >= len(req.prompt_ids):
-                jump += e.end - e.start
-            else:
-                prefill += e.end - e.start
-        steps = batch.decode_steps
-        return (prefill, len(batch.decodes) * steps, verify, accepted, jump, steps,
-                len(batch.extends) + len(batch.verifies) + len(batch.decodes))  # fmt: skip
-
-    def _finish_step(self, batch: Any, record: tuple[int, ...]) -> None:
+    def _step_finished(self, step: StepFinished) -> None:
         now = time.perf_counter()
-        started, self._step_started = self._step_started, None
         wall = time.time()
-        self.steps.append(StepRecord(wall, None if started is None else now - started, *record))
-        for req in batch.requests():
+        self.steps.append(StepRecord(
+            wall, step.seconds, step.prefill_tokens, step.decode_tokens, step.verify_tokens,
+            step.accepted_tokens, step.jump_forward_tokens, step.decode_steps, step.batch_size,
+        ))  # fmt: skip
+        for req in step.requests:
             self._track(req, now, wall)
+
+    def _request_finished(self, event: RequestFinished) -> None:
+        self._last_token.pop(event.rid, None)
+        self.finished.append(event.request)
+
+    def _retracted(self, event: RequestRetracted) -> None:
+        self.events.append({"time": time.time(), "kind": "retract", "rid": event.rid,
+                            "tokens": event.tokens, "pages": event.pages})  # fmt: skip
+
+    def _evicted(self, event: CacheEvicted) -> None:
+        self.events.append({"time": time.time(), "kind": "evict", "pages": event.pages,
+                            "asked": event.asked})  # fmt: skip
+
+    def _matched(self, event: CacheMatched) -> None:
+        if event.matched_tokens:
+            hits = self.hits
+            for node_id in event.node_ids:
+                hits[node_id] = hits.get(node_id, 0) + 1
 
     def _track(self, req: Any, now: float, wall: float) -> None:
         """Time to first token when a request's first token appears; the gap per token after."""
@@ -172,15 +150,12 @@ class StepProbe:
         elif n > last[1]:
             self.itl.append((wall, (now - last[0]) / (n - last[1])))
             tracked[req.rid] = (now, n)
-        if req.finished:
-            tracked.pop(req.rid, None)
-            self.finished.append(req)
 
     # readers (event loop) ---------------------------------------------------------------------
 
     def forget(self, live_rids: set[str], live_node_ids: set[int] | None = None) -> None:
-        """Drops what is kept for requests that left without a last step (aborted, expired) and
-        hit counts of nodes no longer in the tree."""
+        """Drops what is kept for requests no longer live (each entry also goes when its request
+        finishes) and hit counts of nodes no longer in the tree."""
         for rid in [r for r in list(self._last_token) if r not in live_rids]:
             self._last_token.pop(rid, None)
         if live_node_ids is not None and len(self.hits) > 2 * len(live_node_ids) + 64:

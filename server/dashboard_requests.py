@@ -1,9 +1,9 @@
 """The dashboard's requests panel: who submitted each engine request, and a summary of it.
 
-`RequestLog` wraps the engine's `_submit` on its instance (a call per submitted batch of requests,
-never per step) to name each request after the route that made it (`RouteLabel`, an ASGI
-middleware, puts the path in a context variable) or the program whose thread made it, and keeps
-the last submitted requests so recently finished ones can be shown. Prompt text is only ever
+`RequestLog` subscribes to the engine's `RequestSubmitted` events (one per submitted request, never
+per step, emitted on the submitting thread) to name each request after the route that made it
+(`RouteLabel`, an ASGI middleware, puts the path in a context variable) or the program whose
+thread made it, and keeps the last submitted requests so recently finished ones can be shown. Prompt text is only ever
 decoded when the server allows it (`show_prompts`).
 """
 
@@ -17,6 +17,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from plait.runtime.events import RequestSubmitted
+from plait.server.dashboard_probe import subscribe_weakly
 
 MAX_LABELS = 8192
 MAX_RECENT = 128
@@ -66,19 +69,14 @@ class RequestLog:
         self.engine = engine
         self.labels: OrderedDict[str, str] = OrderedDict()
         self.recent: deque[Any] = deque(maxlen=MAX_RECENT)
-        self._original = getattr(engine, "_submit", None)
-        if self._original is not None:
-            engine._submit = self._submit
+        self._subscription = subscribe_weakly(engine, self._submitted, (RequestSubmitted,))
 
-    def _submit(self, reqs: list[Any], *args: Any, **kwargs: Any) -> Any:
-        label = current_label()
+    def _submitted(self, event: RequestSubmitted) -> None:
         labels = self.labels
-        for req in reqs:
-            labels[req.rid] = label
-            self.recent.append(req)
+        labels[event.rid] = current_label()
+        self.recent.append(event.request)
         while len(labels) > MAX_LABELS:
             labels.popitem(last=False)
-        return self._original(reqs, *args, **kwargs)
 
     # summaries (event loop) -------------------------------------------------------------------
 

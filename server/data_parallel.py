@@ -24,8 +24,10 @@ _ROUTER_HELP = {
     "cache_threshold": "follow the cache when a replica holds this share of the prompt (0-1)",
     "balance_abs_threshold": "loads are imbalanced when the busiest replica has this many more "
     "requests than the idlest ...",
-    "balance_rel_threshold": "... and this many times as many (>= 1); then the idlest one is chosen",
-    "max_tree_chars": "prompt characters remembered per replica (least recently used are forgotten)",
+    "balance_rel_threshold": "... and this many times as many (>= 1); then the idlest one is "
+    "chosen",
+    "max_tree_chars": "prompt characters remembered per replica (least recently used are "
+    "forgotten)",
     "health_interval": "seconds between /health probes of each replica",
     "prefill_min_chars": "with prefill replicas: prompts shorter than this many characters are "
     "prefilled by their decode replica itself (0: every prompt goes to a prefill replica)",

@@ -110,7 +110,8 @@ def check_generate_body(body: dict[str, Any]) -> None:
 
 
 def check_constraint(params: Any, prefix: str = "") -> None:
-    """Schema problems are 400s before anything is queued (regex syntax is checked by the engine)."""
+    """Schema problems are 400s before anything is queued (regex syntax is checked by the
+    engine)."""
     from plait.runtime.constrained import GrammarError, make_grammar_key
 
     for p in params if isinstance(params, list) else [params]:

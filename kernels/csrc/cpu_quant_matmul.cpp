@@ -24,7 +24,55 @@
 
 #include "parallel.h"
 
+#include <algorithm>
+#include <climits>
+
 using namespace plait::qmm;
+
+namespace {
+
+// The tuning table (kernels/tuning.py: QMATMUL_TASK_ROWS, set once as the library loads): up to
+// eight (M at most, weight rows per task) entries, by increasing M.
+constexpr int64_t MAX_TUNING = 8;
+struct TaskRowsTable {
+    int64_t n = 0;
+    int64_t max_m[MAX_TUNING] = {};
+    int64_t rows[MAX_TUNING] = {};
+};
+TaskRowsTable task_rows_table;
+
+}  // namespace
+
+int64_t plait::qmm::task_rows(int64_t M, int64_t N, int num_threads) {
+    int64_t rows = 16;
+    for (int64_t i = 0; i < task_rows_table.n; ++i)
+        if (M <= task_rows_table.max_m[i]) {
+            rows = task_rows_table.rows[i];
+            break;
+        }
+    // as few tasks per thread as these rows allow, the rows then spread evenly over them
+    const int64_t threads = std::max(1, num_threads);
+    const int64_t per_thread = std::max<int64_t>(1, (N + threads * rows - 1) / (threads * rows));
+    const int64_t even = (N + threads * per_thread - 1) / (threads * per_thread);
+    return std::max<int64_t>(16, (even + 15) / 16 * 16);
+}
+
+// Sets the tuning table: entry i covers M <= max_m[i] (the last one every larger M too), rows[i]
+// weight rows per task, each a positive multiple of 8.
+extern "C" void plait_qmatmul_set_task_rows(const int64_t* max_m, const int64_t* rows, int64_t n) {
+    TaskRowsTable t;
+    t.n = std::min(n, MAX_TUNING);
+    for (int64_t i = 0; i < t.n; ++i) {
+        t.max_m[i] = i + 1 == t.n ? INT64_MAX : max_m[i];
+        t.rows[i] = std::max<int64_t>(8, rows[i] / 8 * 8);
+    }
+    task_rows_table = t;
+}
+
+// The weight rows per task a (M, N) matmul on this many threads takes (for tests and benchmarks).
+extern "C" int64_t plait_qmatmul_task_rows(int64_t M, int64_t N, int num_threads) {
+    return task_rows(M, N, num_threads);
+}
 
 extern "C" void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t N, const void* qweight,
                                   int format, int64_t group, const void* scales, const void* mins,

@@ -138,6 +138,8 @@ void plait_dequantize_bf16(const void* qweight, int format, int64_t N, int64_t K
                            const void* scales, const void* mins, uint16_t* out, int num_threads);
 int64_t plait_qmatmul_max_q8_rows();
 int plait_qmatmul_isa();
+void plait_qmatmul_set_task_rows(const int64_t* max_m, const int64_t* rows, int64_t n);
+int64_t plait_qmatmul_task_rows(int64_t M, int64_t N, int num_threads);
 int plait_qmatmul_q8_rows(int64_t K, int format, int64_t group);
 
 // cpu_decode.cpp

@@ -307,6 +307,13 @@ inline bool q8_usable(int64_t K, int format, int64_t group) {
 }
 #endif
 
+// Weight rows per task of the multi-row integer kernels for M rows of x, N weight rows and this
+// many threads: the tuning table's entry for M (plait_qmatmul_set_task_rows; 16 until one is
+// set), shrunk to a multiple of 16 that splits N evenly over the threads. Always a multiple of 8,
+// so that every task reduces its weight rows in the same eights (RowSums8) and a row's result
+// does not depend on the task size.
+int64_t task_rows(int64_t M, int64_t N, int num_threads);  // cpu_quant_matmul.cpp
+
 // The tiers' entry points: y[M, N] = x[M, K] @ dequant(W)[N, K]^T (+ bias), as plait_qmatmul_f32.
 void tile_matmul(const float* x, int64_t M, int64_t K, const float* w, int64_t nt, float* y, int64_t ldy,
                  const float* next = nullptr);  // quant_matmul_float.cpp

@@ -272,8 +272,9 @@ void with_tile_rows(int64_t mt, F&& f) {
 
 // The driver of int4_rows_vnni and int8_rows_vnni (decode rows, verification, prefill): each row of
 // x quantized in two levels and laid out in its tile (`layout(xq, xr, xd, xs, Mt, i, tile, tile_ds)`,
-// `row_bytes` / `row_floats` a row's share of the tiles), then 16-row chunks of the weights against
-// X_TILE_M rows of x at a time (a chunk stays in L1 across the passes): `rows(mt, tile, tile_ds,
+// `row_bytes` / `row_floats` a row's share of the tiles), then chunks of `task_rows` weight rows
+// against X_TILE_M rows of x at a time (the chunk stays in cache across the passes over x, and x
+// is read from L2 or memory once per chunk, so many rows of x want larger chunks): `rows(mt, tile, tile_ds,
 // n_begin, n_end, y_rows)`.
 template <class Layout, class Rows>
 void tiled_matmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, int64_t row_bytes, int64_t row_floats,
@@ -291,7 +292,7 @@ void tiled_matmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, int64_t 
         layout(tq.data(), tr.data(), td.data(), ts.data(), std::min(X_TILE_M, M - m0), m - m0, q + m0 * row_bytes,
                ds + m0 * row_floats);
     });
-    const int64_t chunk = 16, chunks = (N + chunk - 1) / chunk;
+    const int64_t chunk = task_rows(M, N, num_threads), chunks = (N + chunk - 1) / chunk;
     plait::parallel_for(chunks, num_threads, false, [&](int64_t c) {
         const int64_t b = c * chunk, e = std::min(N, b + chunk);
         for (int64_t m0 = 0; m0 < M; m0 += X_TILE_M)
@@ -319,16 +320,16 @@ void int4_matmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, const uin
         });
 }
 
-// A tile of Mt <= X_TILE_M rows of x for int8 weights. Per 64 weights p (two blocks) and row m,
-// 192 bytes at (p * Mt + m) * 192: q1, q2, then sixteen int32 lane biases -(128 q1 + q2), each
-// summed over its lane's four values: a dpbusd chain of the weights + 128 (w ^ 0x80) against q1
-// from that bias, shifted by 7, then against q2, is exactly 128 (w . q1) + w . q2. Per sixteen
-// blocks j and row m, the block scales: 16 floats at (j * Mt + m) * 16.
+// A tile of Mt <= X_TILE_M rows of x for int8 weights, its two levels joined into int16 values
+// v = 128 q1 + q2. Per 64 weights p (two blocks) and row m, 128 bytes at (p * Mt + m) * 128: two
+// runs of 32 int16, one per `vpdpwssd` (see int8_pairs), lane j of run 0 holding the x values of
+// weights 4j and 4j + 2, of run 1 those of 4j + 1 and 4j + 3. Per sixteen blocks j and row m, the
+// block scales: 16 floats at (j * Mt + m) * 16.
 struct Int8X {
     const char* q;
     const float* ds;
 };
-constexpr int64_t INT8_X_BYTES = 192;
+constexpr int64_t INT8_X_BYTES = 128;
 
 // Row i of a tile of Mt rows (see layout_int4_x). With `xs` (int8f_rows_vnni's minimums), each
 // sixteen blocks' scales are followed by their sixteen sums: 32 floats at (j * Mt + m) * 32.
@@ -336,19 +337,22 @@ inline void layout_int8_x(const int8_t* xq, const int8_t* xr, const float* xd, i
                           char* q, float* ds, const float* xs = nullptr) {
     const int64_t stride = xs ? 32 : 16;
     for (int64_t b = 0; b < K / 32; ++b) {
-        char* p = q + ((b / 2) * Mt + i) * INT8_X_BYTES;
-        std::memcpy(p + (b % 2) * 32, xq + b * 32, 32);
-        std::memcpy(p + 64 + (b % 2) * 32, xr + b * 32, 32);
-        int32_t* c = reinterpret_cast<int32_t*>(p + 128) + (b % 2) * 8;
-        for (int l = 0; l < 8; ++l) {
-            int32_t t = 0;
-            for (int u = 0; u < 4; ++u) t += 128 * xq[b * 32 + 4 * l + u] + xr[b * 32 + 4 * l + u];
-            c[l] = -t;
+        int16_t* p = reinterpret_cast<int16_t*>(q + ((b / 2) * Mt + i) * INT8_X_BYTES);
+        for (int64_t w = 0; w < 32; ++w) {
+            const int64_t at = (b % 2) * 32 + w, j = at / 4, r = at % 4;
+            p[(r % 2) * 32 + 2 * j + r / 2] = static_cast<int16_t>(128 * xq[b * 32 + w] + xr[b * 32 + w]);
         }
         float* d = ds + ((b / 16) * Mt + i) * stride + b % 16;
         d[0] = xd[b];
         if (xs) d[16] = xs[b];
     }
+}
+
+// The two int16 runs of 64 int8 weights (v) that meet an Int8X pair of blocks: in each 32-bit
+// lane, bytes 0 and 2, then 1 and 3, sign-extended.
+inline void int8_pairs(__m512i v, __m512i* w) {
+    w[0] = _mm512_srai_epi16(_mm512_slli_epi16(v, 8), 8);
+    w[1] = _mm512_srai_epi16(v, 8);
 }
 
 // Sixteen blocks' weight scales of row `sc` from block j (float16, one per `group` weights). Of a
@@ -363,18 +367,16 @@ inline __m512 block_scales16(const half* sc, int64_t j, int64_t left, int64_t gr
 }
 
 // int8 weights (groups a multiple of 32) against M <= X_TILE_M rows of x on AVX-512 VNNI, one pass
-// over the weights, as int4_rows_vnni. `vpdpbusd` wants one unsigned side, so the weights go in as
-// w + 128 (w ^ 0x80, once per 64 weights for all rows) and the lane biases of the x tile cancel
-// the 128. Per 64 weights and row: two dpbusd, the shift, a convert, the permute that spreads two
-// blocks' scale products and an FMA. Against the kernels it replaced (four rows of x at a time,
-// a scalar sum per row, two bias vectors per row and step), SmolLM2's Q8_0 LM head at 8 rows of x
-// went from 6.3x to 3.3x one row's time, at 5 rows from 4.4x to 2.7x.
+// over the weights, as int4_rows_vnni: each 64 weights widened once into two runs of int16
+// (int8_pairs) that meet x's joined levels in `vpdpwssd`. Per 64 weights and row: two vpdpwssd, a
+// convert, the permute that spreads two blocks' scale products and an FMA. `vpdpbusd` on the two
+// levels apart would want one unsigned side (the weights as w + 128, lane biases in x to cancel
+// the 128): an instruction more per row and half as many x bytes again.
 template <int M>
 void int8_rows_vnni(const Int8X& x, int64_t K, int64_t n_begin, int64_t n_end, int64_t N, const int8_t* qweight,
                     int64_t group, const half* scales, const float* bias, float* y) {
     const int64_t blocks = K / XBLOCK, groups = K / group;
     const __m512i spread2 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     const int64_t ahead = std::max<int64_t>(1, INT4_PREFETCH_BYTES / K);
     RowSums8 sums[M];
     for (int64_t n = n_begin; n < n_end; ++n) {
@@ -398,12 +400,13 @@ void int8_rows_vnni(const Int8X& x, int64_t K, int64_t n_begin, int64_t n_end, i
             for (int64_t b = 0; b < left; b += 2, q += M * INT8_X_BYTES) {
                 const __m512i v = left - b >= 2 ? _mm512_loadu_si512(row + (j + b) * XBLOCK)
                                                 : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, row + (j + b) * XBLOCK);
-                const __m512i wu = _mm512_xor_si512(v, flip);  // a masked-off half meets zeros of x
+                __m512i w[2];
+                int8_pairs(v, w);  // a masked-off half is zeros
                 const __m512i at = _mm512_add_epi32(spread2, _mm512_set1_epi32(static_cast<int>(b)));
                 const char* p = q;
                 for (int m = 0; m < M; ++m, p += INT8_X_BYTES) {
-                    const __m512i q1 = _mm512_dpbusd_epi32(_mm512_load_si512(p + 128), wu, _mm512_load_si512(p));
-                    const __m512i dot = _mm512_dpbusd_epi32(_mm512_slli_epi32(q1, 7), wu, _mm512_load_si512(p + 64));
+                    const __m512i dot = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_setzero_si512(), w[0], _mm512_load_si512(p)),
+                                                            w[1], _mm512_load_si512(p + 64));
                     acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(at, d[m]), acc[m]);
                 }
             }
@@ -431,15 +434,14 @@ void int8_matmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, const int
 
 // int8 weights with float32 scales per 16 (Q6_K) or 32 (Q5_K) weights, and float32 minimums per 32
 // where `mins` is set (Q5_K: w = q * scale + min, q in 0..31), against M <= X_TILE_M rows of x:
-// int8_rows_vnni's dot products (weights flipped to w + 128, the tile's lane biases cancelling
-// it), with the scale products built per eight blocks: sixteen per-16-weight scales times x's
+// int8_rows_vnni's dot products (weights widened to int16 runs against x's joined levels), with
+// the scale products built per eight blocks: sixteen per-16-weight scales times x's
 // block scales, each 64 weights' dot lanes (four weights a lane) spread over four of them. The
 // minimums' term is sum_b min[b] * xs[b] over x's exact block sums, as the int4 rows compute it.
 template <int M>
 void int8f_rows_vnni(const Int8X& x, int64_t K, int64_t n_begin, int64_t n_end, int64_t N, const int8_t* qweight,
                      int64_t group, const float* scales, const float* mins, const float* bias, float* y) {
     const int64_t blocks = K / XBLOCK, groups = K / group;
-    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     const __m512i halves = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);  // lane l: block l / 2
     const __m512i quarters = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);  // lane l: 16 weights l / 4
     const int64_t ahead = std::max<int64_t>(1, INT4_PREFETCH_BYTES / K);
@@ -475,12 +477,13 @@ void int8f_rows_vnni(const Int8X& x, int64_t K, int64_t n_begin, int64_t n_end, 
                 for (int64_t b = 0; b < left; b += 2, q += M * INT8_X_BYTES) {
                     const __m512i v = left - b >= 2 ? _mm512_loadu_si512(row + (h + b) * XBLOCK)
                                                     : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, row + (h + b) * XBLOCK);
-                    const __m512i wu = _mm512_xor_si512(v, flip);
+                    __m512i w[2];
+                    int8_pairs(v, w);
                     const __m512i at = _mm512_add_epi32(quarters, _mm512_set1_epi32(static_cast<int>(2 * b)));
                     const char* p = q;
                     for (int m = 0; m < M; ++m, p += INT8_X_BYTES) {
-                        const __m512i q1 = _mm512_dpbusd_epi32(_mm512_load_si512(p + 128), wu, _mm512_load_si512(p));
-                        const __m512i dot = _mm512_dpbusd_epi32(_mm512_slli_epi32(q1, 7), wu, _mm512_load_si512(p + 64));
+                        const __m512i dot = _mm512_dpwssd_epi32(
+                            _mm512_dpwssd_epi32(_mm512_setzero_si512(), w[0], _mm512_load_si512(p)), w[1], _mm512_load_si512(p + 64));
                         acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(at, d[m]), acc[m]);
                     }
                 }

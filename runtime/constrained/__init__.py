@@ -1,4 +1,5 @@
-"""Constrained decoding: regex / JSON schema / choices / dtype -> token automata, masks, jump-forward.
+"""Constrained decoding: regex / JSON schema / choices / dtype -> token automata, masks,
+jump-forward.
 
     key = make_grammar_key(json_schema=Person)             # submit time; raises GrammarError
     future = cache.get_future(key)                         # compiles off the engine loop

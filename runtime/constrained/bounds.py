@@ -31,7 +31,6 @@ class RunawayBounds:
         self.token_bytes = token_bytes
         self.max_digit_run = max_digit_run
         self.max_whitespace_run = max_whitespace_run
-        self.longest_token = max((len(b) for b in token_bytes), default=1)
         # words with the bits of every token that is only digits / only whitespace cleared
         self.keep_non_digits = _keep_mask(token_bytes, _DIGITS)
         self.keep_non_space = _keep_mask(token_bytes, _SPACE)

@@ -6,8 +6,9 @@ they do to the text (a closing quote first, then digits, closing brackets, a lon
 to the next required property or item where nothing closes yet), words, other characters,
 whitespace, and last what opens something new: `{`, `[`, or a comma with more), takes the longest
 token of each rank as that rank's candidate, and follows the best; a rank used six times among
-the last twelve tokens is tried last, so runs end; a dead end backtracks to the next candidate. For JSON that reads: finish
-the string, close the object, fill each required property with the shortest value. The result
+the last twelve tokens is tried last, so runs end; a dead end backtracks to the next candidate.
+For JSON that reads: finish the string, close the object, fill each required property with the
+shortest value. The result
 is short, not always the shortest: a bounded best-first walk, never an exhaustive one. Past
 `_DEPTHS[0]` tokens the first path is walked out alone before the deeper passes, so that a long
 closing (a schema with dozens of required properties) is found at all.

@@ -20,7 +20,8 @@ from .schema_rewrite import SchemaRewriter
 
 
 def normalize_json_schema(schema: Any) -> str:
-    """A dict, a JSON string or a pydantic model class -> the schema as compact JSON (key order kept)."""
+    """A dict, a JSON string or a pydantic model class -> the schema as compact JSON (key order
+    kept)."""
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         schema = schema.model_json_schema()
     elif isinstance(schema, (str, bytes)):

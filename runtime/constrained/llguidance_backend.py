@@ -72,7 +72,8 @@ class LLGuidanceBackend(GrammarBackend):
         JSON output (`bounds.py`); 0 turns a bound off."""
         if vocab_size is not None and vocab_size < tokenizer.vocab_size:
             raise ValueError(
-                f"grammar backend: model vocab_size {vocab_size} < tokenizer vocab_size {tokenizer.vocab_size}"
+                f"grammar backend: model vocab_size {vocab_size} < tokenizer vocab_size "
+                f"{tokenizer.vocab_size}"
             )
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size or tokenizer.vocab_size

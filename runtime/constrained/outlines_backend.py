@@ -68,7 +68,8 @@ class OutlinesBackend(GrammarBackend):
         `max_digit_run` / `max_whitespace_run`: runaway bounds on JSON output (`bounds.py`)."""
         if vocab_size is not None and vocab_size < tokenizer.vocab_size:
             raise ValueError(
-                f"grammar backend: model vocab_size {vocab_size} < tokenizer vocab_size {tokenizer.vocab_size}"
+                f"grammar backend: model vocab_size {vocab_size} < tokenizer vocab_size "
+                f"{tokenizer.vocab_size}"
             )
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size or tokenizer.vocab_size
@@ -362,7 +363,7 @@ class OutlinesGrammar(Grammar):
         if guide_steps <= self._guide.get_allowed_rollback():
             if guide_steps:
                 self._guide.rollback_state(guide_steps)
-        else:  # past the guide's history: replay from the start (~0.1 us a token)
+        else:  # past the guide's history: replay from the start (a table lookup a token)
             self._guide.reset()
             for token_id in self._tokens:
                 self._guide.advance(token_id, return_tokens=False)

@@ -116,7 +116,10 @@ def ascii_classes(pattern: str) -> str:
 # JSON would need escaped, so every match is also a valid JSON string.
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _DATE = r"[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])"
-_TIME = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+_TIME = (
+    r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?"
+    r"(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+)
 _LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?"
 _URI_CHAR = r"[a-zA-Z0-9\-._~%!$&'()*+,;=:@/]"
 FORMAT_REGEXES = {
@@ -159,7 +162,8 @@ def _same_length_range(low: str, high: str) -> list[str]:
 
 
 def natural_range_regex(low: int, high: int | None) -> str:
-    """Regex for the decimal integers low..high (no sign, no leading zeros); `high=None`: unbounded."""
+    """Regex for the decimal integers low..high (no sign, no leading zeros); `high=None`:
+    unbounded."""
     if low < 0 or (high is not None and high < low):
         raise ValueError(f"natural_range_regex: bad range {low}..{high}")
     parts: list[str] = []
@@ -215,7 +219,8 @@ def _magnitude_regex(
 def number_range_regex(
     low: int | None, high: int | None, *, low_inclusive: bool = True, high_inclusive: bool = True
 ) -> str:
-    """Regex for JSON numbers x (no exponent) with low <(=) x <(=) high; bounds are integers or None."""
+    """Regex for JSON numbers x (no exponent) with low <(=) x <(=) high; bounds are integers or
+    None."""
     parts = []
     if low is None or low < 0:  # x < 0: magnitudes -x in (max(0, -high), -low)
         if high is None or high >= 0:

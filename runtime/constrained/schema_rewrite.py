@@ -160,7 +160,8 @@ class SchemaRewriter:
         parts = node["allOf"]
         if len(parts) != 1 or constraining != {"allOf"}:
             raise UnsupportedSchemaError(
-                f"json_schema: {path}: 'allOf' is supported only as the single keyword with one schema"
+                f"json_schema: {path}: 'allOf' is supported only as the single keyword with one "
+                "schema"
             )
         inner = self.rewrite(parts[0], f"{path}/allOf/0")
         return {**{k: v for k, v in node.items() if k in ("$defs", "definitions")}, **inner}
@@ -195,7 +196,8 @@ class SchemaRewriter:
         too_few = node.get("minProperties", 0) > len(required)
         if too_few or node.get("maxProperties", math.inf) < len(properties):
             raise UnsupportedSchemaError(
-                f"json_schema: {path}: 'minProperties'/'maxProperties' next to 'properties' is not supported"
+                f"json_schema: {path}: 'minProperties'/'maxProperties' next to 'properties' is not "
+                "supported"
             )
         rewritten = {}
         for name, sub in properties.items():
@@ -310,7 +312,8 @@ class SchemaRewriter:
             used.append("minLength/maxLength")
         if len(used) > 1:
             raise UnsupportedSchemaError(
-                f"json_schema: {path}: {' together with '.join(used)} on one string is not supported"
+                f"json_schema: {path}: {' together with '.join(used)} on one string is not "
+                "supported"
             )
         if "format" in node:
             fmt = node["format"]

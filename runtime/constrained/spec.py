@@ -83,7 +83,8 @@ def _make_key(
             raise GrammarError(str(e)) from e
     if json_whitespace not in JSON_WHITESPACE:
         raise GrammarError(
-            f"json_whitespace: expected one of {', '.join(JSON_WHITESPACE)}, got {json_whitespace!r}"
+            f"json_whitespace: expected one of {', '.join(JSON_WHITESPACE)}, "
+            f"got {json_whitespace!r}"
         )
     return GrammarKey("json_schema", normalize_json_schema(json_schema), json_whitespace)
 

@@ -82,7 +82,8 @@ class BlockCodec:
         return self.check(name, view[:HEADER_BYTES], view[HEADER_BYTES:])
 
     def check(self, name: bytes, header: bytes | memoryview, payload: memoryview) -> memoryview:
-        """`payload` if `header` is this engine's header of block `name` over it; else BlockError."""
+        """`payload` if `header` is this engine's header of block `name` over it; else
+        BlockError."""
         magic, version, salt, stored_name, layout, size, crc = _HEADER.unpack_from(header)
         if magic != MAGIC or version != VERSION:
             raise BlockError(

@@ -1,4 +1,5 @@
-"""Loading a model and its tokenizer from the embedded default, a GGUF file or a Hugging Face folder."""
+"""Loading a model and its tokenizer from the embedded default, a GGUF file or a Hugging Face
+folder."""
 
 from __future__ import annotations
 
@@ -82,7 +83,8 @@ def load_model(
     missing = [m for m in missing if not (args.tie_word_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
         raise ValueError(
-            f"checkpoint {location.path}: missing weights {missing[:5]}, unexpected {unexpected[:5]}"
+            f"checkpoint {location.path}: missing weights {missing[:5]}, "
+            f"unexpected {unexpected[:5]}"
         )
     if args.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight

@@ -43,7 +43,8 @@ def _f16(raw: np.ndarray) -> np.ndarray:
 
 
 def _k_scales(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K / Q5_K superblocks [B, bytes] -> float32 scales d * sc and minimums -(dmin * m) [B, 8]."""
+    """Q4_K / Q5_K superblocks [B, bytes] -> float32 scales d * sc and minimums
+    -(dmin * m) [B, 8]."""
     from gguf.quants import Q4_K
 
     d = _f16(raw[:, 0:2]).astype(np.float32)[:, None]
@@ -53,7 +54,8 @@ def _k_scales(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def quantized_blocks(kind: str, raw: np.ndarray, n: int, k: int) -> QuantizedWeight:
-    """The [n, k] matrix of `kind` blocks `raw` (uint8, the tensor's bytes) as a `QuantizedWeight`."""
+    """The [n, k] matrix of `kind` blocks `raw` (uint8, the tensor's bytes) as a
+    `QuantizedWeight`."""
     blocks = np.asarray(raw).view(np.uint8).reshape(-1, BLOCK_BYTES[kind])
     nb = blocks.shape[0]
     if kind in ("Q4_1", "Q4_0", "Q8_0"):

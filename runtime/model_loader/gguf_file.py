@@ -60,10 +60,6 @@ class GgufTensor:
     # types as uint8 [..., bytes per row]
     data: np.ndarray
 
-    @property
-    def num_elements(self) -> int:
-        return int(np.prod(self.dims, dtype=np.int64))
-
 
 class GgufFile:
     """A GGUF file, memory-mapped: `meta` (key -> value) and `tensors`, read from its header.

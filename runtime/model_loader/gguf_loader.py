@@ -64,7 +64,8 @@ def open_gguf(path: str) -> GgufCheckpoint:
     if unreadable:
         listed = ", ".join(f"{kind} (e.g. {name})" for kind, name in unreadable.items())
         raise ValueError(
-            f"GGUF {path}: architecture {arch!r} with tensors of types plait cannot read: {listed}; "
+            f"GGUF {path}: architecture {arch!r} with tensors of types plait cannot read: "
+            f"{listed}; "
             f"it reads {', '.join(readable)}"
         )
     try:
@@ -93,12 +94,14 @@ def _unpermute(w: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 def _dequantize(tensor: GgufTensor) -> np.ndarray:
-    """The tensor as float32, rows first (as torch), exactly as `gguf.quants.dequantize` gives it."""
+    """The tensor as float32, rows first (as torch), exactly as `gguf.quants.dequantize` gives
+    it."""
     return dequantize(tensor)
 
 
 def _quantized_blocks(tensor: GgufTensor) -> QuantizedWeight:
-    """A matrix of one of `BLOCK_TYPES` as a `QuantizedWeight`, its blocks copied, not re-quantized."""
+    """A matrix of one of `BLOCK_TYPES` as a `QuantizedWeight`, its blocks copied, not
+    re-quantized."""
     n, k = tensor.dims
     return quantized_blocks(tensor.tensor_type.name, np.asarray(tensor.data), n, k)
 

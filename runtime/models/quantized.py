@@ -54,7 +54,10 @@ class QuantLinear(nn.Module):
         return quant_matmul(x, self.qw, self.bias).to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, format={self.format}, group={self.group}"
+        return (
+            f"in={self.in_features}, out={self.out_features}, format={self.format}, "
+            f"group={self.group}"
+        )
 
 
 class QuantEmbedding(nn.Module):

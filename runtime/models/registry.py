@@ -1,10 +1,10 @@
 """Which model families plait runs, and how a checkpoint names its weights.
 
-Each family's file (`llama.py`, `qwen.py`, `phi3.py`, `gemma3.py`, `mixtral.py`) registers a `Family`: the Hugging
-Face `architectures` and GGUF `general.architecture` names it answers to, how it reads its
-hyperparameters from either, the model it builds, and its GGUF tensor names. The loader asks
-`family_for_hf` / `family_for_gguf` before it reads any weight; an unknown architecture is
-refused there with the list of what is supported.
+Each family's file (`llama.py`, `qwen.py`, `phi3.py`, `gemma3.py`, `mixtral.py`) registers a
+`Family`: the Hugging Face `architectures` and GGUF `general.architecture` names it answers to,
+how it reads its hyperparameters from either, the model it builds, and its GGUF tensor names. The
+loader asks `family_for_hf` / `family_for_gguf` before it reads any weight; an unknown
+architecture is refused there with the list of what is supported.
 """
 
 from __future__ import annotations

@@ -328,7 +328,8 @@ def test_help_shows_defaults_choices_and_aliases():
     text = " ".join(out.stdout.split())
     assert "--port PORT the port to listen on (0-65535) (default: 30000)" in text
     assert (
-        "--page-size PAGE_SIZE, --block-size PAGE_SIZE KV cache tokens per page (1-1024) (default: 1)"
+        "--page-size PAGE_SIZE, --block-size PAGE_SIZE KV cache tokens per page (1-1024) "
+        "(default: 1)"
         in text
     )
     assert "--closed-finish-reason {length,stop}" in text and "(default: length)" in text
@@ -444,3 +445,52 @@ def test_the_documented_prefill_decode_commands_parse():
     assert parsed[1].router_prefill_min_chars == 2000
     assert [a.role for a in parsed[2:4]] == ["prefill", "decode"]
     assert parsed[4].prefill_urls == ["http://127.0.0.1:30001"]
+
+
+@pytest.mark.slow
+def test_bench_kv_tiers_smoke(tiny_llama_dir, tmp_path):
+    """Every part of `plait bench kv-tiers` at a tiny size; `shared` runs where redis-server is
+    installed and says it was skipped elsewhere."""
+    import json
+    import shutil
+
+    out_file = tmp_path / "kv.json"
+    out = run(
+        "bench", "kv-tiers", "--model", str(tiny_llama_dir), "--quantization", "int8",
+        "--page-size", "4", "--prefix-len", "200", "--num-prefixes", "4", "--shared-len", "160",
+        "--requests", "8", "--pool-prefixes", "2", "--output-len", "2", "--concurrency", "2",
+        "--output", str(out_file),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads(out_file.read_text())
+    # the tiers hold whole blocks (64 tokens here) that end before the prompt's last token
+    assert results["restart"]["warm_cached_tokens"] == 192
+    assert [r["setup"] for r in results["working_set"]] == ["pool only", "disk tier"]
+    assert results["working_set"][1]["hit_rate"] > results["working_set"][0]["hit_rate"]
+    if shutil.which("redis-server"):
+        assert results["shared"]["second_replica_cached_tokens"] == 192
+        assert "second replica TTFT s" in out.stdout
+    else:
+        assert "shared: skipped" in out.stdout
+
+
+@pytest.mark.slow
+def test_bench_pd_smoke(tiny_llama_dir, tmp_path):
+    """`plait bench pd` serves its load colocated and disaggregated (real replicas and router)
+    and reports the KV moved per long prompt."""
+    import json
+
+    out_file = tmp_path / "pd.json"
+    out = run(
+        "bench", "pd", "--model", str(tiny_llama_dir), "--quantization", "int8", "--page-size", "4",
+        "--streams", "2", "--short-len", "8", "--output-len", "4", "--long-len", "120",
+        "--long-output", "2", "--num-long", "1", "--long-interval", "0.5",
+        "--max-total-tokens", "2048", "--setups", "colocated,pd", "--output", str(out_file),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs = json.loads(out_file.read_text())["runs"]
+    assert set(runs) == {"colocated", "pd"}
+    assert all(r["failed"] == [] and r["short_requests"] > 0 for r in runs.values())
+    assert runs["pd"]["transfer"]["bytes"] > 0 and runs["pd"]["transfer"]["tokens"] > 0
+    assert "transfer" not in runs["colocated"]
+    assert "colocated" in out.stdout and "pd" in out.stdout

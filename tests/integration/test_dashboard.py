@@ -42,16 +42,21 @@ def _snap(url: str, **params) -> dict:
     return r.json()
 
 
-def _patched(engine) -> set[str]:
-    return set(vars(engine.scheduler)) & {"schedule", "after_step", "retract"} | (
-        set(vars(engine.cache)) & {"evict", "match_prefix"}
-    )
+def _watched(engine) -> set[str]:
+    """The engine events the probe subscribes to (the requests panel's `RequestSubmitted` is
+    always on); no method of the scheduler or the cache is ever replaced on its instance."""
+    from plait.runtime.events import EVENT_KINDS, RequestSubmitted
+
+    assert not set(vars(engine.scheduler)) & {"schedule", "after_step", "retract"}
+    assert not set(vars(engine.cache)) & {"evict", "match_prefix", "insert"}
+    return {k.__name__ for k in EVENT_KINDS if k is not RequestSubmitted and engine.events.wants(k)}
 
 
 def test_snapshot_after_shared_prefix_traffic(server):
     url, engine = server.url, server.engine
     _snap(url)  # someone starts watching: the probe goes on
-    assert _patched(engine) == {"schedule", "after_step", "retract", "evict", "match_prefix"}
+    assert _watched(engine) == {"StepFinished", "RequestFinished", "RequestRetracted",
+                                "CacheEvicted", "CacheMatched"}  # fmt: skip
     prompts = shared_prefix_prompts(num_prefixes=2, per_prefix=3)
     send(url, prompts)
     httpx.post(url + "/v1/chat/completions", timeout=60,
@@ -98,9 +103,9 @@ def test_snapshot_after_shared_prefix_traffic(server):
 
 def test_probe_comes_off_when_nobody_watches(server):
     _snap(server.url)
-    assert _patched(server.engine)
-    wait_for(lambda: not _patched(server.engine), timeout=8, what="the probe to come off")
-    send(server.url, shared_prefix_prompts(1, 1))  # the engine runs its own methods again
+    assert _watched(server.engine)
+    wait_for(lambda: not _watched(server.engine), timeout=8, what="the probe to come off")
+    send(server.url, shared_prefix_prompts(1, 1))  # the engine steps with no subscriber
     assert _snap(server.url)["watch"]["probe_installed"]
 
 

@@ -28,7 +28,7 @@ return {metrics, ids, updates: +document.body.dataset.updates, state: document.b
         live: count("live"), finished: count("finished"),
         panels: [...document.querySelectorAll("[data-panel]")].map(e => e.dataset.panel),
         series: [...document.querySelectorAll("[data-series]")].map(e => e.dataset.series)};
-"""
+"""  # noqa: E501
 
 
 @pytest.fixture(scope="module")

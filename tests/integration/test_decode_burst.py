@@ -199,7 +199,8 @@ def test_num_continuous_decode_steps_is_validated(tiny_llama_dir):
 
 
 def _zero_layer_burst(vocab: int = 50, hidden: int = 16, num_slots: int = 64, stops=((),)):
-    """A model with no layers: logits = head @ rmsnorm(embed[token]), so the argmax chain is known."""
+    """A model with no layers: logits = head @ rmsnorm(embed[token]), so the argmax chain is
+    known."""
     torch.manual_seed(0)
     embed, head, norm = torch.randn(vocab, hidden), torch.randn(vocab, hidden), torch.ones(hidden)
     shape = decode_stack.DecodeShape(len(stops), hidden, 2, 1, 8, 32, 1e-5, 0.35, 0, num_slots)

@@ -1,4 +1,5 @@
-"""The Engine's public API on a tiny random-weight model: results, streaming, stops, errors, pages."""
+"""The Engine's public API on a tiny random-weight model: results, streaming, stops, errors,
+pages."""
 
 from __future__ import annotations
 

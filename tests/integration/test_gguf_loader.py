@@ -86,7 +86,8 @@ def permute(w: np.ndarray, heads: int) -> np.ndarray:
 def write_gguf(
     path, hf_model, tokenizer_meta: dict, qtype: str, arch: str = "llama"
 ) -> dict[str, torch.Tensor]:
-    """Writes hf_model as a GGUF of `arch`; returns the weights as the file stores them, dequantized."""
+    """Writes hf_model as a GGUF of `arch`; returns the weights as the file stores them,
+    dequantized."""
     import gguf
 
     cfg = hf_model.config
@@ -299,8 +300,10 @@ def assert_gguf_matches_transformers(
         if native_q8_rows(
             DEQUANT_GEMM_MIN_ROWS, linears[0].qw
         ):  # AVX-512 VNNI rounds x at any row count
-            tolerance = 1e-2  # two levels: 1/256 of a step of x (2.4e-3 seen); a misread block is off by O(1)
-    # a prefill's worth of rows: on AVX2, fewer (a decode batch) would round x to int8 for the quantized kernels
+            # two levels: 1/256 of a step of x (2.4e-3 seen); a misread block is off by O(1)
+            tolerance = 1e-2
+    # a prefill's worth of rows: on AVX2, fewer (a decode batch) would round x to int8 for the
+    # quantized kernels
     ids = torch.randint(
         3, 49152, (1, DEQUANT_GEMM_MIN_ROWS), generator=torch.Generator().manual_seed(0)
     )

@@ -223,7 +223,8 @@ def test_unreadable_tensor_types_are_refused_in_one_line(tmp_path, no_weight_rea
     write_tiny_gguf(tmp_path / "m.gguf", "Q4_0", extra=extra)
     with pytest.raises(
         ValueError,
-        match=r"m\.gguf: architecture 'qwen2' with tensors of types plait cannot read: I32 \(e\.g\. blk\.0\.attn_v\.weight\)",
+        match=r"m\.gguf: architecture 'qwen2' with tensors of types plait cannot read: "
+        r"I32 \(e\.g\. blk\.0\.attn_v\.weight\)",
     ) as err:
         load_model(str(tmp_path / "m.gguf"), torch.float32, CPU)
     assert "\n" not in str(err.value)

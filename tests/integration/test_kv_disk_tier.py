@@ -177,7 +177,7 @@ CHILD = textwrap.dedent(
             engine.generate(input_ids=prompt(seed, 1000), sampling_params={"max_new_tokens": 1})
             print("served", seed, flush=True)
             seed += 1
-    """
+    """  # noqa: E501
 )
 
 

@@ -1,4 +1,5 @@
-"""plait's model equals transformers' on the same weights: every position, cached prefixes, decode."""
+"""plait's model equals transformers' on the same weights: every position, cached prefixes,
+decode."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The native decode stack (`runtime/models/native_decode.py`) computes what the layer-by-layer
 path computes: float32 and quantized tiny Llama / Qwen2 (qkv bias) / Mistral (sliding window)
-engines with float32, bfloat16 and int8 KV caches, with and without speculative decoding (short extends), give
-the same tokens and logprobs with the stack on and off."""
+engines with float32, bfloat16 and int8 KV caches, with and without speculative decoding (short
+extends), give the same tokens and logprobs with the stack on and off."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def engine(request, tmp_path_factory, smollm_tokenizer):
     arch, shapes, kwargs = CASES[request.param]
     if "speculative_algorithm" in kwargs:
         # NOTE: speculation always on, not measured: which steps draft decides how many rows each
-        # matmul gets, and decode rows (at most 4) round activations to int8 where taller batches do not.
+        # matmul gets, and decode rows (at most 4) round activations to int8 where taller
+        # batches do not.
         kwargs = {**kwargs, "speculation": "always"}
     path = write_tiny_checkpoint(tmp_path_factory.mktemp(request.param), arch, smollm_tokenizer, seed=2, **shapes)
     with Engine(model_path=str(path), max_total_tokens=4096, check_invariants=True, **kwargs) as made:

@@ -98,6 +98,8 @@ def test_prefill_attends_in_bfloat16_where_quantized_matmuls_multiply_in_it(tiny
     from plait.kernels import quant_matmul
 
     monkeypatch.setattr(quant_matmul, "bf16_gemm_enabled", lambda: True)
+    monkeypatch.setattr(quant_matmul, "bf16_gemm_min_rows", lambda: quant_matmul.BF16_GEMM_MIN_ROWS)
+    monkeypatch.setattr(quant_matmul, "bf16_extends_enabled", lambda: True)
     with (
         Engine(model_path=str(tiny_llama_dir), quantization="int4", max_total_tokens=1024) as quantized,
         Engine(model_path=str(tiny_llama_dir), max_total_tokens=1024) as full,

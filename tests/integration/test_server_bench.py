@@ -56,7 +56,8 @@ def test_random_dataset_lengths():
 
 @pytest.mark.parametrize("backend", ["native", "openai"])
 def test_sampled_runs_send_their_sampling(server, backend, monkeypatch):
-    """`plait bench llama-cpp --temperature/--top-p` sends those to both servers (greedy otherwise)."""
+    """`plait bench llama-cpp --temperature/--top-p` sends those to both servers (greedy
+    otherwise)."""
     import asyncio
 
     from plait.benchmarks import serving

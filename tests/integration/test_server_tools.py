@@ -62,7 +62,10 @@ def test_parse_auto():
         calls[0]["function"]["arguments"]
     ) == {"a": 1, "b": 2}
     assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
-    two = '<tool_call>{"name": "now", "arguments": {}}</tool_call><tool_call>{"name": "add", "arguments": "{\\"a\\": 3, \\"b\\": 4}"}</tool_call>'
+    two = (
+        '<tool_call>{"name": "now", "arguments": {}}</tool_call>'
+        '<tool_call>{"name": "add", "arguments": "{\\"a\\": 3, \\"b\\": 4}"}</tool_call>'
+    )
     assert [c["function"]["name"] for c in parse_tool_calls(two, plan)[1]] == ["now", "add"]
     assert (
         parse_tool_calls('{"name": "now", "parameters": {}}', plan)[1][0]["function"]["name"]

@@ -15,7 +15,8 @@ GREEDY = {"temperature": 0.0, "max_new_tokens": 20, "ignore_eos": True}
 
 
 def workload(seed: int = 0, n: int = 32) -> list[tuple[str, dict]]:
-    """Varied prompts: shared prefixes of different lengths, different outputs, some stop strings."""
+    """Varied prompts: shared prefixes of different lengths, different outputs, some stop
+    strings."""
     rng = random.Random(seed)
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
     prefixes = [" ".join(rng.choices(words, k=k)) for k in (40, 12, 3)]

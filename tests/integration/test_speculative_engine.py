@@ -135,7 +135,8 @@ def test_steps_without_drafts_run_as_bursts(tiny_engine, spec_engine, monkeypatc
     assert spec_engine.generate("x", params)["output_ids"] == expected
     assert bursts and all(2 <= steps <= SPECULATIVE_BURST_STEPS for steps in bursts)
     assert spec_engine.stats()["total_burst_steps"] > before
-    # where drafts are not tried (`never`, or `auto` once they do not pay), decodes run as whole bursts
+    # where drafts are not tried (`never`, or `auto` once they do not pay), decodes run as whole
+    # bursts
     monkeypatch.setattr(spec_engine.core.speculation.policy, "mode", "never")
     bursts.clear()
     assert spec_engine.generate("x", params)["output_ids"] == expected

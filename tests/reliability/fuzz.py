@@ -205,6 +205,9 @@ def fuzz_constraints(engine: Any, examples: int, budget_s: float, rss_limit_mb: 
     tally.extra["rss_growth_mb"] = round(growth, 1)
     if growth > rss_limit_mb:
         tally.leaks += 1
-        tally.note(f"resident memory grew {growth:.0f} MB compiling constraints (limit {rss_limit_mb:g} MB)")
+        tally.note(
+            f"resident memory grew {growth:.0f} MB compiling constraints "
+            f"(limit {rss_limit_mb:g} MB)"
+        )
     tally.seconds = time.perf_counter() - start
     return tally

@@ -27,7 +27,8 @@ class Case:
 
 
 def make_batch(case: Case, device: str = "cpu", seed: int = 0):
-    """Random caches and new q/k/v, pages scattered over the pool, metadata as ModelRunner builds it."""
+    """Random caches and new q/k/v, pages scattered over the pool, metadata as ModelRunner builds
+    it."""
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
     ps = case.page_size

@@ -63,6 +63,11 @@ RESULTS = {
         "int4": {"step_ms": 2.8, "python_step_ms": 0.6, "twin_step_ms": 1.0}}},
     "dashboard": {"benchmark": "dashboard", "concurrency": 8, "results": [
         {"mode": m, "step_ms": 5.0, "best_step_ms": 4.8} for m in ("off", "1 Hz")]},
+    "kernels": {"benchmark": "kernels", "shape": {"n": 64, "k": 256}, "batch_sizes": [1, 16],
+                "block_types": ["Q4_0", "int8"], "float32_peak_gflops": 90.0,
+                "machine": {"native_isa": "avx512-vnni"},
+                "torch": [{"m": m, "float32_gflops": 20.0 * m, "bfloat16_gflops": 10.0 * m} for m in (1, 16)],
+                "results": [{"block_type": b, "m": m, "gflops": 50.0 * m} for b in ("Q4_0", "int8") for m in (1, 16)]},
 }  # fmt: skip
 
 

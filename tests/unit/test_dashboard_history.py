@@ -65,58 +65,49 @@ def test_rows_take_deltas_and_split_steps():
     assert [r["seq"] for r in h.since(None)] == [2, 3, 4] and [r["seq"] for r in h.since(3)] == [4]
 
 
-class _Scheduler:
-    def schedule(self):
-        return self.batch
-
-    def after_step(self, batch):
-        pass
-
-    def retract(self, req):
-        pass
-
-
-class _Cache:
-    root = SimpleNamespace(id=0, parent=None)
-
-    def evict(self, num_pages):
-        return list(range(num_pages))
-
-    def match_prefix(self, tokens, record=True):
-        leaf = SimpleNamespace(id=2, parent=SimpleNamespace(id=1, parent=self.root))
-        return SimpleNamespace(num_tokens=len(tokens), node=leaf)
-
-
-def test_probe_wraps_instances_and_takes_itself_off():
+def test_probe_subscribes_to_engine_events_and_takes_itself_off():
+    import gc
     import time
 
-    sched, cache = _Scheduler(), _Cache()
-    engine = SimpleNamespace(scheduler=sched, cache=cache)
+    from plait.radix_cache import PageAllocator, RadixCache
+    from plait.runtime.events import EVENT_KINDS, EngineEvents, RequestRetracted, StepFinished
+    from plait.runtime.protocol import FinishReason
+
+    events, alloc = EngineEvents(), PageAllocator(8)
+    cache = RadixCache(1, alloc)
+    events.watch_cache(cache)
+    engine = SimpleNamespace(events=events, cache=cache)
     probe = StepProbe(engine)
     probe.install()
-    assert "after_step" in vars(sched) and "evict" in vars(cache)
+    assert probe.installed and events.wants(StepFinished)
     req = SimpleNamespace(rid="r", output_ids=[], prompt_ids=[1, 2], grammar=None, finished=False,
                           first_token_time=time.perf_counter(), arrival_time=time.perf_counter() - 0.5,
-                          num_tokens=2, pages=[0])  # fmt: skip
-    sched.batch = ScheduleBatch(extends=[ExtendEntry(req, 0, 2, True)])
-    batch = sched.schedule()
-    req.output_ids.append(7)  # the engine appends the step's tokens before `after_step`
-    sched.after_step(batch)
-    sched.batch = ScheduleBatch(decodes=[req])
-    batch = sched.schedule()
+                          num_tokens=2, pages=[0], cached_tokens=0,
+                          finish_reason=FinishReason("length", length=2))  # fmt: skip
+    batch = ScheduleBatch(extends=[ExtendEntry(req, 0, 2, True)])
+    req.output_ids.append(7)  # the engine appends the step's tokens before the step's event
+    events.step_finished(batch, time.perf_counter())
     req.output_ids.append(8)
-    sched.after_step(batch)
-    sched.retract(req)
-    assert cache.evict(3) == [0, 1, 2]
+    events.step_finished(ScheduleBatch(decodes=[req]), time.perf_counter())
+    events.emit(RequestRetracted(time.perf_counter(), "r", 2, 1))
+    cache.insert([1, 2, 3], alloc.allocate(3))
     cache.match_prefix([1, 2, 3])
+    assert cache.evict(3) == [0, 1, 2]
+    events.request_finished(req)
     assert [(s.prefill, s.decode) for s in probe.steps] == [(2, 0), (0, 1)]
-    assert all(s.seconds is not None for s in probe.steps)
+    assert all(s.seconds is not None and s.batch_size == 1 for s in probe.steps)
     assert len(probe.ttft) == 1 and probe.ttft[0][1] == pytest.approx(0.5, abs=0.1)
     assert len(probe.itl) == 1
     assert [e["kind"] for e in probe.events] == ["retract", "evict"]
-    assert probe.hits == {1: 1, 2: 1}
+    assert probe.events[1]["pages"] == 3 and probe.events[1]["asked"] == 3
+    assert list(probe.hits.values()) == [1] and list(probe.finished) == [req]
     probe.uninstall()
-    assert not probe.installed and vars(sched) == {"batch": sched.batch} and not vars(cache)
+    assert not probe.installed and not any(events.wants(k) for k in EVENT_KINDS)
+    assert not vars(cache).keys() & {"evict", "match_prefix", "insert"}
+    probe.install()
+    del probe  # a dashboard that is dropped does not stay subscribed
+    gc.collect()
+    assert not any(events.wants(k) for k in EVENT_KINDS)
 
 
 def test_tree_walks_are_reused_within_their_budget():

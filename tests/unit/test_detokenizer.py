@@ -1,4 +1,5 @@
-"""IncrementalDetokenizer: streamed pieces add up to the one-shot decode, never with half a character."""
+"""IncrementalDetokenizer: streamed pieces add up to the one-shot decode, never with half a
+character."""
 
 from __future__ import annotations
 

@@ -115,7 +115,8 @@ def test_programs_run_against_an_endpoint(server):
     state = quiz.run(backend=endpoint)
     assert state["city"] == " Paris" and state["why"] == "Because."
     assert state.text() == (
-        "<|im_start|>user\nCapital of France?<|im_end|>\n<|im_start|>assistant\nIt is Paris. Because.<|im_end|>\n"
+        "<|im_start|>user\nCapital of France?<|im_end|>\n"
+        "<|im_start|>assistant\nIt is Paris. Because.<|im_end|>\n"
     )
     # like SGLang's frontend: a prefill-only call for the prompt length, then one scoring call
     count, score, generate = mock.calls

@@ -1,6 +1,7 @@
-"""Triton paged attention (KV store, decode with GQA and split-K, ragged extend over a cached prefix)
-against the torch reference `kernels.attention.paged_attention`, on batches laid out as the model
-runner lays them out. CPU tensors run in Triton's interpreter (small sizes); `gpu` tests use CUDA.
+"""Triton paged attention (KV store, decode with GQA and split-K, ragged extend over a cached
+prefix) against the torch reference `kernels.attention.paged_attention`, on batches laid out as
+the model runner lays them out. CPU tensors run in Triton's interpreter (small sizes); `gpu` tests
+use CUDA.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The native prefill attention (`csrc/cpu_extend_attention.cpp`, AVX2 and AVX-512 builds) against torch's
-scaled_dot_product_attention with an explicit mask: causal, over a cached prefix, sliding windows,
-GQA and MHA, head sizes that are and are not multiples of 16, query counts off the kernel's
-blocks; and that other shapes and disabled kernels fall back to the torch path."""
+"""The native prefill attention (`csrc/cpu_extend_attention.cpp`, AVX2 and AVX-512 builds) against
+torch's scaled_dot_product_attention with an explicit mask: causal, over a cached prefix, sliding
+windows, GQA and MHA, head sizes that are and are not multiples of 16, query counts off the
+kernel's blocks; and that other shapes and disabled kernels fall back to the torch path."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """RMSNorm, fused residual-add + RMSNorm and rotary embedding: the torch references against the
-model's own layers, the Triton kernels (interpreted on CPU; compiled on CUDA) against the references.
+model's own layers, the Triton kernels (interpreted on CPU; compiled on CUDA) against the
+references.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from plait.kernels.quant_matmul import (
     quantize_int8,
     unpack_int4,
 )
+from plait.kernels.tuning import CPU_TUNING
 
 
 def test_int8_per_channel_error_is_at_most_half_a_step() -> None:
@@ -134,10 +135,28 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(fmt: str, n: int, k
     w = torch.randn(n, k, generator=gen)
     qw = {"int8": lambda: quantize_int8(w), "int8-g32": lambda: quantize_int8(w, 32), "int8-g96": lambda: quantize_int8(w, 96),
           "int4": lambda: quantize_int4(w)}[fmt]()  # fmt: skip
-    x = torch.randn(9, k, generator=gen)
-    alone = torch.cat([quant_matmul(x[i : i + 1], qw) for i in range(9)])
-    for m in (2, 3, 5, 8, 9):
+    x = torch.randn(32, k, generator=gen)
+    alone = torch.cat([quant_matmul(x[i : i + 1], qw) for i in range(32)])
+    for m in (2, 3, 5, 8, 9, 16, 17, 32):
         assert torch.equal(quant_matmul(x[:m], qw), alone[:m]), f"{m} rows"
+
+
+@needs_native
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_the_tuning_table_changes_no_result(fmt: str) -> None:
+    # the table sets how many weight rows a task takes; every row's sum stays in the same order
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(200, 576, generator=gen)
+    qw = quantize_int8(w) if fmt == "int8" else quantize_int4(w)
+    x = torch.randn(40, 576, generator=gen)
+    expected = quant_matmul(x, qw)
+    try:
+        for table in ((), ((8, 16), (1 << 40, 128)), ((1 << 40, 40),)):
+            qm.set_task_rows(table)
+            assert torch.equal(quant_matmul(x, qw), expected), table
+            assert all(qm.task_rows(m, 200, t) % 16 == 0 for m in (1, 40) for t in (1, 2, 3))
+    finally:
+        qm.set_task_rows(qm.cpu_tuning().task_rows)
 
 
 def _bf16_reference(
@@ -154,6 +173,7 @@ def test_bf16_gemm_rows_round_x_and_weights_to_bfloat16(fmt: str, monkeypatch) -
     prefill-shaped products run on torch's bfloat16 GEMM: within a bfloat16 rounding of the product
     of the rounded operands, and far closer to the exact product than the int4 weights are."""
     monkeypatch.setattr(qm, "bf16_gemm_enabled", lambda: True)
+    monkeypatch.setattr(qm, "bf16_gemm_min_rows", lambda: qm.BF16_GEMM_MIN_ROWS)
     gen = torch.Generator().manual_seed(3)
     w = torch.randn(200, 576, generator=gen)
     qw = {
@@ -183,6 +203,7 @@ def test_bf16_gemm_dequantizes_a_large_matrix_slice_by_slice(monkeypatch) -> Non
     """An LM head is dequantized a slice of rows at a time (no full-size bfloat16 copy); the slices
     give the whole product."""
     monkeypatch.setattr(qm, "bf16_gemm_enabled", lambda: True)
+    monkeypatch.setattr(qm, "bf16_gemm_min_rows", lambda: qm.BF16_GEMM_MIN_ROWS)
     monkeypatch.setattr(
         qm, "BF16_GEMM_SLICE", 64 * 7
     )  # 7 rows of 64 at a time: 6 slices and a tail of 3
@@ -217,7 +238,8 @@ def test_native_bf16_dequantization_rounds_to_nearest_even(fmt: str) -> None:
 
 
 def test_bf16_gemm_setting(monkeypatch) -> None:
-    """PLAIT_BF16_GEMM: "0" never, "1" always, unset where torch's GEMM has AMX tiles."""
+    """PLAIT_BF16_GEMM: "0" never, "1" always, unset where the tuning table says so for this CPU
+    kind (AMX tiles, AVX-512 BF16)."""
     try:
         for value, expected in (("0", False), ("no", False), ("1", True), ("true", True)):
             monkeypatch.setenv(qm.BF16_GEMM_ENV, value)
@@ -231,9 +253,9 @@ def test_bf16_gemm_setting(monkeypatch) -> None:
                 monkeypatch.setenv(qm.BF16_GEMM_ENV, unset)
             environment.reload()
             qm.bf16_gemm_enabled.cache_clear()
-            assert qm.bf16_gemm_enabled() == bool(
-                torch.cpu._is_amx_tile_supported() and torch.cpu._init_amx()
-            )
+            tuning = CPU_TUNING.get(qm.cpu_kind())
+            assert qm.bf16_gemm_enabled() == bool(tuning and tuning.bf16_gemm_min_rows)
+            assert qm.cpu_kind() != "amx" or qm.bf16_gemm_enabled()
     finally:
         monkeypatch.undo()
         environment.reload()
@@ -318,7 +340,8 @@ def test_dense_matmul_matches_linear(m: int, k: int) -> None:
 def test_dense_matmul_keeps_a_large_matrix_on_the_native_kernel_at_any_row_count(
     monkeypatch,
 ) -> None:
-    """An LM head-sized weight takes the native kernel at prefill row counts too (it beat torch's GEMM)."""
+    """An LM head-sized weight takes the native kernel at prefill row counts too (it beat torch's
+    GEMM)."""
     gen = torch.Generator().manual_seed(0)
     w = torch.randn((qm.DEQUANT_GEMM_MAX_ELEMENTS // 256) + 1, 256, generator=gen)
     x = torch.randn(qm.DEQUANT_GEMM_MIN_ROWS + 3, 256, generator=gen)

@@ -1,6 +1,8 @@
-"""GGUF's Q5_0 and k-quants (Q4_K, Q5_K, Q6_K) in the quantized kernels: the blocks load as the
-file's weights bit for bit, and the native kernel equals the torch reference (`quant_matmul_ref`
-with x rounded as the kernel rounds it) at decode and prefill row counts, on odd numbers of rows.
+"""GGUF's block types in the quantized kernels (Q4_0, Q4_1, Q8_0, Q5_0 and the k-quants Q4_K, Q5_K,
+Q6_K): the k-quants and Q5_0 load as the file's weights bit for bit, and for every type the native
+kernel equals the torch reference (`quant_matmul_ref` with x rounded as the kernel rounds it) at
+decode and prefill row counts, on odd numbers of rows, and a row's result is the same to the bit
+alone and inside batches of 2 to 32 rows.
 
 Tolerance: against the reference that rounds x the same way (`q8_activations`, two int8 levels
 per 32 values), the kernel differs only by float32 summation order: 2e-4 of the result plus 1e-5
@@ -19,6 +21,7 @@ from plait.kernels.quant_matmul import dequantize, dequantize_ref, quant_matmul,
 from plait.runtime.model_loader.gguf_blocks import quantized_blocks
 
 KQUANTS = ["Q5_0", "Q4_K", "Q5_K", "Q6_K"]
+BLOCK_TYPES = ["Q4_0", "Q4_1", "Q8_0", *KQUANTS]
 # rows not a multiple of a task's 16 or the eight rows reduced at once; K a multiple of 256 (a
 # k-quant superblock): 1, 2, 3 and 9 superblocks (odd counts of eight-block runs and of pairs)
 SHAPES = [(37, 256), (21, 512), (9, 768), (45, 2304)]
@@ -60,7 +63,7 @@ def test_blocks_load_as_gguf_dequantizes_them(kind: str) -> None:
 
 @needs_native
 @pytest.mark.parametrize("m", [1, 3, 17, qm.DEQUANT_GEMM_MIN_ROWS + 1])
-@pytest.mark.parametrize("kind", KQUANTS)
+@pytest.mark.parametrize("kind", BLOCK_TYPES)
 def test_native_kernel_matches_reference(kind: str, m: int, monkeypatch) -> None:
     monkeypatch.setattr(qm, "bf16_gemm_enabled", lambda: False)  # AMX machines: the bfloat16 tests
     for n, k in SHAPES:
@@ -69,7 +72,7 @@ def test_native_kernel_matches_reference(kind: str, m: int, monkeypatch) -> None
         x = torch.randn(m, k, generator=gen)
         bias = torch.randn(n, generator=gen)
         q8 = qm.native_q8_rows(m, qw)
-        assert q8 == (m <= qm.q8_max_rows())  # every k-quant shape takes int8 activations
+        assert q8 == (m <= qm.q8_max_rows())  # every shape here takes int8 activations
         expected = quant_matmul_ref(x, qw, bias, q8=q8)
         w = dequantize_ref(qw)
         # float32 sums in another order: relative to the sum of the terms' magnitudes (random
@@ -86,14 +89,16 @@ def test_native_kernel_matches_reference(kind: str, m: int, monkeypatch) -> None
 
 
 @needs_native
-@pytest.mark.parametrize("kind", KQUANTS)
-def test_a_rows_result_does_not_depend_on_the_rows_beside_it(kind: str) -> None:
-    n, k = 45, 768
+@pytest.mark.parametrize("n,k", [(45, 768), (21, 512)])
+@pytest.mark.parametrize("kind", BLOCK_TYPES)
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(kind: str, n: int, k: int) -> None:
     qw = quantized_blocks(kind, gguf_blocks(kind, n, k, seed=3), n, k)
-    x = torch.randn(17, k, generator=torch.Generator().manual_seed(0))
-    alone = torch.cat([quant_matmul(x[i : i + 1], qw) for i in range(17)])
-    for m in (3, 9, 17):
+    x = torch.randn(32, k, generator=torch.Generator().manual_seed(0))
+    alone = torch.cat([quant_matmul(x[i : i + 1], qw) for i in range(32)])
+    for m in (2, 3, 4, 7, 8, 9, 16, 17, 31, 32):
         assert torch.equal(quant_matmul(x[:m], qw), alone[:m]), f"{m} rows"
+    # and wherever the row sits in its batch
+    assert torch.equal(quant_matmul(x.flip(0), qw), alone.flip(0))
 
 
 def test_scales_and_mins_agree_in_dtype() -> None:

@@ -68,6 +68,6 @@ def test_the_pd_section_shows_each_setup_and_what_moving_the_kv_costs(tmp_path) 
         in page
     )
     assert (
-        "| pd | 2 | 1 each | 100.0 | 300.0 | 11.0 | 3,000.0 | 3,300.0 | 3,400.0 | 39.1 | 118.0 | 5,907.0 | 0 |"
+        "| pd | 2 | 1 each | 100.0 | 300.0 | 11.0 | 3,000.0 | 3,300.0 | 3,400.0 | 39.1 | 118.0 | 5,907.0 | 0 |"  # noqa: E501
         in page
     )

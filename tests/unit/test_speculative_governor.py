@@ -7,7 +7,8 @@ from plait.runtime.speculative.governor import EXPLORE_EVERY, SpeculationGoverno
 
 
 def drive(gov: SpeculationGovernor, batch: int, steps: int, spec_rate: float, plain_rate: float) -> int:
-    """Runs `steps` steps where speculating yields `spec_rate` tokens/s; returns how many speculated."""
+    """Runs `steps` steps where speculating yields `spec_rate` tokens/s; returns how many
+    speculated."""
     count = 0
     for _ in range(steps):
         spec = gov.speculate(batch)

@@ -1,4 +1,5 @@
-"""plait's `kernels/` folder must not stand in for the `kernels` distribution transformers imports."""
+"""plait's `kernels/` folder must not stand in for the `kernels` distribution transformers
+imports."""
 
 from __future__ import annotations
 
@@ -35,7 +36,10 @@ def test_transformers_model_classes_load_beside_the_kernels_folder():
 
 
 def test_plait_kernels_stays_plait_kernels():
-    proc = _run("from plait.runtime.thirdparty import unshadow; unshadow(); import plait.kernels as k; print(k.__file__)")
+    proc = _run(
+        "from plait.runtime.thirdparty import unshadow; unshadow(); "
+        "import plait.kernels as k; print(k.__file__)"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert Path(proc.stdout.strip()).parent.name == "kernels"
     assert "site-packages/kernels" not in proc.stdout

@@ -1,4 +1,5 @@
-"""Tokenizer: SmolLM2's GGUF vocabulary against transformers, chat templates, HF folders, sentencepiece."""
+"""Tokenizer: SmolLM2's GGUF vocabulary against transformers, chat templates, HF folders,
+sentencepiece."""
 
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def transformers_gguf(gguf_path: str):
 
 @pytest.fixture(scope="module")
 def original_smollm2(transformers_gguf) -> BackendTokenizer:
-    """transformers' GGUF tokenizer with SmolLM2's original pre-tokenizer (tokenizer.json) put back."""
+    """transformers' GGUF tokenizer with SmolLM2's original pre-tokenizer (tokenizer.json) put
+    back."""
     backend = BackendTokenizer.from_str(transformers_gguf.backend_tokenizer.to_str())
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -297,7 +299,9 @@ def test_gguf_unsupported_tokenizers_are_named() -> None:
 def spm_model() -> bytes:
     spm = pytest.importorskip("sentencepiece")
     rng = random.Random(0)
-    words = "the quick brown fox jumps over lazy dogs while seven wizards hex jumbo boxes naïve café".split()
+    words = (
+        "the quick brown fox jumps over lazy dogs while seven wizards hex jumbo boxes naïve café"
+    ).split()
     corpus = [" ".join(rng.choice(words) for _ in range(12)) for _ in range(2000)]
     out = io.BytesIO()
     spm.SentencePieceTrainer.train(
@@ -346,7 +350,8 @@ def test_sentencepiece_gguf_matches_sentencepiece(spm_model: bytes) -> None:
         assert tok.decode(ids) == reference.decode(ids)
         assert b"".join(tok.token_bytes(i) for i in ids) == b" " + text.encode("utf-8")
     assert tok.encode("fox") == [1, *reference.encode("fox")]
-    # Like llama.cpp (and HF's legacy Llama tokenizer), text after a special token gets the prefix space too.
+    # Like llama.cpp (and HF's legacy Llama tokenizer), text after a special token gets the prefix
+    # space too.
     assert tok.encode("<s>fox", add_special_tokens=False) == [1, *reference.encode("fox")]
 
 
