@@ -105,5 +105,7 @@ def check_decoded(last: dict, decode_len: int) -> None:
     its requests early, and the time of a cut-short run means nothing."""
     meta = last["meta_info"]
     if meta["completion_tokens"] != decode_len:
-        raise RuntimeError(f"decode run ended after {meta['completion_tokens']} of {decode_len} tokens: "
-                           f"{meta['finish_reason']}")  # fmt: skip
+        raise RuntimeError(
+            f"decode run ended after {meta['completion_tokens']} of {decode_len} tokens: "
+            f"{meta['finish_reason']}"
+        )

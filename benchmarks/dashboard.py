@@ -44,8 +44,9 @@ def watching(url: str, hz: float, latencies: list[float]) -> Iterator[None]:
     like the page does, incrementally with `since`; its request times land in `latencies`."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "plait.benchmarks.dashboard", url, str(hz)],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         yield
     finally:
@@ -76,11 +77,21 @@ def probe_cost_us(batch_size: int, repeats: int = 20000) -> float:
     from plait.runtime.events import EngineEvents, StepFinished
     from plait.server.dashboard_probe import StepProbe
 
-    reqs = [SimpleNamespace(rid=str(i), output_ids=[1] * 10, prompt_ids=[1] * 10, grammar=None,
-                            finished=False, first_token_time=0.0, arrival_time=0.0)
-            for i in range(batch_size)]  # fmt: skip
-    batch = SimpleNamespace(extends=[], verifies=[], decodes=reqs, decode_steps=1,
-                            requests=lambda: reqs)  # fmt: skip
+    reqs = [
+        SimpleNamespace(
+            rid=str(i),
+            output_ids=[1] * 10,
+            prompt_ids=[1] * 10,
+            grammar=None,
+            finished=False,
+            first_token_time=0.0,
+            arrival_time=0.0,
+        )
+        for i in range(batch_size)
+    ]
+    batch = SimpleNamespace(
+        extends=[], verifies=[], decodes=reqs, decode_steps=1, requests=lambda: reqs
+    )
     events = EngineEvents()
 
     def run() -> float:
@@ -153,33 +164,63 @@ def run_dashboard_bench(args: argparse.Namespace) -> int:
     results = []
     for mode in modes:
         lat = latencies[mode]
-        results.append({
-            "mode": mode, "step_ms": statistics.median(wall[mode]), "best_step_ms": min(wall[mode]),
-            "cpu_ms_per_step": statistics.median(cpu[mode]), "rounds": wall[mode],
-            "cpu_rounds": cpu[mode],
-            "snapshot_ms_p50": statistics.median(lat) * 1000 if lat else None,
-            "snapshots": len(lat),
-        })  # fmt: skip
+        results.append(
+            {
+                "mode": mode,
+                "step_ms": statistics.median(wall[mode]),
+                "best_step_ms": min(wall[mode]),
+                "cpu_ms_per_step": statistics.median(cpu[mode]),
+                "rounds": wall[mode],
+                "cpu_rounds": cpu[mode],
+                "snapshot_ms_p50": statistics.median(lat) * 1000 if lat else None,
+                "snapshots": len(lat),
+            }
+        )
     for r in results:
         r["overhead_pct"] = (r["step_ms"] / results[0]["step_ms"] - 1) * 100
         r["cpu_overhead_pct"] = (r["cpu_ms_per_step"] / results[0]["cpu_ms_per_step"] - 1) * 100
     probe_us = probe_cost_us(args.concurrency)
     build_ms = statistics.median(builds) * 1000 if builds else None
     print_table(
-        ["watching", "wall ms/step (median)", "vs off %", "best", "CPU ms/step", "vs off %",
-         "snapshot round trip ms"],
-        [[r["mode"], r["step_ms"], r["overhead_pct"], r["best_step_ms"], r["cpu_ms_per_step"],
-          r["cpu_overhead_pct"], r["snapshot_ms_p50"]] for r in results],
-    )  # fmt: skip
+        [
+            "watching",
+            "wall ms/step (median)",
+            "vs off %",
+            "best",
+            "CPU ms/step",
+            "vs off %",
+            "snapshot round trip ms",
+        ],
+        [
+            [
+                r["mode"],
+                r["step_ms"],
+                r["overhead_pct"],
+                r["best_step_ms"],
+                r["cpu_ms_per_step"],
+                r["cpu_overhead_pct"],
+                r["snapshot_ms_p50"],
+            ]
+            for r in results
+        ],
+    )
     print(
         f"\nthe probe alone: {probe_us:.1f} µs per step of {args.concurrency} decodes; "
         f"building a snapshot: {build_ms or 0:.2f} ms (median of {len(builds)})"
     )
-    write_json(args.output, {"benchmark": "dashboard", "concurrency": args.concurrency,
-                             "output_len": args.output_len, "model": str(engine.model_path),
-                             "quantization": engine.config.model.quantization,
-                             "probe_us_per_step": probe_us, "snapshot_build_ms": build_ms,
-                             "results": results})  # fmt: skip
+    write_json(
+        args.output,
+        {
+            "benchmark": "dashboard",
+            "concurrency": args.concurrency,
+            "output_len": args.output_len,
+            "model": str(engine.model_path),
+            "quantization": engine.config.model.quantization,
+            "probe_us_per_step": probe_us,
+            "snapshot_build_ms": build_ms,
+            "results": results,
+        },
+    )
     return 0
 
 

@@ -30,10 +30,18 @@ def add_data_parallel_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--input-len", dest="input_len", type=int, default=16, help="words per request")
     g.add_argument("--output-len", dest="output_len", type=int, default=16, help="tokens")
     g.add_argument("--concurrency", type=int, default=8, help="requests in flight")
-    g.add_argument("--max-total-tokens", dest="max_total_tokens", type=int, default=32768,
-                   help="KV pool tokens of each replica")  # fmt: skip
-    g.add_argument("--setups", default="dp1,dp2-cache-aware,dp2-round-robin",
-                   help="comma-separated, of dp1, dp2-cache-aware, dp2-round-robin")  # fmt: skip
+    g.add_argument(
+        "--max-total-tokens",
+        dest="max_total_tokens",
+        type=int,
+        default=32768,
+        help="KV pool tokens of each replica",
+    )
+    g.add_argument(
+        "--setups",
+        default="dp1,dp2-cache-aware,dp2-round-robin",
+        help="comma-separated, of dp1, dp2-cache-aware, dp2-round-robin",
+    )
     g.add_argument("--seed", type=int, default=0, help="seed of the prompts and their order")
     g.add_argument(
         "--output", default="bench-results/data_parallel.json", help="JSON file of the results"
@@ -58,18 +66,30 @@ def _run(args: argparse.Namespace, urls: list[str], policy: str) -> dict[str, An
         httpx.post(url + "/generate", json=warm, timeout=300).raise_for_status()
         httpx.post(url + "/flush_cache", timeout=60).raise_for_status()
     dataset = argparse.Namespace(
-        seed=args.seed, num_groups=args.num_groups, num_prompts=args.num_prompts,
-        dataset="shared-prefix", prefix_len=args.prefix_len, input_len=args.input_len,
-        output_len=args.output_len, range_ratio=0.0,
-    )  # fmt: skip
+        seed=args.seed,
+        num_groups=args.num_groups,
+        num_prompts=args.num_prompts,
+        dataset="shared-prefix",
+        prefix_len=args.prefix_len,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        range_ratio=0.0,
+    )
     prompts = make_dataset(dataset)
     random.Random(args.seed).shuffle(prompts)  # groups arrive in no pattern a policy could exploit
     app = create_router_app(urls, RouterConfig(policy=policy))
     try:
         with ServerThread(app) as router:
-            results, duration = asyncio.run(run_load(
-                router.url, "native", prompts, args.concurrency, None, 600.0,
-            ))  # fmt: skip
+            results, duration = asyncio.run(
+                run_load(
+                    router.url,
+                    "native",
+                    prompts,
+                    args.concurrency,
+                    None,
+                    600.0,
+                )
+            )
     finally:
         app.state.router.close()
     summary = summarize(results, duration)
@@ -100,8 +120,10 @@ def run_data_parallel_bench(args: argparse.Namespace) -> int:
     if {"dp2-cache-aware", "dp2-round-robin"} & set(setups):
         procs = start_replicas(argv, 2)
         try:
-            for name, policy in (("dp2-cache-aware", "cache_aware"),
-                                 ("dp2-round-robin", "round_robin")):  # fmt: skip
+            for name, policy in (
+                ("dp2-cache-aware", "cache_aware"),
+                ("dp2-round-robin", "round_robin"),
+            ):
                 if name in setups:
                     runs[name] = _run(args, [p.url for p in procs], policy)
         finally:
@@ -110,14 +132,44 @@ def run_data_parallel_bench(args: argparse.Namespace) -> int:
     rows = []
     for name, r in runs.items():
         hit = r["cache_hit_rate"]
-        rows.append([name, r["completed"], r["failed"], r["request_throughput"], r["output_tok_s"],
-                     r["total_tok_s"], None if hit is None else 100 * hit, r["ttft_ms"]["median"],
-                     "/".join(map(str, r["served_per_replica"]))])  # fmt: skip
-    print(f"\n{args.num_prompts} requests, {args.num_groups} shared prefixes of "
-          f"{args.prefix_len} words, concurrency {args.concurrency}, {os.cpu_count()} CPUs")  # fmt: skip
-    print_table(["setup", "ok", "fail", "req/s", "out tok/s", "tot tok/s", "cache hit %",
-                 "TTFT med ms", "served"], rows)  # fmt: skip
-    write_json(args.output, {"config": {k: v for k, v in vars(args).items()
-                                        if isinstance(v, (str, int, float, type(None)))},
-                             "runs": runs})  # fmt: skip
+        rows.append(
+            [
+                name,
+                r["completed"],
+                r["failed"],
+                r["request_throughput"],
+                r["output_tok_s"],
+                r["total_tok_s"],
+                None if hit is None else 100 * hit,
+                r["ttft_ms"]["median"],
+                "/".join(map(str, r["served_per_replica"])),
+            ]
+        )
+    print(
+        f"\n{args.num_prompts} requests, {args.num_groups} shared prefixes of "
+        f"{args.prefix_len} words, concurrency {args.concurrency}, {os.cpu_count()} CPUs"
+    )
+    print_table(
+        [
+            "setup",
+            "ok",
+            "fail",
+            "req/s",
+            "out tok/s",
+            "tot tok/s",
+            "cache hit %",
+            "TTFT med ms",
+            "served",
+        ],
+        rows,
+    )
+    write_json(
+        args.output,
+        {
+            "config": {
+                k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, type(None)))
+            },
+            "runs": runs,
+        },
+    )
     return 0

@@ -14,15 +14,37 @@ from typing import Any
 from plait.benchmarks.common import cpu_model, print_table, write_json
 
 CAPITALS = [
-    ("France", "Paris"), ("Japan", "Tokyo"), ("Italy", "Rome"), ("Spain", "Madrid"),
-    ("Germany", "Berlin"), ("Egypt", "Cairo"), ("Canada", "Ottawa"), ("Russia", "Moscow"),
-    ("China", "Beijing"), ("Greece", "Athens"), ("Kenya", "Nairobi"), ("Peru", "Lima"),
-    ("Norway", "Oslo"), ("Cuba", "Havana"), ("Chile", "Santiago"), ("Poland", "Warsaw"),
-    ("Austria", "Vienna"), ("Ireland", "Dublin"), ("Portugal", "Lisbon"), ("Sweden", "Stockholm"),
-    ("Turkey", "Ankara"), ("India", "New Delhi"), ("Brazil", "Brasilia"), ("Mexico", "Mexico City"),
-    ("Thailand", "Bangkok"), ("Iran", "Tehran"), ("Finland", "Helsinki"), ("Denmark", "Copenhagen"),
-    ("Hungary", "Budapest"), ("Iraq", "Baghdad"),
-]  # fmt: skip
+    ("France", "Paris"),
+    ("Japan", "Tokyo"),
+    ("Italy", "Rome"),
+    ("Spain", "Madrid"),
+    ("Germany", "Berlin"),
+    ("Egypt", "Cairo"),
+    ("Canada", "Ottawa"),
+    ("Russia", "Moscow"),
+    ("China", "Beijing"),
+    ("Greece", "Athens"),
+    ("Kenya", "Nairobi"),
+    ("Peru", "Lima"),
+    ("Norway", "Oslo"),
+    ("Cuba", "Havana"),
+    ("Chile", "Santiago"),
+    ("Poland", "Warsaw"),
+    ("Austria", "Vienna"),
+    ("Ireland", "Dublin"),
+    ("Portugal", "Lisbon"),
+    ("Sweden", "Stockholm"),
+    ("Turkey", "Ankara"),
+    ("India", "New Delhi"),
+    ("Brazil", "Brasilia"),
+    ("Mexico", "Mexico City"),
+    ("Thailand", "Bangkok"),
+    ("Iran", "Tehran"),
+    ("Finland", "Helsinki"),
+    ("Denmark", "Copenhagen"),
+    ("Hungary", "Budapest"),
+    ("Iraq", "Baghdad"),
+]
 SHOTS = 3
 
 
@@ -46,9 +68,18 @@ def run_healing_bench(args: argparse.Namespace) -> int:
         for ending, name in (("", '"A:"'), (" ", '"A: " (trailing space)')):
             for healing in (False, True):
                 right, total, examples = accuracy(engine, ending, healing)
-                rows.append([name, "on" if healing else "off", f"{right}/{total}", " | ".join(examples)])
-                report["runs"].append({"prompt_end": ending, "healing": healing, "correct": right,
-                                       "total": total, "examples": examples})  # fmt: skip
+                rows.append(
+                    [name, "on" if healing else "off", f"{right}/{total}", " | ".join(examples)]
+                )
+                report["runs"].append(
+                    {
+                        "prompt_end": ending,
+                        "healing": healing,
+                        "correct": right,
+                        "total": total,
+                        "examples": examples,
+                    }
+                )
     finally:
         engine.shutdown()
     print_table(["prompt ends with", "healing", "correct", "first answers"], rows)

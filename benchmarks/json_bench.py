@@ -36,7 +36,16 @@ SCHEMA = {
     "additionalProperties": False,
 }
 
-_NAMES = ["Ada Park", "Bo Chen", "Cleo Diaz", "Dev Rao", "Eli Stone", "Fay Lin", "Gus Moore", "Hana Ito"]
+_NAMES = [
+    "Ada Park",
+    "Bo Chen",
+    "Cleo Diaz",
+    "Dev Rao",
+    "Eli Stone",
+    "Fay Lin",
+    "Gus Moore",
+    "Hana Ito",
+]
 _CITIES = ["Paris", "Lagos", "Osaka", "Lima", "Oslo", "Pune", "Quito", "Riga"]
 
 
@@ -68,7 +77,9 @@ def timed_batch(engine: Any, texts: list[str], params: list[dict]) -> tuple[floa
     return time.perf_counter() - start, outs
 
 
-def step_costs(engine: Any, texts: list[str], schema: str, batch: int, max_new_tokens: int) -> dict[str, float]:
+def step_costs(
+    engine: Any, texts: list[str], schema: str, batch: int, max_new_tokens: int
+) -> dict[str, float]:
     """Mean decode-step time of `batch` constrained requests (jump-forward off, so every step is a
     plain decode step) against unconstrained requests of exactly the same output lengths."""
     texts = texts[:batch]
@@ -78,11 +89,18 @@ def step_costs(engine: Any, texts: list[str], schema: str, batch: int, max_new_t
         seconds, outs = timed_batch(engine, texts, params)
         return seconds / (engine.stats()["total_steps"] - steps), outs
 
-    constrained, outs = per_step([{"max_new_tokens": max_new_tokens, "temperature": 0, "json_schema": schema}] * len(texts))
+    constrained, outs = per_step(
+        [{"max_new_tokens": max_new_tokens, "temperature": 0, "json_schema": schema}] * len(texts)
+    )
     lengths = [o["meta_info"]["completion_tokens"] for o in outs]
-    free, _ = per_step([{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in lengths])
-    return {"constrained_step_ms": 1e3 * constrained, "unconstrained_step_ms": 1e3 * free,
-            "constrained_step_overhead": constrained / free - 1}
+    free, _ = per_step(
+        [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in lengths]
+    )
+    return {
+        "constrained_step_ms": 1e3 * constrained,
+        "unconstrained_step_ms": 1e3 * free,
+        "constrained_step_overhead": constrained / free - 1,
+    }
 
 
 def mask_costs(engine: Any, outs: list[dict], batch: int) -> dict[str, float]:
@@ -138,9 +156,13 @@ def _summary(seconds: float, outs: list[dict]) -> dict[str, Any]:
             valid += 1
         except ValueError:
             pass
-    return {"seconds": seconds, "output_tokens": sum(o["meta_info"]["completion_tokens"] for o in outs),
-            "jump_forward_tokens": sum(o["meta_info"].get("jump_forward_tokens", 0) for o in outs),
-            "valid_json": valid, "sample": outs[0]["text"]}  # fmt: skip
+    return {
+        "seconds": seconds,
+        "output_tokens": sum(o["meta_info"]["completion_tokens"] for o in outs),
+        "jump_forward_tokens": sum(o["meta_info"].get("jump_forward_tokens", 0) for o in outs),
+        "valid_json": valid,
+        "sample": outs[0]["text"],
+    }
 
 
 def spacing_names(value: str) -> list[str]:
@@ -159,7 +181,9 @@ def spacing_names(value: str) -> list[str]:
 def request_counts(value: str) -> list[int]:
     counts = [int(v) for v in str(value).split(",") if v.strip()]
     if not counts or min(counts) < 1:
-        raise SystemExit(f"--num-requests: {value!r} is not a comma-separated list of positive counts")
+        raise SystemExit(
+            f"--num-requests: {value!r} is not a comma-separated list of positive counts"
+        )
     return counts
 
 
@@ -184,7 +208,9 @@ def run_json_bench(args: argparse.Namespace) -> int:
         name = f"jump-forward {'on' if jf else 'off'}"
         engine = Engine(**{**kwargs, "disable_jump_forward": not jf})
         try:
-            engine.generate(prompts(engine.tokenizer, 1)[0], {**base, "json_schema": schema})  # warm up + compile
+            engine.generate(
+                prompts(engine.tokenizer, 1)[0], {**base, "json_schema": schema}
+            )  # warm up + compile
             for spacing in spacings:  # the largest count, cold, under each spacing
                 params = [{**base, "json_schema": schema, "json_whitespace": spacing}] * largest
                 engine.generate(prompts(engine.tokenizer, 1)[0], params[0])  # its compile
@@ -193,8 +219,12 @@ def run_json_bench(args: argparse.Namespace) -> int:
                 entry = by_spacing[spacing]
                 entry[f"jf_{'on' if jf else 'off'}_s"] = seconds
                 if jf:
-                    entry.update(output_tokens=summary["output_tokens"], jumped=summary["jump_forward_tokens"],
-                                 valid_json=summary["valid_json"], accuracy=accuracy(engine, spacing))  # fmt: skip
+                    entry.update(
+                        output_tokens=summary["output_tokens"],
+                        jumped=summary["jump_forward_tokens"],
+                        valid_json=summary["valid_json"],
+                        accuracy=accuracy(engine, spacing),
+                    )
             for n in counts:
                 texts = prompts(engine.tokenizer, n)
                 params = [{**base, "json_schema": schema}] * n
@@ -207,13 +237,20 @@ def run_json_bench(args: argparse.Namespace) -> int:
                 if n == largest:
                     runs[name] = cold
             if not jf:
-                results["steps"] = step_costs(engine, prompts(engine.tokenizer, largest), schema,
-                                              args.mask_batch, args.max_new_tokens)  # fmt: skip
+                results["steps"] = step_costs(
+                    engine,
+                    prompts(engine.tokenizer, largest),
+                    schema,
+                    args.mask_batch,
+                    args.max_new_tokens,
+                )
             else:
                 texts = prompts(engine.tokenizer, largest)
                 lengths = [o["meta_info"]["completion_tokens"] for o in runs[name][1]]
                 runs["unconstrained"] = timed_batch(
-                    engine, texts, [{**base, "max_new_tokens": n, "ignore_eos": True} for n in lengths]
+                    engine,
+                    texts,
+                    [{**base, "max_new_tokens": n, "ignore_eos": True} for n in lengths],
                 )
                 results["mask"] = mask_costs(engine, runs[name][1], args.mask_batch)
                 results["compile_s"] = compile_seconds(engine)
@@ -225,36 +262,75 @@ def run_json_bench(args: argparse.Namespace) -> int:
         on, off = entry["jump-forward on"], entry["jump-forward off"]
         for phase in ("cold", "warm"):
             entry[f"speedup_{phase}"] = off[phase]["seconds"] / on[phase]["seconds"]
-        rows.append([n, off["cold"]["seconds"], on["cold"]["seconds"], entry["speedup_cold"],
-                     off["warm"]["seconds"], on["warm"]["seconds"], entry["speedup_warm"],
-                     f"{on['cold']['jump_forward_tokens']}/{on['cold']['output_tokens']}",
-                     f"{on['cold']['valid_json']}+{off['cold']['valid_json']}/{2 * n}"])  # fmt: skip
-    print("\nExtraction requests under an 8-field schema, greedy, in one batch; cold: prompts "
-          "prefilled, warm: prompts in the prefix cache")
-    print_table(["requests", "off s", "on s", "JF speedup", "off s (warm)", "on s (warm)", "JF speedup (warm)",
-                 "jumped/output", "valid JSON"], rows)  # fmt: skip
+        rows.append(
+            [
+                n,
+                off["cold"]["seconds"],
+                on["cold"]["seconds"],
+                entry["speedup_cold"],
+                off["warm"]["seconds"],
+                on["warm"]["seconds"],
+                entry["speedup_warm"],
+                f"{on['cold']['jump_forward_tokens']}/{on['cold']['output_tokens']}",
+                f"{on['cold']['valid_json']}+{off['cold']['valid_json']}/{2 * n}",
+            ]
+        )
+    print(
+        "\nExtraction requests under an 8-field schema, greedy, in one batch; cold: prompts "
+        "prefilled, warm: prompts in the prefix cache"
+    )
+    print_table(
+        [
+            "requests",
+            "off s",
+            "on s",
+            "JF speedup",
+            "off s (warm)",
+            "on s (warm)",
+            "JF speedup (warm)",
+            "jumped/output",
+            "valid JSON",
+        ],
+        rows,
+    )
     off_s = runs["jump-forward off"][0]
     rows = []
     for name, (seconds, outs) in runs.items():
         results[name] = _summary(seconds, outs)
         r = results[name]
-        rows.append([name, seconds, r["output_tokens"] / seconds, off_s / seconds, r["jump_forward_tokens"],
-                     f"{r['valid_json']}/{len(outs)}"])  # fmt: skip
+        rows.append(
+            [
+                name,
+                seconds,
+                r["output_tokens"] / seconds,
+                off_s / seconds,
+                r["jump_forward_tokens"],
+                f"{r['valid_json']}/{len(outs)}",
+            ]
+        )
     print(f"\n{largest} requests, cold, beside unconstrained generation of the same lengths")
-    print_table(["run", "seconds", "output tok/s", "speedup vs JF off", "jumped tokens", "valid JSON"], rows)
+    print_table(
+        ["run", "seconds", "output tok/s", "speedup vs JF off", "jumped tokens", "valid JSON"], rows
+    )
     m = results["mask"]
-    print(f"\nmask fill per token: {m['fill_us_mean']:.1f} us mean, {m['fill_us_p99']:.1f} us P99; "
-          f"apply for {args.mask_batch} rows: {m[f'apply_us_mean_batch{args.mask_batch}']:.1f} us; "
-          f"schema compile {results['compile_s']:.2f} s")
+    print(
+        f"\nmask fill per token: {m['fill_us_mean']:.1f} us mean, {m['fill_us_p99']:.1f} us P99; "
+        f"apply for {args.mask_batch} rows: {m[f'apply_us_mean_batch{args.mask_batch}']:.1f} us; "
+        f"schema compile {results['compile_s']:.2f} s"
+    )
     st = results["steps"]
-    print(f"decode step at batch {args.mask_batch} (jump-forward off): "
-          f"constrained {st['constrained_step_ms']:.1f} ms, "
-          f"unconstrained {st['unconstrained_step_ms']:.1f} ms "
-          f"({st['constrained_step_overhead']:+.1%})")
+    print(
+        f"decode step at batch {args.mask_batch} (jump-forward off): "
+        f"constrained {st['constrained_step_ms']:.1f} ms, "
+        f"unconstrained {st['unconstrained_step_ms']:.1f} ms "
+        f"({st['constrained_step_overhead']:+.1%})"
+    )
     print(f"sample: {results['jump-forward on']['sample']}")
     results["spacing"] = by_spacing
-    print(f"\nJSON spacing (json_whitespace): {len(PEOPLE)} name/age/city extractions, greedy, "
-          f"checked against the paragraphs; {largest} 8-field requests, cold, jump-forward off and on")
+    print(
+        f"\nJSON spacing (json_whitespace): {len(PEOPLE)} name/age/city extractions, greedy, "
+        f"checked against the paragraphs; {largest} 8-field requests, cold, jump-forward off and on"
+    )
     print_table(SPACING_HEADERS, spacing_rows(by_spacing))
     write_json(args.output, {"benchmark": "json", "results": results})
     return 0

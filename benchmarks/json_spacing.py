@@ -118,11 +118,28 @@ def spacing_rows(results: dict[str, Any]) -> list[list[Any]]:
     rows = []
     for spacing, r in results.items():
         a = r["accuracy"]
-        rows.append([spacing, f"{a['ages_right']}/{a['of']}", f"{a['names_right']}/{a['of']}",
-                     f"{a['cities_right']}/{a['of']}", r["jf_off_s"], r["jf_on_s"], r["jf_off_s"] / r["jf_on_s"],
-                     f"{r['jumped']}/{r['output_tokens']}"])  # fmt: skip
+        rows.append(
+            [
+                spacing,
+                f"{a['ages_right']}/{a['of']}",
+                f"{a['names_right']}/{a['of']}",
+                f"{a['cities_right']}/{a['of']}",
+                r["jf_off_s"],
+                r["jf_on_s"],
+                r["jf_off_s"] / r["jf_on_s"],
+                f"{r['jumped']}/{r['output_tokens']}",
+            ]
+        )
     return rows
 
 
-SPACING_HEADERS = ["spacing", "ages right", "names right", "cities right", "JF off s", "JF on s",
-                   "JF speedup", "jumped/output"]  # fmt: skip
+SPACING_HEADERS = [
+    "spacing",
+    "ages right",
+    "names right",
+    "cities right",
+    "JF off s",
+    "JF on s",
+    "JF speedup",
+    "jumped/output",
+]

@@ -70,7 +70,9 @@ def compile_all(engine: Any, schemas: list[tuple[str, str, Any]], timeout: float
     for _, _, schema in schemas:
         start = time.perf_counter()
         try:
-            key = make_grammar_key(json_schema=schema, json_whitespace=engine.config.json_whitespace)
+            key = make_grammar_key(
+                json_schema=schema, json_whitespace=engine.config.json_whitespace
+            )
             compiled: Any = cache.get(key, timeout=timeout)
         except (GrammarError, TimeoutError) as e:
             compiled = f"{type(e).__name__}: {e}"[:200]
@@ -143,16 +145,24 @@ def _generate_one(engine: Any, prompt: str, params: dict) -> dict:
     try:
         return engine.generate(prompt, params)
     except GrammarError as e:
-        return {"text": "", "meta_info": {"refused": str(e), "completion_tokens": 0,
-                                          "finish_reason": {"type": "abort", "message": str(e)}}}  # fmt: skip
+        return {
+            "text": "",
+            "meta_info": {
+                "refused": str(e),
+                "completion_tokens": 0,
+                "finish_reason": {"type": "abort", "message": str(e)},
+            },
+        }
 
 
 def generate_all(
     engine: Any, items: list[tuple[Any, Any]], max_tokens: int
 ) -> tuple[list[str], float, int]:
     prompts = [prompt_for(engine.tokenizer, schema) for schema, _ in items]
-    params = [{"max_new_tokens": max_tokens, "temperature": 0, "json_schema": json.dumps(schema)}
-              for schema, _ in items]  # fmt: skip
+    params = [
+        {"max_new_tokens": max_tokens, "temperature": 0, "json_schema": json.dumps(schema)}
+        for schema, _ in items
+    ]
     from plait.runtime.constrained import GrammarError
 
     start = time.perf_counter()
@@ -161,8 +171,10 @@ def generate_all(
     except GrammarError:  # a schema's shortest instance is longer than the budget: each alone
         outs = [_generate_one(engine, prompt, p) for prompt, p in zip(prompts, params)]
     seconds = time.perf_counter() - start
-    kinds = ["budget_refused" if o["meta_info"].get("refused") else classify(o, schema)
-             for o, (schema, _) in zip(outs, items)]  # fmt: skip
+    kinds = [
+        "budget_refused" if o["meta_info"].get("refused") else classify(o, schema)
+        for o, (schema, _) in zip(outs, items)
+    ]
     for out, kind in zip(outs, kinds):  # each schema's outcome, for the JSON report
         out["kind"] = kind
     return kinds, seconds, sum(o["meta_info"]["completion_tokens"] for o in outs), outs
@@ -186,7 +198,7 @@ SPEED_SCHEMAS = {
                 "price": {"type": "number"},
             },
         },
-    },  # fmt: skip
+    },
 }
 
 
@@ -200,8 +212,10 @@ def decode_speed(
         add_generation_prompt=True,
     )
     out = {}
-    for name, extra in (("free", {"ignore_eos": True}),
-                        ("constrained", {"json_schema": json.dumps(schema), "budget_closing": False})):  # fmt: skip
+    for name, extra in (
+        ("free", {"ignore_eos": True}),
+        ("constrained", {"json_schema": json.dumps(schema), "budget_closing": False}),
+    ):
         params = {"max_new_tokens": tokens, "temperature": 0, **extra}
         engine.generate([prompt] * batch, [params] * batch)  # warm up, compile
         start = time.perf_counter()
@@ -221,13 +235,23 @@ def run_jsonschema_bench(args: argparse.Namespace) -> int:
         raise SystemExit(f"--data: {data} is not a folder (the data/ folder of jsonschemabench)")
     schemas = sample_schemas(data, args.per_category, args.seed)
     budgets = [int(b) for b in args.max_tokens.split(",")]
-    report: dict[str, Any] = {"benchmark": "jsonschema", "cpu": cpu_model(), "seed": args.seed,
-                              "per_category": args.per_category,
-                              "num_schemas": len(schemas), "backends": {}}  # fmt: skip
+    report: dict[str, Any] = {
+        "benchmark": "jsonschema",
+        "cpu": cpu_model(),
+        "seed": args.seed,
+        "per_category": args.per_category,
+        "num_schemas": len(schemas),
+        "backends": {},
+    }
     coverage_rows, outcome_rows, speed_rows = [], [], []
     for backend in args.backends.split(","):
-        engine = Engine(**{**engine_kwargs(args), "grammar_backend": backend,
-                           "grammar_compile_timeout": args.compile_timeout})  # fmt: skip
+        engine = Engine(
+            **{
+                **engine_kwargs(args),
+                "grammar_backend": backend,
+                "grammar_compile_timeout": args.compile_timeout,
+            }
+        )
         try:
             first_compile = warm_up(engine)
             compiled = compile_all(engine, schemas, args.compile_timeout)
@@ -246,30 +270,65 @@ def run_jsonschema_bench(args: argparse.Namespace) -> int:
                     f"{cat}/{name}: {c}"
                     for (cat, name, _), (c, _) in zip(schemas, compiled)
                     if isinstance(c, str)
-                ],  # fmt: skip
+                ],
                 "by_budget": {},
             }
-            coverage_rows.append([backend, f"{len(ok)}/{len(schemas)}", entry["compile_p50_ms"],
-                                  entry["compile_p99_ms"], entry["mask_mean_us"], entry["mask_p99_us"]])  # fmt: skip
+            coverage_rows.append(
+                [
+                    backend,
+                    f"{len(ok)}/{len(schemas)}",
+                    entry["compile_p50_ms"],
+                    entry["compile_p99_ms"],
+                    entry["mask_mean_us"],
+                    entry["mask_p99_us"],
+                ]
+            )
             for budget in budgets:
                 kinds, secs, tokens, outs = generate_all(engine, ok, budget)
-                counts = {k: kinds.count(k) for k in ("valid", "closed_valid", "finished_invalid", "truncated",
-                                                       "closed_invalid", "unvalidated", "budget_refused")}  # fmt: skip
+                counts = {
+                    k: kinds.count(k)
+                    for k in (
+                        "valid",
+                        "closed_valid",
+                        "finished_invalid",
+                        "truncated",
+                        "closed_invalid",
+                        "unvalidated",
+                        "budget_refused",
+                    )
+                }
                 counts["valid_share_of_all"] = (counts["valid"] + counts["closed_valid"]) / len(
                     schemas
                 )
                 counts["tok_per_s"] = tokens / secs
                 entry["by_budget"][budget] = counts
-                names = [f"{cat}/{name}" for (cat, name, _), (c, _) in zip(schemas, compiled)
-                         if not isinstance(c, str)]  # fmt: skip
+                names = [
+                    f"{cat}/{name}"
+                    for (cat, name, _), (c, _) in zip(schemas, compiled)
+                    if not isinstance(c, str)
+                ]
                 entry.setdefault("outcomes", {})[budget] = [
-                    {"schema": n, "kind": o["kind"], "completion_tokens": o["meta_info"]["completion_tokens"],
-                     "text": o["text"][-200:]}
+                    {
+                        "schema": n,
+                        "kind": o["kind"],
+                        "completion_tokens": o["meta_info"]["completion_tokens"],
+                        "text": o["text"][-200:],
+                    }
                     for n, o in zip(names, outs)
-                ]  # fmt: skip
-                outcome_rows.append([backend, budget, f"{counts['valid'] + counts['closed_valid']}/{len(schemas)}",
-                                     counts["closed_valid"], counts["finished_invalid"], counts["truncated"],
-                                     counts["closed_invalid"], counts["unvalidated"], counts["tok_per_s"]])  # fmt: skip
+                ]
+                outcome_rows.append(
+                    [
+                        backend,
+                        budget,
+                        f"{counts['valid'] + counts['closed_valid']}/{len(schemas)}",
+                        counts["closed_valid"],
+                        counts["finished_invalid"],
+                        counts["truncated"],
+                        counts["closed_invalid"],
+                        counts["unvalidated"],
+                        counts["tok_per_s"],
+                    ]
+                )
             if not args.no_speed:
                 for schema_name, schema in SPEED_SCHEMAS.items():
                     for batch in (1, 16):
@@ -284,8 +343,16 @@ def run_jsonschema_bench(args: argparse.Namespace) -> int:
                             entry[key] = f"{type(e).__name__}: {e}"[:200]
                             continue
                         entry[key] = speed
-                        speed_rows.append([backend, schema_name, batch, speed["free"], speed["constrained"],
-                                           speed["constrained"] / speed["free"]])  # fmt: skip
+                        speed_rows.append(
+                            [
+                                backend,
+                                schema_name,
+                                batch,
+                                speed["free"],
+                                speed["constrained"],
+                                speed["constrained"] / speed["free"],
+                            ]
+                        )
             report["backends"][backend] = entry
         finally:
             engine.shutdown()
@@ -304,8 +371,19 @@ def run_jsonschema_bench(args: argparse.Namespace) -> int:
             ]
         )
         for budget, c in lc["by_budget"].items():
-            outcome_rows.append(["llama.cpp", budget, f"{c['valid']}/{len(schemas)}", None, c["finished_invalid"],
-                                 c["truncated"], None, c["unvalidated"], c["tok_per_s"]])  # fmt: skip
+            outcome_rows.append(
+                [
+                    "llama.cpp",
+                    budget,
+                    f"{c['valid']}/{len(schemas)}",
+                    None,
+                    c["finished_invalid"],
+                    c["truncated"],
+                    None,
+                    c["unvalidated"],
+                    c["tok_per_s"],
+                ]
+            )
     print(
         f"JSONSchemaBench sample: {len(schemas)} schemas ({args.per_category} per category, "
         f"seed {args.seed}); {cpu_model()}"
@@ -314,8 +392,20 @@ def run_jsonschema_bench(args: argparse.Namespace) -> int:
         ["backend", "covered", "compile p50 ms", "compile p99 ms", "mask mean us", "mask p99 us"],
         coverage_rows,
     )
-    print_table(["backend", "max_tokens", "valid (of all)", "closed early", "finished invalid", "truncated",
-                 "closed invalid", "unvalidated", "out tok/s"], outcome_rows)  # fmt: skip
+    print_table(
+        [
+            "backend",
+            "max_tokens",
+            "valid (of all)",
+            "closed early",
+            "finished invalid",
+            "truncated",
+            "closed invalid",
+            "unvalidated",
+            "out tok/s",
+        ],
+        outcome_rows,
+    )
     if speed_rows:
         print_table(
             ["backend", "schema", "batch", "free tok/s", "constrained tok/s", "ratio"], speed_rows

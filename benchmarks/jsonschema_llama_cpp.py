@@ -51,11 +51,20 @@ def _classify(schema: Any, text: str, finish_reason: str | None) -> str:
         return "unvalidated"
 
 
-def _complete(url: str, content: str, schema: Any, max_tokens: int, timeout: float) -> dict[str, Any]:
-    body = {"model": MODEL_ALIAS, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-            "temperature": 0, "response_format": {"type": "json_object", "schema": schema}}  # fmt: skip
+def _complete(
+    url: str, content: str, schema: Any, max_tokens: int, timeout: float
+) -> dict[str, Any]:
+    body = {
+        "model": MODEL_ALIAS,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "response_format": {"type": "json_object", "schema": schema},
+    }
     request = urllib.request.Request(
-        url + "/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        url + "/v1/chat/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return json.loads(response.read())
@@ -63,9 +72,25 @@ def _complete(url: str, content: str, schema: Any, max_tokens: int, timeout: flo
 
 def _start(model_path: str, threads: int) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    cmd = [sys.executable, "-m", "plait.benchmarks.llama_cpp_server", "--model", model_path, "--host", "127.0.0.1",
-           "--port", str(port), "--n_threads", str(threads), "--n_threads_batch", str(threads),
-           "--n_ctx", "4096", "--model_alias", MODEL_ALIAS]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "plait.benchmarks.llama_cpp_server",
+        "--model",
+        model_path,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_threads",
+        str(threads),
+        "--n_threads_batch",
+        str(threads),
+        "--n_ctx",
+        "4096",
+        "--model_alias",
+        MODEL_ALIAS,
+    ]
     process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -77,12 +102,20 @@ def _start(model_path: str, threads: int) -> tuple[subprocess.Popen, str]:
 
 
 def run_llama_cpp_sample(
-    model_path: str, threads: int, items: list[tuple[str, Any, str]], budgets: list[int], timeout: float
+    model_path: str,
+    threads: int,
+    items: list[tuple[str, Any, str]],
+    budgets: list[int],
+    timeout: float,
 ) -> dict[str, Any]:
     """`items`: (name, schema, user message) per schema. Returns the report's `llama.cpp` entry."""
     refused = {name: why for name, schema, _ in items if (why := declared(schema)) is not None}
-    entry: dict[str, Any] = {"coverage": 1 - len(refused) / len(items), "refused": refused, "by_budget": {},
-                             "outcomes": {}}  # fmt: skip
+    entry: dict[str, Any] = {
+        "coverage": 1 - len(refused) / len(items),
+        "refused": refused,
+        "by_budget": {},
+        "outcomes": {},
+    }
     process, url = _start(model_path, threads)
     try:
         for budget in budgets:
@@ -100,15 +133,39 @@ def run_llama_cpp_sample(
                         process.wait(timeout=5)
                     except subprocess.TimeoutExpired:
                         pass
-                    if process.poll() is not None:  # the schema crashed the server: counted, and a new one started
-                        kind, text = "crashed", f"llama.cpp's server exited with {process.returncode}"
-                        print(f"llama.cpp: {name} at max_tokens={budget}: {text}; restarting it", flush=True)
+                    if (
+                        process.poll() is not None
+                    ):  # the schema crashed the server: counted, and a new one started
+                        kind, text = (
+                            "crashed",
+                            f"llama.cpp's server exited with {process.returncode}",
+                        )
+                        print(
+                            f"llama.cpp: {name} at max_tokens={budget}: {text}; restarting it",
+                            flush=True,
+                        )
                         process, url = _start(model_path, threads)
                 kinds.append(kind)
-                outcomes.append({"schema": name, "kind": kind, "declared": name not in refused, "text": text[-200:]})
+                outcomes.append(
+                    {
+                        "schema": name,
+                        "kind": kind,
+                        "declared": name not in refused,
+                        "text": text[-200:],
+                    }
+                )
             seconds = time.perf_counter() - start
-            counts = {k: kinds.count(k) for k in ("valid", "finished_invalid", "truncated", "failed", "crashed",
-                                                  "unvalidated")}  # fmt: skip
+            counts = {
+                k: kinds.count(k)
+                for k in (
+                    "valid",
+                    "finished_invalid",
+                    "truncated",
+                    "failed",
+                    "crashed",
+                    "unvalidated",
+                )
+            }
             counts["valid_declared"] = sum(o["kind"] == "valid" and o["declared"] for o in outcomes)
             counts["finished_invalid_declared"] = sum(
                 o["kind"] == "finished_invalid" and o["declared"] for o in outcomes

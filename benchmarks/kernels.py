@@ -39,19 +39,36 @@ BATCH_SIZES = (1, 4, 16, 64, 512)
 
 
 def add_kernels_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--block-types", default=",".join(BLOCK_TYPES),
-                        help="comma-separated block types (default: all)")  # fmt: skip
-    parser.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)),
-                        help="comma-separated rows of x (default: 1,4,16,64,512)")  # fmt: skip
-    parser.add_argument("--shape", default="1536x1024",
-                        help="N x K of the weight matrix; K a multiple of 256 for the k-quants")  # fmt: skip
-    parser.add_argument("--min-seconds", type=float, default=0.15,
-                        help="time each figure for at least this long (default: 0.15)")  # fmt: skip
+    parser.add_argument(
+        "--block-types",
+        default=",".join(BLOCK_TYPES),
+        help="comma-separated block types (default: all)",
+    )
+    parser.add_argument(
+        "--batch-sizes",
+        default=",".join(map(str, BATCH_SIZES)),
+        help="comma-separated rows of x (default: 1,4,16,64,512)",
+    )
+    parser.add_argument(
+        "--shape",
+        default="1536x1024",
+        help="N x K of the weight matrix; K a multiple of 256 for the k-quants",
+    )
+    parser.add_argument(
+        "--min-seconds",
+        type=float,
+        default=0.15,
+        help="time each figure for at least this long (default: 0.15)",
+    )
     parser.add_argument(
         "--cpu-threads", type=int, default=None, help="torch threads (default: all)"
     )
-    parser.add_argument("--compare-library", default=None, metavar="PATH",
-                        help="another build of the kernels to time beside this one (default: none)")  # fmt: skip
+    parser.add_argument(
+        "--compare-library",
+        default=None,
+        metavar="PATH",
+        help="another build of the kernels to time beside this one (default: none)",
+    )
     parser.add_argument(
         "--output", default="bench-results/kernels.json", help="JSON file of the results"
     )
@@ -90,8 +107,20 @@ def library_matmul(path: str) -> Any:
         (m, k), n = x.shape, qw.shape[0]
         y = torch.empty(m, n)
         mins = 0 if qw.mins is None else qw.mins.data_ptr()
-        fn(x.data_ptr(), m, k, n, qw.qweight.data_ptr(), qw.code, qw.group, qw.scales.data_ptr(), mins, 0,
-           y.data_ptr(), torch.get_num_threads())  # fmt: skip
+        fn(
+            x.data_ptr(),
+            m,
+            k,
+            n,
+            qw.qweight.data_ptr(),
+            qw.code,
+            qw.group,
+            qw.scales.data_ptr(),
+            mins,
+            0,
+            y.data_ptr(),
+            torch.get_num_threads(),
+        )
         return y
 
     return matmul
@@ -138,8 +167,10 @@ def run_kernels_bench(args: argparse.Namespace) -> int:
         raise SystemExit(f"--block-types: unknown {unknown}; choose from {', '.join(BLOCK_TYPES)}")
     sizes = [int(s) for s in args.batch_sizes.split(",") if s]
     n, k = (int(v) for v in args.shape.lower().split("x"))
-    print(f"quantized matmul [M, {k}] x [{n}, {k}], native kernels: {native_isa()}, "
-          f"{torch.get_num_threads()} threads")  # fmt: skip
+    print(
+        f"quantized matmul [M, {k}] x [{n}, {k}], native kernels: {native_isa()}, "
+        f"{torch.get_num_threads()} threads"
+    )
     peak = float32_peak(args.min_seconds)
     gen = torch.Generator().manual_seed(1)
     xs = {m: torch.randn(m, k, generator=gen) for m in sizes}
@@ -180,28 +211,64 @@ def run_kernels_bench(args: argparse.Namespace) -> int:
                 compared = _seconds(partial(other, x, qw), args.min_seconds)
                 ours = min(ours, _seconds(partial(this, x, qw), args.min_seconds))
             row = {
-                "block_type": kind, "m": m, "n": n, "k": k, "weight_bytes": qw.nbytes,
-                "int8_activations": native_q8_rows(m, qw), "path": matmul_path(m, qw), "seconds": seconds,
+                "block_type": kind,
+                "m": m,
+                "n": n,
+                "k": k,
+                "weight_bytes": qw.nbytes,
+                "int8_activations": native_q8_rows(m, qw),
+                "path": matmul_path(m, qw),
+                "seconds": seconds,
                 "gflops": _gflops(m, n, k, seconds),
                 "memory_roof_gflops": _gflops(m, n, k, read) if read else None,
-                "torch_float32_gflops": ref["float32_gflops"], "torch_bfloat16_gflops": ref["bfloat16_gflops"],
+                "torch_float32_gflops": ref["float32_gflops"],
+                "torch_bfloat16_gflops": ref["bfloat16_gflops"],
                 "compared_gflops": _gflops(m, n, k, compared) if compared else None,
                 "direct_gflops": _gflops(m, n, k, ours) if compared else None,
-            }  # fmt: skip
+            }
             results.append(row)
-            table.append([kind, m, row["gflops"], row["direct_gflops"], row["compared_gflops"], row["memory_roof_gflops"],
-                          row["torch_float32_gflops"], row["torch_bfloat16_gflops"],
-                          row["path"]])  # fmt: skip
-    headers = ["block type", "M", "GFLOP/s", "direct", "compared", "memory roof", "torch f32", "torch bf16", "path"]  # fmt: skip
+            table.append(
+                [
+                    kind,
+                    m,
+                    row["gflops"],
+                    row["direct_gflops"],
+                    row["compared_gflops"],
+                    row["memory_roof_gflops"],
+                    row["torch_float32_gflops"],
+                    row["torch_bfloat16_gflops"],
+                    row["path"],
+                ]
+            )
+    headers = [
+        "block type",
+        "M",
+        "GFLOP/s",
+        "direct",
+        "compared",
+        "memory roof",
+        "torch f32",
+        "torch bf16",
+        "path",
+    ]
     print_table(headers, table)
     print(f"float32 GEMM peak (2048^3): {peak:.1f} GFLOP/s")
     # float32 weights' own memory roof, for the torch columns
     f32_roof = {m: _gflops(m, n, k, float32_read) if float32_read else None for m in sizes}
-    write_json(args.output, {
-        "benchmark": "kernels", "shape": {"n": n, "k": k}, "batch_sizes": sizes, "block_types": kinds,
-        "compare_library": args.compare_library, "float32_peak_gflops": peak,
-        "float32_memory_roof_gflops": f32_roof, "torch": torch_rows, "results": results,
-    })  # fmt: skip
+    write_json(
+        args.output,
+        {
+            "benchmark": "kernels",
+            "shape": {"n": n, "k": k},
+            "batch_sizes": sizes,
+            "block_types": kinds,
+            "compare_library": args.compare_library,
+            "float32_peak_gflops": peak,
+            "float32_memory_roof_gflops": f32_roof,
+            "torch": torch_rows,
+            "results": results,
+        },
+    )
     return 0
 
 
@@ -215,8 +282,14 @@ def plot_kernels(data: dict[str, Any], out: str, save: Any) -> list[str]:
     sizes = data["batch_sizes"]
     for i, kind in enumerate(data["block_types"]):
         rows = sorted((r for r in data["results"] if r["block_type"] == kind), key=lambda r: r["m"])
-        ax.plot([r["m"] for r in rows], [r["gflops"] for r in rows], marker="o", label=kind,
-                color=COLORS[i % len(COLORS)], linestyle="-" if i < len(COLORS) else "-.")  # fmt: skip
+        ax.plot(
+            [r["m"] for r in rows],
+            [r["gflops"] for r in rows],
+            marker="o",
+            label=kind,
+            color=COLORS[i % len(COLORS)],
+            linestyle="-" if i < len(COLORS) else "-.",
+        )
     for key, label in (("float32_gflops", "torch float32"), ("bfloat16_gflops", "torch bfloat16")):
         ax.plot(sizes, [r[key] for r in data["torch"]], "k--" if "32" in key else "k:", label=label)
     ax.axhline(data["float32_peak_gflops"], color="grey", linewidth=0.8, label="float32 GEMM peak")

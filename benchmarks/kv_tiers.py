@@ -39,15 +39,35 @@ def add_kv_tiers_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--model", dest="model_path", default=None, help="default: the embedded model")
     g.add_argument("--quantization", default="int4", help="weight quantization of the engines")
     g.add_argument("--page-size", dest="page_size", type=int, default=16, help="KV tokens per page")
-    g.add_argument("--prefix-len", dest="prefix_len", type=int, default=4000,
-                   help="restart: tokens of the prefix served before the restart")  # fmt: skip
-    g.add_argument("--num-prefixes", dest="num_prefixes", type=int, default=64,
-                   help="working set: distinct prefixes")  # fmt: skip
-    g.add_argument("--shared-len", dest="shared_len", type=int, default=2000,
-                   help="working set: tokens of each prefix")  # fmt: skip
+    g.add_argument(
+        "--prefix-len",
+        dest="prefix_len",
+        type=int,
+        default=4000,
+        help="restart: tokens of the prefix served before the restart",
+    )
+    g.add_argument(
+        "--num-prefixes",
+        dest="num_prefixes",
+        type=int,
+        default=64,
+        help="working set: distinct prefixes",
+    )
+    g.add_argument(
+        "--shared-len",
+        dest="shared_len",
+        type=int,
+        default=2000,
+        help="working set: tokens of each prefix",
+    )
     g.add_argument("--requests", type=int, default=256, help="working set: requests cycling them")
-    g.add_argument("--pool-prefixes", dest="pool_prefixes", type=float, default=10,
-                   help="working set: prefixes the KV pool holds")  # fmt: skip
+    g.add_argument(
+        "--pool-prefixes",
+        dest="pool_prefixes",
+        type=float,
+        default=10,
+        help="working set: prefixes the KV pool holds",
+    )
     g.add_argument(
         "--output-len", dest="output_len", type=int, default=8, help="tokens per request"
     )
@@ -63,8 +83,12 @@ def add_kv_tiers_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="shared: the Redis both replicas use (default: a redis-server started for the run)",
     )
-    g.add_argument("--kv-disk-dir", dest="kv_disk_dir", default=None,
-                   help="where the disk tier's blocks go (default: a temporary directory)")  # fmt: skip
+    g.add_argument(
+        "--kv-disk-dir",
+        dest="kv_disk_dir",
+        default=None,
+        help="where the disk tier's blocks go (default: a temporary directory)",
+    )
     g.add_argument("--seed", type=int, default=0, help="seed of the prompts")
     g.add_argument(
         "--output", default="bench-results/kv_tiers.json", help="JSON file of the results"
@@ -149,8 +173,19 @@ def _redis_url(url: str | None, directory: str) -> Iterator[str | None]:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     os.makedirs(directory, exist_ok=True)
-    command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-               "--appendonly", "no", "--dir", directory]  # fmt: skip
+    command = [
+        binary,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        directory,
+    ]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 20
@@ -268,10 +303,23 @@ def run_kv_tiers_bench(args: argparse.Namespace) -> int:
             results["restart"] = r
             print(f"\nrestart: TTFT of a {r['prefix_tokens']}-token prefix served before it")
             print_table(
-                ["cold TTFT s", "warm TTFT s", "warm / cold", "cached tokens", "page cache dropped"],
-                [[r["cold_ttft_s"], r["warm_ttft_s"], f"{r['warm_over_cold']:.1%}",
-                  r["warm_cached_tokens"], r["page_cache_dropped"]]],
-            )  # fmt: skip
+                [
+                    "cold TTFT s",
+                    "warm TTFT s",
+                    "warm / cold",
+                    "cached tokens",
+                    "page cache dropped",
+                ],
+                [
+                    [
+                        r["cold_ttft_s"],
+                        r["warm_ttft_s"],
+                        f"{r['warm_over_cold']:.1%}",
+                        r["warm_cached_tokens"],
+                        r["page_cache_dropped"],
+                    ]
+                ],
+            )
         if "working-set" in parts:
             rows = [run_working_set(args, None), run_working_set(args, f"{base}/working-set")]
             results["working_set"] = rows
@@ -283,8 +331,11 @@ def run_kv_tiers_bench(args: argparse.Namespace) -> int:
             )
             print_table(
                 ["setup", "hit rate", "output tok/s", "seconds"],
-                [[r["setup"], f"{r['hit_rate']:.1%}", r["output_tok_s"], r["duration_s"]] for r in rows],
-            )  # fmt: skip
+                [
+                    [r["setup"], f"{r['hit_rate']:.1%}", r["output_tok_s"], r["duration_s"]]
+                    for r in rows
+                ],
+            )
             print(f"disk tier / pool only: {speedup:.2f}x output tok/s")
         if "shared" in parts:
             with _redis_url(args.kv_redis, f"{base}/redis") as url:
@@ -293,12 +344,20 @@ def run_kv_tiers_bench(args: argparse.Namespace) -> int:
                 else:
                     r = run_shared(args, url)
                     results["shared"] = r
-                    print(f"\nshared: TTFT of a {r['prefix_tokens']}-token prefix a replica computed")
+                    print(
+                        f"\nshared: TTFT of a {r['prefix_tokens']}-token prefix a replica computed"
+                    )
                     print_table(
                         ["cold TTFT s", "second replica TTFT s", "second / cold", "cached tokens"],
-                        [[r["cold_ttft_s"], r["second_replica_ttft_s"],
-                          f"{r['second_over_cold']:.1%}", r["second_replica_cached_tokens"]]],
-                    )  # fmt: skip
+                        [
+                            [
+                                r["cold_ttft_s"],
+                                r["second_replica_ttft_s"],
+                                f"{r['second_over_cold']:.1%}",
+                                r["second_replica_cached_tokens"],
+                            ]
+                        ],
+                    )
     finally:
         if own:
             shutil.rmtree(base, ignore_errors=True)

@@ -333,15 +333,32 @@ def bench_model(
         }
         share = ours["decode_share_of_roofline"] or ours["decode_tok_s"] / roofline
         rows += [
-            [fmt, f"prefill tok/s ({args.prompt_len})", ours["prefill_tok_s"],
-             f"{prefill_share:.0%} of matmul", ref and ref["prefill_tok_s"], ours["perplexity"]],
-            [fmt, f"decode tok/s ({args.decode_len})", ours["decode_tok_s"],
-             f"{share:.0%} of {roofline:.0f} "
-             f"({ours['decode_tok_s'] / probe_roofline:.0%} of {probe_roofline:.0f})",
-             ref and ref["decode_tok_s"], None],
-            [fmt, f"decode tok/s ({args.decode_len}, sampled)", ours["sampled_decode_tok_s"],
-             f"{ours['sampled_decode_tok_s'] / ours['decode_tok_s']:.0%} of greedy", None, None],
-        ]  # fmt: skip
+            [
+                fmt,
+                f"prefill tok/s ({args.prompt_len})",
+                ours["prefill_tok_s"],
+                f"{prefill_share:.0%} of matmul",
+                ref and ref["prefill_tok_s"],
+                ours["perplexity"],
+            ],
+            [
+                fmt,
+                f"decode tok/s ({args.decode_len})",
+                ours["decode_tok_s"],
+                f"{share:.0%} of {roofline:.0f} "
+                f"({ours['decode_tok_s'] / probe_roofline:.0%} of {probe_roofline:.0f})",
+                ref and ref["decode_tok_s"],
+                None,
+            ],
+            [
+                fmt,
+                f"decode tok/s ({args.decode_len}, sampled)",
+                ours["sampled_decode_tok_s"],
+                f"{ours['sampled_decode_tok_s'] / ours['decode_tok_s']:.0%} of greedy",
+                None,
+                None,
+            ],
+        ]
     first = {**_format_kwargs(formats[0]), "kv_cache_dtype": kv_dtype}
     kv_context = getattr(args, "kv_context", 0)
     if kv_context:
@@ -349,9 +366,16 @@ def bench_model(
             measure_kv, model_path, {**first, "max_total_tokens": kv_context + 64}, kv_context
         )
         results["kv"] = kv
-        rows.append([formats[0], "KV bytes/token of context", kv["held_bytes_per_token"],
-                     f"{kv['share_of_full_attention']:.0%} of full attention at {kv['context']}",
-                     None, None])  # fmt: skip
+        rows.append(
+            [
+                formats[0],
+                "KV bytes/token of context",
+                kv["held_bytes_per_token"],
+                f"{kv['share_of_full_attention']:.0%} of full attention at {kv['context']}",
+                None,
+                None,
+            ]
+        )
     llama = (
         measure_llama_cpp(model_path, args.prompt_len, args.decode_len, repeats)
         if args.llama_cpp
@@ -369,13 +393,34 @@ def bench_model(
         )
         llama["agreement_with_plait"] = agree
         rows += [
-            ["llama.cpp (gguf)", f"prefill tok/s ({args.prompt_len})", llama["prefill_tok_s"], None, None, None],
-            ["llama.cpp (gguf)", f"decode tok/s ({args.decode_len})", llama["decode_tok_s"], None, None, None],
-        ]  # fmt: skip
+            [
+                "llama.cpp (gguf)",
+                f"prefill tok/s ({args.prompt_len})",
+                llama["prefill_tok_s"],
+                None,
+                None,
+                None,
+            ],
+            [
+                "llama.cpp (gguf)",
+                f"decode tok/s ({args.decode_len})",
+                llama["decode_tok_s"],
+                None,
+                None,
+                None,
+            ],
+        ]
         if agree is not None:
-            rows.append(["llama.cpp vs float32", "median |Δ logprob| (top-1 agreement)",
-                         agree["median_abs_logprob_delta"], f"{agree['top1_agreement']:.1%} top-1",
-                         None, None])  # fmt: skip
+            rows.append(
+                [
+                    "llama.cpp vs float32",
+                    "median |Δ logprob| (top-1 agreement)",
+                    agree["median_abs_logprob_delta"],
+                    f"{agree['top1_agreement']:.1%} top-1",
+                    None,
+                    None,
+                ]
+            )
     return results, rows
 
 
@@ -444,5 +489,10 @@ def print_side_by_side(reports: dict[str, tuple[dict[str, Any], list[list[Any]]]
         for row in rows:
             table.setdefault((row[0], row[1]), {})[label] = row[2]
     print()
-    print_table(["format", "metric", *labels],
-                [[fmt, metric, *(values.get(m) for m in labels)] for (fmt, metric), values in table.items()])  # fmt: skip
+    print_table(
+        ["format", "metric", *labels],
+        [
+            [fmt, metric, *(values.get(m) for m in labels)]
+            for (fmt, metric), values in table.items()
+        ],
+    )

@@ -138,8 +138,11 @@ def _run_server(
             )
             summary = summarize(results, duration)
             runs.append({"server": label, "concurrency": level, **summary})
-            print(f"{label} c={level}: {summary['output_tok_s']:.1f} output tok/s, "
-                  f"{summary['failed']} failed", flush=True)  # fmt: skip
+            print(
+                f"{label} c={level}: {summary['output_tok_s']:.1f} output tok/s, "
+                f"{summary['failed']} failed",
+                flush=True,
+            )
     finally:
         _stop(process)
     return runs
@@ -163,14 +166,42 @@ def run_llama_cpp_bench(args: argparse.Namespace) -> int:
     threads = torch.get_num_threads()
     results: list[dict[str, Any]] = []
     port = _free_port()
-    plait_cmd = [sys.executable, "-m", "plait.server.cli", "--host", "127.0.0.1", "--port", str(port),
-                 "--served-model-name", args.model_name, "--log-level", "warning", *_engine_flags(args)]  # fmt: skip
+    plait_cmd = [
+        sys.executable,
+        "-m",
+        "plait.server.cli",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        args.model_name,
+        "--log-level",
+        "warning",
+        *_engine_flags(args),
+    ]
     results += _run_server("plait", plait_cmd, "/health", port, args)
     port = _free_port()
     context = args.input_len * 2 + args.output_len + 64  # words are ~1.3 tokens
-    llama_cmd = [sys.executable, "-m", "plait.benchmarks.llama_cpp_server", "--model", loc.path, "--host", "127.0.0.1",
-                 "--port", str(port), "--n_threads", str(threads), "--n_threads_batch", str(threads),
-                 "--n_ctx", str(context), "--model_alias", args.model_name]  # fmt: skip
+    llama_cmd = [
+        sys.executable,
+        "-m",
+        "plait.benchmarks.llama_cpp_server",
+        "--model",
+        loc.path,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_threads",
+        str(threads),
+        "--n_threads_batch",
+        str(threads),
+        "--n_ctx",
+        str(context),
+        "--model_alias",
+        args.model_name,
+    ]
     results += _run_server("llama.cpp", llama_cmd, "/v1/models", port, args)
 
     rows = []
@@ -178,11 +209,23 @@ def run_llama_cpp_bench(args: argparse.Namespace) -> int:
     for r in results:
         ref = by.get(("llama.cpp", r["concurrency"]))
         ratio = r["output_tok_s"] / ref["output_tok_s"] if ref and ref["output_tok_s"] else None
-        rows.append([r["server"], r["concurrency"], r["completed"], r["failed"], r["output_tok_s"],
-                     r["ttft_ms"]["median"], r["itl_ms"]["median"], ratio])  # fmt: skip
-    print(f"\n{args.num_prompts} requests per run, ~{args.input_len} words in, "
-          f"<= {args.output_len} tokens out, {threads} threads, {os.path.basename(loc.path)}, "
-          f"sampling {_sampling(args)}")  # fmt: skip
+        rows.append(
+            [
+                r["server"],
+                r["concurrency"],
+                r["completed"],
+                r["failed"],
+                r["output_tok_s"],
+                r["ttft_ms"]["median"],
+                r["itl_ms"]["median"],
+                ratio,
+            ]
+        )
+    print(
+        f"\n{args.num_prompts} requests per run, ~{args.input_len} words in, "
+        f"<= {args.output_len} tokens out, {threads} threads, {os.path.basename(loc.path)}, "
+        f"sampling {_sampling(args)}"
+    )
     print_table(
         [
             "server",
@@ -196,9 +239,17 @@ def run_llama_cpp_bench(args: argparse.Namespace) -> int:
         ],
         rows,
     )
-    write_json(args.output, {"benchmark": "llama_cpp", "threads": threads, "model": loc.path,
-                             "engine_flags": _engine_flags(args), "sampling": _sampling(args),
-                             "results": results})  # fmt: skip
+    write_json(
+        args.output,
+        {
+            "benchmark": "llama_cpp",
+            "threads": threads,
+            "model": loc.path,
+            "engine_flags": _engine_flags(args),
+            "sampling": _sampling(args),
+            "results": results,
+        },
+    )
     return 0
 
 

@@ -36,14 +36,23 @@ def measure_kv(model_path: str | None, engine_kwargs: dict, context: int) -> dic
         stats = engine.stats()
     held = stats["kv_bytes_held"] / context
     full = stats["kv_bytes_per_token"]
-    return {"context": context, "held_bytes_per_token": held, "full_attention_bytes_per_token": full,
-            "share_of_full_attention": held / full}  # fmt: skip
+    return {
+        "context": context,
+        "held_bytes_per_token": held,
+        "full_attention_bytes_per_token": full,
+        "share_of_full_attention": held / full,
+    }
 
 
 def plait_teacher_forced(engine: Any, ids: list[int]) -> tuple[list[int], list[float]]:
     """plait's top token and the log-probability of the next token of `ids`, at each position."""
-    out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0},
-                          return_logprob=True, logprob_start_len=0, top_logprobs_num=1)  # fmt: skip
+    out = engine.generate(
+        input_ids=ids,
+        sampling_params={"max_new_tokens": 0},
+        return_logprob=True,
+        logprob_start_len=0,
+        top_logprobs_num=1,
+    )
     meta = out["meta_info"]
     top = [e[0][1] for e in meta["input_top_logprobs"][1:]]
     return top, [e[0] for e in meta["input_token_logprobs"][1:]]
@@ -62,8 +71,15 @@ def llama_cpp_teacher_forced(
     from plait.benchmarks.llama_cpp import keep_llama_cpp_off_amx
 
     keep_llama_cpp_off_amx()
-    llm = llama_cpp.Llama(path, n_ctx=len(ids) + 8, n_batch=len(ids), n_threads=threads,
-                          n_threads_batch=threads, logits_all=True, verbose=False)  # fmt: skip
+    llm = llama_cpp.Llama(
+        path,
+        n_ctx=len(ids) + 8,
+        n_batch=len(ids),
+        n_threads=threads,
+        n_threads_batch=threads,
+        logits_all=True,
+        verbose=False,
+    )
     llm.eval(ids)
     logits = np.asarray(llm.scores[: len(ids) - 1], dtype=np.float64)  # [n - 1, vocab]
     logits -= logits.max(-1, keepdims=True)
@@ -76,8 +92,12 @@ def agreement(ours: tuple[list[int], list[float]], theirs: tuple[list[int], list
     """Top-1 agreement and |Δ log-probability| of the text's tokens (median and max)."""
     deltas = [abs(a - b) for a, b in zip(ours[1], theirs[1])]
     same = sum(a == b for a, b in zip(ours[0], theirs[0])) / len(deltas)
-    return {"positions": len(deltas), "top1_agreement": same,
-            "median_abs_logprob_delta": statistics.median(deltas), "max_abs_logprob_delta": max(deltas)}  # fmt: skip
+    return {
+        "positions": len(deltas),
+        "top1_agreement": same,
+        "median_abs_logprob_delta": statistics.median(deltas),
+        "max_abs_logprob_delta": max(deltas),
+    }
 
 
 def llama_cpp_agreement(model_path: str | None, engine_kwargs: dict, threads: int) -> dict | None:

@@ -45,23 +45,33 @@ def write_skinny_twin(engine: Any, path: Path) -> Path:
     for i in range(args.num_layers):
         p = f"model.layers.{i}."
         tensors |= {
-            p + "input_layernorm.weight": torch.ones(hidden), p + "post_attention_layernorm.weight": torch.ones(hidden),
+            p + "input_layernorm.weight": torch.ones(hidden),
+            p + "post_attention_layernorm.weight": torch.ones(hidden),
             p + "self_attn.q_proj.weight": rand(heads * head_dim, hidden),
             p + "self_attn.k_proj.weight": rand(kv_heads * head_dim, hidden),
             p + "self_attn.v_proj.weight": rand(kv_heads * head_dim, hidden),
             p + "self_attn.o_proj.weight": rand(hidden, heads * head_dim),
-            p + "mlp.gate_proj.weight": rand(inter, hidden), p + "mlp.up_proj.weight": rand(inter, hidden),
+            p + "mlp.gate_proj.weight": rand(inter, hidden),
+            p + "mlp.up_proj.weight": rand(inter, hidden),
             p + "mlp.down_proj.weight": rand(hidden, inter),
-        }  # fmt: skip
+        }
     path.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path / "model.safetensors"))
     config = {
-        "architectures": ["LlamaForCausalLM"], "vocab_size": args.vocab_size, "hidden_size": hidden,
-        "intermediate_size": inter, "num_hidden_layers": args.num_layers, "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads, "head_dim": head_dim, "max_position_embeddings": args.max_position_embeddings,
-        "rms_norm_eps": args.rms_norm_eps, "rope_theta": args.rope_theta, "tie_word_embeddings": True,
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": args.vocab_size,
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": args.num_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "max_position_embeddings": args.max_position_embeddings,
+        "rms_norm_eps": args.rms_norm_eps,
+        "rope_theta": args.rope_theta,
+        "tie_word_embeddings": True,
         "torch_dtype": "float32",
-    }  # fmt: skip
+    }
     (path / "config.json").write_text(json.dumps(config))
     tok = engine.tokenizer
     tok.backend.save(str(path / "tokenizer.json"))
@@ -144,9 +154,12 @@ def run_overhead_bench(args: argparse.Namespace) -> int:
             with Engine(model_path=str(twin_path), **kwargs) as twin:
                 skinny = decode_step_ms(twin, args.decode_len, args.repeats)
             results[fmt] = {
-                "step_ms": full, "python_step_ms": python, "python_share": python / full,
-                "twin_step_ms": skinny, "overhead_share": skinny / full,
-            }  # fmt: skip
+                "step_ms": full,
+                "python_step_ms": python,
+                "python_share": python / full,
+                "twin_step_ms": skinny,
+                "overhead_share": skinny / full,
+            }
             rows.append(
                 [
                     fmt,
@@ -164,9 +177,18 @@ def run_overhead_bench(args: argparse.Namespace) -> int:
         f"{torch.get_num_threads()} threads"
     )
     print_table(
-        ["format", "layers", "step ms", "tok/s", "kernels stubbed ms", "python share", "skinny twin step ms",
-         "overhead share (twin)"], rows,
-    )  # fmt: skip
+        [
+            "format",
+            "layers",
+            "step ms",
+            "tok/s",
+            "kernels stubbed ms",
+            "python share",
+            "skinny twin step ms",
+            "overhead share (twin)",
+        ],
+        rows,
+    )
     write_json(
         args.output, {"benchmark": "overhead", "decode_len": args.decode_len, "results": results}
     )

@@ -62,8 +62,13 @@ def plot_serving(data: Any, out: str, prefix: str = "serving") -> list[str]:
     fig, ax = plt.subplots(figsize=(6, 4))
     for i, s in enumerate(servers):
         runs = sorted(s["runs"], key=lambda r: r["concurrency"])
-        ax.plot([r["concurrency"] for r in runs], [r["output_tok_s"] for r in runs], "o-",
-                label=s["label"], color=COLORS[i % len(COLORS)])  # fmt: skip
+        ax.plot(
+            [r["concurrency"] for r in runs],
+            [r["output_tok_s"] for r in runs],
+            "o-",
+            label=s["label"],
+            color=COLORS[i % len(COLORS)],
+        )
     ax.set(
         xscale="log", xlabel="concurrency", ylabel="output tok/s", title="throughput vs concurrency"
     )
@@ -80,8 +85,13 @@ def plot_serving(data: Any, out: str, prefix: str = "serving") -> list[str]:
             ax.set_xticks(range(1, len(samples) + 1), [n for n, _ in samples])
         else:  # results written before the samples were kept: mean, median and P99 only
             for i, stat in enumerate(("median", "mean", "p99")):
-                ax.plot(range(len(samples)), [r[key][stat] for _, r in runs_of], "o-", label=stat,
-                        color=COLORS[i])  # fmt: skip
+                ax.plot(
+                    range(len(samples)),
+                    [r[key][stat] for _, r in runs_of],
+                    "o-",
+                    label=stat,
+                    color=COLORS[i],
+                )
             ax.set_xticks(range(len(samples)), [n for n, _ in samples])
             ax.legend()
         ax.set(yscale="log", ylabel="ms", title=f"{title} (distribution per run)")
@@ -94,19 +104,38 @@ def plot_throughput(data: Any, out: str) -> list[str]:
     res = data["results"]
     plait = sorted(res["random"], key=lambda r: r["concurrency"])
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([r["concurrency"] for r in plait], [r["output_tok_s"] for r in plait], "o-",
-            label="plait (continuous batching)", color=COLORS[0])  # fmt: skip
+    ax.plot(
+        [r["concurrency"] for r in plait],
+        [r["output_tok_s"] for r in plait],
+        "o-",
+        label="plait (continuous batching)",
+        color=COLORS[0],
+    )
     if res.get("transformers"):
         hf = sorted(res["transformers"], key=lambda r: r["batch_size"])
-        ax.plot([r["batch_size"] for r in hf], [r["output_tok_s"] for r in hf], "s--",
-                label="transformers (static batch)", color=COLORS[1])  # fmt: skip
-    ax.set(xscale="log", xlabel="concurrency / batch size", ylabel="output tok/s",
-           title="throughput vs concurrency")  # fmt: skip
+        ax.plot(
+            [r["batch_size"] for r in hf],
+            [r["output_tok_s"] for r in hf],
+            "s--",
+            label="transformers (static batch)",
+            color=COLORS[1],
+        )
+    ax.set(
+        xscale="log",
+        xlabel="concurrency / batch size",
+        ylabel="output tok/s",
+        title="throughput vs concurrency",
+    )
     ax.legend()
     _save(fig, out, "throughput-concurrency", written)
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([r["concurrency"] for r in plait], [r["steps_s"] for r in plait], "o-",
-            label="decode steps/s", color=COLORS[0])  # fmt: skip
+    ax.plot(
+        [r["concurrency"] for r in plait],
+        [r["steps_s"] for r in plait],
+        "o-",
+        label="decode steps/s",
+        color=COLORS[0],
+    )
     ax.axhline(data["roofline_steps_s"], color=COLORS[1], ls="--", label="roofline (weights read)")
     ax.set(
         xscale="log",
@@ -119,8 +148,12 @@ def plot_throughput(data: Any, out: str) -> list[str]:
     if res.get("shared_prefix"):
         fig, ax = plt.subplots(figsize=(5, 4))
         runs = res["shared_prefix"]
-        _bars(ax, [f"cache {r['cache']}" for r in runs], {"seconds": [r["seconds"] for r in runs]},
-              "seconds (lower is better)")  # fmt: skip
+        _bars(
+            ax,
+            [f"cache {r['cache']}" for r in runs],
+            {"seconds": [r["seconds"] for r in runs]},
+            "seconds (lower is better)",
+        )
         ax.set_title("shared prefix: radix cache on / off")
         _save(fig, out, "throughput-cache", written)
     return written
@@ -155,8 +188,12 @@ def plot_programs(data: Any, out: str) -> list[str]:
     systems = list(dict.fromkeys(r["system"] for r in results))
     by = {(r["workload"], r["system"]): r for r in results}
     fig, ax = plt.subplots(figsize=(7, 4))
-    _bars(ax, workloads, {s: [(by.get((w, s)) or {}).get("programs_per_s") for w in workloads]
-                          for s in systems}, "programs/s")  # fmt: skip
+    _bars(
+        ax,
+        workloads,
+        {s: [(by.get((w, s)) or {}).get("programs_per_s") for w in workloads] for s in systems},
+        "programs/s",
+    )
     ax.set_title("programs: radix cache on / off")
     _save(fig, out, "programs-cache", written)
     return written
@@ -167,15 +204,23 @@ def plot_json(data: Any, out: str) -> list[str]:
     res = data["results"]
     runs = [n for n in ("unconstrained", "jump-forward on", "jump-forward off") if n in res]
     fig, ax = plt.subplots(figsize=(6, 4))
-    _bars(ax, runs, {"output tok/s": [res[n]["output_tokens"] / res[n]["seconds"] for n in runs]},
-          "output tok/s")  # fmt: skip
+    _bars(
+        ax,
+        runs,
+        {"output tok/s": [res[n]["output_tokens"] / res[n]["seconds"] for n in runs]},
+        "output tok/s",
+    )
     ax.set_title("JSON schema: constrained vs free")
     _save(fig, out, "json-constrained", written)
     if "steps" in res:
         fig, ax = plt.subplots(figsize=(5, 4))
         st = res["steps"]
-        _bars(ax, ["free", "constrained"],
-              {"step ms": [st["unconstrained_step_ms"], st["constrained_step_ms"]]}, "decode step ms")  # fmt: skip
+        _bars(
+            ax,
+            ["free", "constrained"],
+            {"step ms": [st["unconstrained_step_ms"], st["constrained_step_ms"]]},
+            "decode step ms",
+        )
         ax.set_title("decode step: constrained vs free")
         _save(fig, out, "json-step", written)
     return written
@@ -199,14 +244,24 @@ def plot_jsonschema(data: Any, out: str) -> list[str]:
     _bars(ax, labels, groups, f"schemas (of {total})")
     ax.set_title("JSONSchemaBench sample: outcomes")
     _save(fig, out, "jsonschema-outcomes", written)
-    speed = {(n, b): e[f"decode_b{b}"] for n, e in backends.items() for b in (1, 16)
-             if isinstance(e.get(f"decode_b{b}"), dict)}  # fmt: skip
+    speed = {
+        (n, b): e[f"decode_b{b}"]
+        for n, e in backends.items()
+        for b in (1, 16)
+        if isinstance(e.get(f"decode_b{b}"), dict)
+    }
     if speed:
         fig, ax = plt.subplots(figsize=(6, 4))
         keys = list(speed)
-        _bars(ax, [f"{n} b{b}" for n, b in keys],
-              {"free": [speed[k]["free"] for k in keys], "constrained": [speed[k]["constrained"] for k in keys]},
-              "output tok/s")  # fmt: skip
+        _bars(
+            ax,
+            [f"{n} b{b}" for n, b in keys],
+            {
+                "free": [speed[k]["free"] for k in keys],
+                "constrained": [speed[k]["constrained"] for k in keys],
+            },
+            "output tok/s",
+        )
         ax.set_title("decode: constrained vs free")
         _save(fig, out, "jsonschema-decode", written)
     return written
@@ -253,9 +308,16 @@ def plot_overhead(data: Any, out: str) -> list[str]:
     res = data["results"]
     formats = list(res)
     fig, ax = plt.subplots(figsize=(6, 4))
-    _bars(ax, formats, {"step": [res[f]["step_ms"] for f in formats],
-                        "kernels stubbed": [res[f]["python_step_ms"] for f in formats],
-                        "skinny twin": [res[f]["twin_step_ms"] for f in formats]}, "ms per decode step")  # fmt: skip
+    _bars(
+        ax,
+        formats,
+        {
+            "step": [res[f]["step_ms"] for f in formats],
+            "kernels stubbed": [res[f]["python_step_ms"] for f in formats],
+            "skinny twin": [res[f]["twin_step_ms"] for f in formats],
+        },
+        "ms per decode step",
+    )
     ax.set_title("what a decode step spends outside the arithmetic")
     _save(fig, out, "overhead", written)
     return written
@@ -265,26 +327,39 @@ def plot_dashboard(data: Any, out: str) -> list[str]:
     plt, written = _pyplot(), []
     res = data["results"]
     fig, ax = plt.subplots(figsize=(5, 4))
-    _bars(ax, [r["mode"] for r in res], {"median": [r["step_ms"] for r in res],
-                                         "best": [r["best_step_ms"] for r in res]}, "ms per decode step")  # fmt: skip
+    _bars(
+        ax,
+        [r["mode"] for r in res],
+        {"median": [r["step_ms"] for r in res], "best": [r["best_step_ms"] for r in res]},
+        "ms per decode step",
+    )
     ax.set_title(f"watching /dashboard ({data['concurrency']} streams)")
     _save(fig, out, "dashboard-cost", written)
     return written
 
 
 PLOTTERS: dict[str, Callable[[Any, str], list[str]]] = {
-    "serving": plot_serving, "throughput": plot_throughput, "latency": plot_latency,
-    "programs": plot_programs, "json": plot_json, "jsonschema": plot_jsonschema,
+    "serving": plot_serving,
+    "throughput": plot_throughput,
+    "latency": plot_latency,
+    "programs": plot_programs,
+    "json": plot_json,
+    "jsonschema": plot_jsonschema,
     "speculative": plot_speculative,
-    "data-parallel": plot_data_parallel, "llama-cpp": plot_llama_cpp, "overhead": plot_overhead,
-    "dashboard": plot_dashboard, "kernels": lambda data, out: _plot_kernels(data, out),
-}  # fmt: skip
+    "data-parallel": plot_data_parallel,
+    "llama-cpp": plot_llama_cpp,
+    "overhead": plot_overhead,
+    "dashboard": plot_dashboard,
+    "kernels": lambda data, out: _plot_kernels(data, out),
+}
 
 
 def _plot_kernels(data: Any, out: str) -> list[str]:
     from plait.benchmarks.kernels import plot_kernels
 
     return plot_kernels(data, out, _save)
+
+
 _NAMES = {"llama_cpp": "llama-cpp", "data_parallel": "data-parallel"}
 
 

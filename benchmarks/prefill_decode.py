@@ -76,7 +76,7 @@ def add_prefill_decode_args(parser: argparse.ArgumentParser) -> None:
         help="comma-separated, of " + ", ".join(SETUPS),
     )
     g.add_argument("--seed", type=int, default=0, help="seed of the prompts")
-    g.add_argument("--output", default="bench-results/pd.json", help="JSON file of the results")  # fmt: skip
+    g.add_argument("--output", default="bench-results/pd.json", help="JSON file of the results")
 
 
 @dataclass
@@ -89,8 +89,11 @@ class Stream:
 async def _stream(client: Any, text: str, max_tokens: int) -> Stream:
     import json
 
-    body = {"text": text, "stream": True,
-            "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0, "ignore_eos": True}}  # fmt: skip
+    body = {
+        "text": text,
+        "stream": True,
+        "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
+    }
     out = Stream(time.perf_counter())
     tokens = 0
     try:
@@ -169,22 +172,29 @@ def _summary(shorts: list[Stream], longs: list[Stream], duration: float) -> dict
     long_ttft = [s.arrivals[0] - s.sent for s in longs if s.arrivals]
     output = sum(len(s.arrivals) for s in ok) + sum(len(s.arrivals) for s in longs)
     return {
-        "duration_s": duration, "output_tok_s": output / duration,
-        "short_requests": len(ok), "failed": [s.error for s in shorts + longs if s.error][:5],
+        "duration_s": duration,
+        "output_tok_s": output / duration,
+        "short_requests": len(ok),
+        "failed": [s.error for s in shorts + longs if s.error][:5],
         "short_ttft_ms": {"p50": _pct(ttft, 0.5), "p99": _pct(ttft, 0.99)},
         "itl_ms": {"p50": _pct(itl, 0.5), "p99": _pct(itl, 0.99)},
-        "itl_during_long_prefill_ms": {"p50": _pct(during, 0.5), "p99": _pct(during, 0.99),
-                                       "samples": len(during)},
+        "itl_during_long_prefill_ms": {
+            "p50": _pct(during, 0.5),
+            "p99": _pct(during, 0.99),
+            "samples": len(during),
+        },
         "long_ttft_ms": {"p50": _pct(long_ttft, 0.5), "max": _pct(long_ttft, 1.0)},
-    }  # fmt: skip
+    }
 
 
 def _transfer(url: str, router: Any, args: argparse.Namespace) -> dict[str, Any]:
     """KV moved per long prompt, each sent alone: bytes, push and prefill milliseconds."""
     import httpx
 
-    names = [f"plait_router_kv_handoff_{n}_total" for n in ("bytes", "push_seconds",
-                                                            "prefill_seconds", "tokens")]  # fmt: skip
+    names = [
+        f"plait_router_kv_handoff_{n}_total"
+        for n in ("bytes", "push_seconds", "prefill_seconds", "tokens")
+    ]
 
     def read() -> list[float]:
         return [router.metrics.registry.get_sample_value(n) or 0.0 for n in names]
@@ -197,8 +207,9 @@ def _transfer(url: str, router: Any, args: argparse.Namespace) -> dict[str, Any]
         httpx.post(url + "/generate", json=body, timeout=600).raise_for_status()
         after = read()
         moved, push, prefill, tokens = (b - a for a, b in zip(before, after))
-        per.append({"tokens": tokens, "bytes": moved, "push_ms": 1000 * push,
-                    "prefill_ms": 1000 * prefill})  # fmt: skip
+        per.append(
+            {"tokens": tokens, "bytes": moved, "push_ms": 1000 * push, "prefill_ms": 1000 * prefill}
+        )
     return {k: sum(p[k] for p in per) / len(per) for k in per[0]}
 
 
@@ -211,8 +222,15 @@ def _run(args: argparse.Namespace, setup: str) -> dict[str, Any]:
     from plait.server.routing import Router, RouterConfig
 
     count, prefill, extra, routing = SETUPS[setup]
-    argv = ["--max-total-tokens", str(args.max_total_tokens), "--page-size", str(args.page_size),
-            "--log-level", "warning", *extra]  # fmt: skip
+    argv = [
+        "--max-total-tokens",
+        str(args.max_total_tokens),
+        "--page-size",
+        str(args.page_size),
+        "--log-level",
+        "warning",
+        *extra,
+    ]
     if args.quantization:
         argv += ["--quantization", args.quantization]
     if args.model_path:
@@ -260,15 +278,40 @@ def run_prefill_decode_bench(args: argparse.Namespace) -> int:
     rows = []
     for name, r in runs.items():
         t = r.get("transfer")
-        rows.append([name, r["output_tok_s"], r["short_ttft_ms"]["p50"], r["itl_ms"]["p50"],
-                     r["itl_ms"]["p99"], r["itl_during_long_prefill_ms"]["p99"],
-                     r["long_ttft_ms"]["p50"], t and t["bytes"] / 1e6, t and t["push_ms"],
-                     len(r["failed"])])  # fmt: skip
-    print(f"\n{args.streams} short streams ({args.short_len} words in, {args.output_len} out), "
-          f"{args.num_long} long prompts of {args.long_len} words every {args.long_interval:g} s, "
-          f"{os.cpu_count()} CPUs split between the replicas")  # fmt: skip
-    print_table(["setup", "out tok/s", "TTFT p50 ms", "ITL p50", "ITL p99", "ITL p99 in prefill",
-                 "long TTFT p50", "KV MB/long", "push ms/long", "failed"], rows)  # fmt: skip
+        rows.append(
+            [
+                name,
+                r["output_tok_s"],
+                r["short_ttft_ms"]["p50"],
+                r["itl_ms"]["p50"],
+                r["itl_ms"]["p99"],
+                r["itl_during_long_prefill_ms"]["p99"],
+                r["long_ttft_ms"]["p50"],
+                t and t["bytes"] / 1e6,
+                t and t["push_ms"],
+                len(r["failed"]),
+            ]
+        )
+    print(
+        f"\n{args.streams} short streams ({args.short_len} words in, {args.output_len} out), "
+        f"{args.num_long} long prompts of {args.long_len} words every {args.long_interval:g} s, "
+        f"{os.cpu_count()} CPUs split between the replicas"
+    )
+    print_table(
+        [
+            "setup",
+            "out tok/s",
+            "TTFT p50 ms",
+            "ITL p50",
+            "ITL p99",
+            "ITL p99 in prefill",
+            "long TTFT p50",
+            "KV MB/long",
+            "push ms/long",
+            "failed",
+        ],
+        rows,
+    )
     config = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, type(None)))}
     write_json(args.output, {"benchmark": "pd", "config": config, "runs": runs})
     return 0

@@ -67,9 +67,17 @@ PROBLEMS = [
     "Sam saves 25 dollars a week. How many weeks until he has 300 dollars?",
 ]
 SUMS = [
-    "17 times 23", "144 divided by 12", "305 plus 718", "1000 minus 377", "45 times 19",
-    "9 times 81", "2048 divided by 16", "123 plus 456", "88 times 12", "500 minus 123",
-]  # fmt: skip
+    "17 times 23",
+    "144 divided by 12",
+    "305 plus 718",
+    "1000 minus 377",
+    "45 times 19",
+    "9 times 81",
+    "2048 divided by 16",
+    "123 plus 456",
+    "88 times 12",
+    "500 minus 123",
+]
 WORDS = ["plait", "cache", "token", "prefix", "kernel", "tensor"]
 TASKS = [f"What is {q}?" for q in SUMS] + [f"What does the word {w} mean?" for w in WORDS]
 EXTRA_WORDS = {  # added to the example's dictionary, so most lookups find something
@@ -114,9 +122,13 @@ def build_workloads(names: list[str], num_items: dict[str, int], tot_width: int)
         ex = load_example("fewshot_select")
         reviews = cycle(REVIEWS, num_items["fewshot"])
         made["fewshot"] = Workload(
-            "fewshot", ex.classify, [{"review": r} for r, _ in reviews],
-            lambda s: s["label"], fewshot_baseline(ex), [label for _, label in reviews],
-        )  # fmt: skip
+            "fewshot",
+            ex.classify,
+            [{"review": r} for r, _ in reviews],
+            lambda s: s["label"],
+            fewshot_baseline(ex),
+            [label for _, label in reviews],
+        )
     if "tot" in names:
         ex = load_example("tree_of_thought")
         items = [{"question": q, "width": tot_width} for q in cycle(PROBLEMS, num_items["tot"])]
@@ -258,16 +270,28 @@ def run_programs_bench(args: argparse.Namespace) -> int:
         try:
             runtime = Runtime(engine=engine)
             for w in workloads:
-                results.append({"workload": w.name, "system": system, "programs": len(w.items),
-                                **run_plait(runtime, w, threads)})  # fmt: skip
+                results.append(
+                    {
+                        "workload": w.name,
+                        "system": system,
+                        "programs": len(w.items),
+                        **run_plait(runtime, w, threads),
+                    }
+                )
                 print(f"{w.name}: {system} {results[-1]['seconds']:.1f} s", flush=True)
         finally:
             engine.shutdown()
     if args.transformers:
         lm = load_transformers_lm(args.model_path, dtype)
         for w in workloads:
-            results.append({"workload": w.name, "system": HF, "programs": len(w.items),
-                            **run_transformers(lm, w)})  # fmt: skip
+            results.append(
+                {
+                    "workload": w.name,
+                    "system": HF,
+                    "programs": len(w.items),
+                    **run_transformers(lm, w),
+                }
+            )
             print(f"{w.name}: transformers {results[-1]['seconds']:.1f} s", flush=True)
     return report(args, results, names)
 
@@ -292,24 +316,66 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], names: list[
     }
     print(f"\nrun_batch threads: {args.num_threads}")
     print_table(
-        ["workload", "system", "programs", "seconds", "programs/s", "computed tok", "prompt tok",
-         "hit rate", "cache-on speed-up", "accuracy / tool calls"],
-        [[r["workload"], r["system"], r["programs"], r["seconds"], r["programs_per_s"],
-          r["computed_tokens"], r["prompt_tokens"], r["cache_hit_rate"],
-          ratio(r["workload"], "programs_per_s", ON, r["system"]),
-          r.get("accuracy", r.get("mean_tool_calls"))] for r in results],
-    )  # fmt: skip
+        [
+            "workload",
+            "system",
+            "programs",
+            "seconds",
+            "programs/s",
+            "computed tok",
+            "prompt tok",
+            "hit rate",
+            "cache-on speed-up",
+            "accuracy / tool calls",
+        ],
+        [
+            [
+                r["workload"],
+                r["system"],
+                r["programs"],
+                r["seconds"],
+                r["programs_per_s"],
+                r["computed_tokens"],
+                r["prompt_tokens"],
+                r["cache_hit_rate"],
+                ratio(r["workload"], "programs_per_s", ON, r["system"]),
+                r.get("accuracy", r.get("mean_tool_calls")),
+            ]
+            for r in results
+        ],
+    )
     print("\nplait with the cache on: speed-up in programs/s, and x fewer tokens computed")
     print_table(
-        ["workload", "x cache off", "target", "x transformers", "target", "x fewer tok vs off",
-         "x fewer tok vs transformers"],
-        [[n, s["vs_cache_off"], TARGETS["vs_cache_off"].get(n), s["vs_transformers"],
-          TARGETS["vs_transformers"], s["fewer_tokens_vs_cache_off"],
-          s["fewer_tokens_vs_transformers"]] for n, s in speedups.items()],
-    )  # fmt: skip
-    write_json(args.output, {
-        "benchmark": "programs",
-        "args": {k: v for k, v in vars(args).items() if k != "func"},
-        "results": results, "speedups": speedups, "targets": TARGETS,
-    })  # fmt: skip
+        [
+            "workload",
+            "x cache off",
+            "target",
+            "x transformers",
+            "target",
+            "x fewer tok vs off",
+            "x fewer tok vs transformers",
+        ],
+        [
+            [
+                n,
+                s["vs_cache_off"],
+                TARGETS["vs_cache_off"].get(n),
+                s["vs_transformers"],
+                TARGETS["vs_transformers"],
+                s["fewer_tokens_vs_cache_off"],
+                s["fewer_tokens_vs_transformers"],
+            ]
+            for n, s in speedups.items()
+        ],
+    )
+    write_json(
+        args.output,
+        {
+            "benchmark": "programs",
+            "args": {k: v for k, v in vars(args).items() if k != "func"},
+            "results": results,
+            "speedups": speedups,
+            "targets": TARGETS,
+        },
+    )
     return 0

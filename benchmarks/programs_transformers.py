@@ -115,12 +115,16 @@ class TransformersLM:
         ids = self.encode(text)
         sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
         out = self.model.generate(
-            torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            max_new_tokens=max_tokens, min_new_tokens=min_tokens, stop_strings=[stop],
-            tokenizer=self.tokenizer, eos_token_id=self.tokenizer.eos_token_id,
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=max_tokens,
+            min_new_tokens=min_tokens,
+            stop_strings=[stop],
+            tokenizer=self.tokenizer,
+            eos_token_id=self.tokenizer.eos_token_id,
             pad_token_id=self.tokenizer.eos_token_id,
             **(sampling if temperature > 0 else {"do_sample": False}),
-        )  # fmt: skip
+        )
         new = out[0, len(ids) :].tolist()
         self.prompt_tokens += len(ids)
         self.computed_tokens += len(ids) + max(len(new) - 1, 0)

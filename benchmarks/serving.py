@@ -85,8 +85,15 @@ def _payload(
     if backend == "native":
         params = {"max_new_tokens": prompt.output_len, "ignore_eos": True, **sampling}
         return "/generate", {"text": prompt.text, "sampling_params": params, "stream": True}
-    body = {"model": model, "prompt": prompt.text, "max_tokens": prompt.output_len,
-            "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}, **sampling}  # fmt: skip
+    body = {
+        "model": model,
+        "prompt": prompt.text,
+        "max_tokens": prompt.output_len,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+        **sampling,
+    }
     return "/v1/completions", body
 
 
@@ -145,10 +152,16 @@ async def _send(
 
 
 async def run_load(
-    url: str, backend: str, prompts: list[Prompt], concurrency: int | None,
-    request_rate: float | None, max_duration: float, model: str = "default", seed: int = 0,
+    url: str,
+    backend: str,
+    prompts: list[Prompt],
+    concurrency: int | None,
+    request_rate: float | None,
+    max_duration: float,
+    model: str = "default",
+    seed: int = 0,
     sampling: dict[str, float] | None = None,
-) -> tuple[list[Result], float]:  # fmt: skip
+) -> tuple[list[Result], float]:
     """Sends `prompts` (at most `concurrency` in flight; Poisson arrivals at `request_rate`/s),
     launching none after `max_duration` s; returns the results and the wall time."""
     import httpx
@@ -185,8 +198,11 @@ def _stats(values: list[float], scale: float = 1000.0) -> dict[str, float | None
         return {"mean": None, "median": None, "p99": None}
     ordered = sorted(values)
     p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
-    return {"mean": statistics.fmean(values) * scale, "median": statistics.median(values) * scale,
-            "p99": p99 * scale}  # fmt: skip
+    return {
+        "mean": statistics.fmean(values) * scale,
+        "median": statistics.median(values) * scale,
+        "p99": p99 * scale,
+    }
 
 
 def summarize(results: list[Result], duration: float) -> dict[str, Any]:
@@ -196,20 +212,29 @@ def summarize(results: list[Result], duration: float) -> dict[str, Any]:
     cached = [r.cached_tokens for r in ok if r.cached_tokens is not None]
     tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
     return {
-        "completed": len(ok), "failed": len(results) - len(ok), "duration_s": duration,
-        "request_throughput": len(ok) / duration, "input_tok_s": prompt / duration,
-        "output_tok_s": output / duration, "total_tok_s": (prompt + output) / duration,
-        "prompt_tokens": prompt, "output_tokens": output,
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "duration_s": duration,
+        "request_throughput": len(ok) / duration,
+        "input_tok_s": prompt / duration,
+        "output_tok_s": output / duration,
+        "total_tok_s": (prompt + output) / duration,
+        "prompt_tokens": prompt,
+        "output_tokens": output,
         "cache_hit_rate": sum(cached) / prompt if cached and prompt else None,
-        "ttft_ms": _stats([r.ttft for r in ok]), "itl_ms": _stats([x for r in ok for x in r.itls]),
-        "tpot_ms": _stats(tpots), "e2e_ms": _stats([r.latency for r in ok]),
+        "ttft_ms": _stats([r.ttft for r in ok]),
+        "itl_ms": _stats([x for r in ok for x in r.itls]),
+        "tpot_ms": _stats(tpots),
+        "e2e_ms": _stats([r.latency for r in ok]),
         # how tokens arrived: 1.0 is one event per token, each on its own
         "events_per_token": sum(r.events for r in ok) / output if output else None,
         "spaced_events_per_token": sum(r.spaced_events for r in ok) / output if output else None,
         "errors": sorted({r.error for r in results if not r.ok})[:5],
-        "samples": {"ttft_ms": _sample([r.ttft for r in ok]),
-                    "itl_ms": _sample([x for r in ok for x in r.itls])},  # for --plot's distributions
-    }  # fmt: skip
+        "samples": {
+            "ttft_ms": _sample([r.ttft for r in ok]),
+            "itl_ms": _sample([x for r in ok for x in r.itls]),
+        },  # for --plot's distributions
+    }
 
 
 def _sample(values: list[float], limit: int = 2000, scale: float = 1000.0) -> list[float]:
@@ -294,29 +319,81 @@ def run_serving_bench(args: argparse.Namespace) -> int:
     for level in [int(c) for c in str(args.concurrency).split(",") if c.strip()]:
         # NOTE: new prompts per run, so a run never hits the cache the previous one left
         prompts = make_dataset(args, seed=args.seed * 1000 + level)
-        results, duration = asyncio.run(run_load(
-            args.url, args.backend, prompts, level, args.request_rate, args.max_duration,
-            model, args.seed,
-        ))  # fmt: skip
+        results, duration = asyncio.run(
+            run_load(
+                args.url,
+                args.backend,
+                prompts,
+                level,
+                args.request_rate,
+                args.max_duration,
+                model,
+                args.seed,
+            )
+        )
         summary = summarize(results, duration)
         runs.append({"concurrency": level, **summary})
-        rows.append([label, level, summary["completed"], summary["failed"],
-                     summary["request_throughput"], summary["output_tok_s"], summary["total_tok_s"],
-                     summary["ttft_ms"]["mean"], summary["ttft_ms"]["median"], summary["ttft_ms"]["p99"],
-                     summary["itl_ms"]["mean"], summary["itl_ms"]["median"], summary["itl_ms"]["p99"],
-                     summary["tpot_ms"]["mean"], summary["e2e_ms"]["median"],
-                     summary["cache_hit_rate"], summary["spaced_events_per_token"]])  # fmt: skip
+        rows.append(
+            [
+                label,
+                level,
+                summary["completed"],
+                summary["failed"],
+                summary["request_throughput"],
+                summary["output_tok_s"],
+                summary["total_tok_s"],
+                summary["ttft_ms"]["mean"],
+                summary["ttft_ms"]["median"],
+                summary["ttft_ms"]["p99"],
+                summary["itl_ms"]["mean"],
+                summary["itl_ms"]["median"],
+                summary["itl_ms"]["p99"],
+                summary["tpot_ms"]["mean"],
+                summary["e2e_ms"]["median"],
+                summary["cache_hit_rate"],
+                summary["spaced_events_per_token"],
+            ]
+        )
         if summary["errors"]:
             print(f"errors at concurrency {level}: {summary['errors']}")
-    print_table(["server", "conc", "ok", "fail", "req/s", "out tok/s", "tot tok/s", "TTFT mean",
-                 "TTFT med", "TTFT p99", "ITL mean", "ITL med", "ITL p99", "TPOT mean",
-                 "E2E med", "cache hit", "events/tok"], rows)  # fmt: skip
+    print_table(
+        [
+            "server",
+            "conc",
+            "ok",
+            "fail",
+            "req/s",
+            "out tok/s",
+            "tot tok/s",
+            "TTFT mean",
+            "TTFT med",
+            "TTFT p99",
+            "ITL mean",
+            "ITL med",
+            "ITL p99",
+            "TPOT mean",
+            "E2E med",
+            "cache hit",
+            "events/tok",
+        ],
+        rows,
+    )
     print(
         f"(latencies in ms; events/tok: stream events at least {SPACED_EVENT_S * 1000:g} ms apart "
         "per token)"
     )
-    _write(args.output, {"label": label, "config": {k: v for k, v in vars(args).items()
-                                 if isinstance(v, (str, int, float, bool, type(None)))}, "runs": runs})  # fmt: skip
+    _write(
+        args.output,
+        {
+            "label": label,
+            "config": {
+                k: v
+                for k, v in vars(args).items()
+                if isinstance(v, (str, int, float, bool, type(None)))
+            },
+            "runs": runs,
+        },
+    )
     return 0
 
 

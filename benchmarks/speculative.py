@@ -59,7 +59,11 @@ def run_group(engine: Any, group: list[str], max_new_tokens: int) -> dict:
     seconds = time.perf_counter() - start
     after = engine.stats()
     counts = {k: after.get(k, 0) - before.get(k, 0) for k in SPEC_COUNTS}
-    return {"tokens": sum(o["meta_info"]["completion_tokens"] for o in outs), "seconds": seconds, **counts}
+    return {
+        "tokens": sum(o["meta_info"]["completion_tokens"] for o in outs),
+        "seconds": seconds,
+        **counts,
+    }
 
 
 SPEC_COUNTS = ("spec_verify_steps", "spec_proposed_tokens", "spec_accepted_tokens")
@@ -108,21 +112,37 @@ def run_speculative_bench(args: argparse.Namespace) -> int:
                         for name in names if (r + g) % 2 == 0 else names[::-1]:
                             runs[name].append(run_group(engines[name], group, args.max_new_tokens))
                 for name in names:
-                    results.append({"algorithm": name, "workload": kind, "batch": b, **summarize(runs[name])})
+                    results.append(
+                        {"algorithm": name, "workload": kind, "batch": b, **summarize(runs[name])}
+                    )
     finally:
         for engine in engines.values():
             engine.shutdown()
-    base = {(r["workload"], r["batch"]): r["decode_tok_s"] for r in results if r["algorithm"] == "none"}
+    base = {
+        (r["workload"], r["batch"]): r["decode_tok_s"] for r in results if r["algorithm"] == "none"
+    }
     for r in results:
         speedup = r["decode_tok_s"] / base[(r["workload"], r["batch"])]
         r["speedup"] = speedup
-        rows.append([r["algorithm"], r["workload"], r["batch"], r["decode_tok_s"], speedup,
-                     r["mean_accept_length"], r["acceptance_rate"]])
+        rows.append(
+            [
+                r["algorithm"],
+                r["workload"],
+                r["batch"],
+                r["decode_tok_s"],
+                speedup,
+                r["mean_accept_length"],
+                r["acceptance_rate"],
+            ]
+        )
     print(
         f"\ngreedy, {args.max_new_tokens} new tokens, "
         f"num_draft_tokens {kwargs.get('num_draft_tokens')}, "
         f"{rounds} alternating rounds"
     )
-    print_table(["drafter", "workload", "batch", "decode tok/s", "speedup", "accept len", "accept rate"], rows)
+    print_table(
+        ["drafter", "workload", "batch", "decode tok/s", "speedup", "accept len", "accept rate"],
+        rows,
+    )
     write_json(args.output, {"benchmark": "speculative", "rounds": rounds, "results": results})
     return 0

@@ -30,14 +30,19 @@ def random_prompts(n: int, low: int, high: int, seed: int = 0) -> list[list[int]
     return [[rng.randrange(100, 40000) for _ in range(rng.randint(low, high))] for _ in range(n)]
 
 
-def shared_prefix_prompts(tokenizer: Any, n: int, prefix_len: int, seed: int = 0) -> list[list[int]]:
+def shared_prefix_prompts(
+    tokenizer: Any, n: int, prefix_len: int, seed: int = 0
+) -> list[list[int]]:
     rng = random.Random(seed)
     shots = []
     while sum(len(s) for s in shots) < prefix_len:
         a, b = rng.randint(2, 99), rng.randint(2, 99)
         shots.append(tokenizer.encode(f"Q: What is {a} plus {b}?\nA: {a + b}\n\n"))
     prefix = [t for s in shots for t in s][:prefix_len]
-    return [prefix + tokenizer.encode(f"Q: What is {rng.randint(2, 99)} plus {i}?\nA:") for i in range(n)]
+    return [
+        prefix + tokenizer.encode(f"Q: What is {rng.randint(2, 99)} plus {i}?\nA:")
+        for i in range(n)
+    ]
 
 
 def sampling(args: argparse.Namespace) -> dict:
@@ -46,7 +51,11 @@ def sampling(args: argparse.Namespace) -> dict:
 
 
 def run_plait(
-    engine: Any, prompts: list[list[int]], output_len: int, concurrency: int, sample: dict | None = None
+    engine: Any,
+    prompts: list[list[int]],
+    output_len: int,
+    concurrency: int,
+    sample: dict | None = None,
 ) -> dict:
     params = {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True, **(sample or {})}
     ttfts: list[float] = []
@@ -87,11 +96,19 @@ def run_plait(
 
 
 def run_transformers(
-    model: Any, prompts: list[list[int]], output_len: int, batch_size: int, sample: dict | None = None
+    model: Any,
+    prompts: list[list[int]],
+    output_len: int,
+    batch_size: int,
+    sample: dict | None = None,
 ) -> dict:
     sample = sample or {"temperature": 0.0}
     if sample["temperature"] > 0:
-        how = {"do_sample": True, "temperature": sample["temperature"], "top_p": sample.get("top_p", 1.0)}
+        how = {
+            "do_sample": True,
+            "temperature": sample["temperature"],
+            "top_p": sample.get("top_p", 1.0),
+        }
     else:
         how = {"do_sample": False}
     start = time.perf_counter()
@@ -103,12 +120,22 @@ def run_transformers(
             ids = torch.tensor([[0] * (width - len(p)) + p for p in chunk])  # left padding
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
             out = model.generate(
-                ids, attention_mask=mask, max_new_tokens=output_len, min_new_tokens=output_len,
-                pad_token_id=0, eos_token_id=None, **how,
+                ids,
+                attention_mask=mask,
+                max_new_tokens=output_len,
+                min_new_tokens=output_len,
+                pad_token_id=0,
+                eos_token_id=None,
+                **how,
             )
             produced += (out.shape[1] - width) * len(chunk)
     elapsed = time.perf_counter() - start
-    return {"batch_size": batch_size, "requests": len(prompts), "seconds": elapsed, "output_tok_s": produced / elapsed}
+    return {
+        "batch_size": batch_size,
+        "requests": len(prompts),
+        "seconds": elapsed,
+        "output_tok_s": produced / elapsed,
+    }
 
 
 def load_transformers(model_path: str | None, dtype: torch.dtype) -> Any:
@@ -152,7 +179,9 @@ def run_throughput_bench(args: argparse.Namespace) -> int:
     engine = Engine(**kwargs)
     dtype = engine.dtype
     weight_bytes = engine.stats()["weight_bytes"]
-    roofline = roofline_steps_s(measure_weights_read(engine), bandwidth, weight_bytes)  # steps/s reading only weights
+    roofline = roofline_steps_s(
+        measure_weights_read(engine), bandwidth, weight_bytes
+    )  # steps/s reading only weights
     try:
         engine.generate(input_ids=prompts[0][:16], sampling_params={"max_new_tokens": 2})
         for c in concurrencies:
@@ -161,48 +190,106 @@ def run_throughput_bench(args: argparse.Namespace) -> int:
         shared = shared_prefix_prompts(engine.tokenizer, args.num_requests, args.prefix_len)
         engine.flush_cache()
         results["shared_prefix"].append(
-            {"cache": "on", **run_plait(engine, shared, args.shared_output_len, args.shared_concurrency)}
+            {
+                "cache": "on",
+                **run_plait(engine, shared, args.shared_output_len, args.shared_concurrency),
+            }
         )
     finally:
         engine.shutdown()
     off = Engine(**{**kwargs, "disable_radix_cache": True})
     try:
         results["shared_prefix"].append(
-            {"cache": "off", **run_plait(off, shared, args.shared_output_len, args.shared_concurrency)}
+            {
+                "cache": "off",
+                **run_plait(off, shared, args.shared_output_len, args.shared_concurrency),
+            }
         )
     finally:
         off.shutdown()
     if batch_sizes:
         model = load_transformers(args.model_path, dtype)
         for b in batch_sizes:
-            results["transformers"].append(run_transformers(model, prompts, args.output_len, b, sampling(args)))
+            results["transformers"].append(
+                run_transformers(model, prompts, args.output_len, b, sampling(args))
+            )
 
     single = results["random"][0]["output_tok_s"]
     best_hf = max((r["output_tok_s"] for r in results["transformers"]), default=None)
     rows = []
     for r in results["random"]:
-        rows.append([f"plait c={r['concurrency']}", r["output_tok_s"], r["output_tok_s"] / single,
-                     r["output_tok_s"] / best_hf if best_hf else None, r["steps_s"],
-                     f"{r['steps_s'] / roofline:.0%}", r["ttft_mean_s"], r["ttft_p99_s"]])
+        rows.append(
+            [
+                f"plait c={r['concurrency']}",
+                r["output_tok_s"],
+                r["output_tok_s"] / single,
+                r["output_tok_s"] / best_hf if best_hf else None,
+                r["steps_s"],
+                f"{r['steps_s'] / roofline:.0%}",
+                r["ttft_mean_s"],
+                r["ttft_p99_s"],
+            ]
+        )
     for r in results["transformers"]:
-        rows.append([f"transformers static b={r['batch_size']}", r["output_tok_s"], r["output_tok_s"] / single,
-                     r["output_tok_s"] / best_hf, None, None, None, None])
-    print(f"\n{args.num_requests} requests, prompts {args.min_prompt_len}-{args.max_prompt_len} "
-          f"tokens, {args.output_len} output tokens ({_sampling_text(sampling(args))}), "
-          f"dtype {str(dtype).removeprefix('torch.')}, "
-          f"quantization {kwargs.get('quantization')}; roofline {roofline:.0f} steps/s "
-          f"(weights read at {roofline * weight_bytes / 1e9:.1f} GB/s; "
-          f"1 GiB probe {bandwidth / 1e9:.1f} GB/s)")
-    print_table(["system", "output tok/s", "x plait c=1", "x best transformers", "steps/s", "of roofline",
-                 "TTFT mean s", "TTFT P99 s"], rows)  # fmt: skip
+        rows.append(
+            [
+                f"transformers static b={r['batch_size']}",
+                r["output_tok_s"],
+                r["output_tok_s"] / single,
+                r["output_tok_s"] / best_hf,
+                None,
+                None,
+                None,
+                None,
+            ]
+        )
+    print(
+        f"\n{args.num_requests} requests, prompts {args.min_prompt_len}-{args.max_prompt_len} "
+        f"tokens, {args.output_len} output tokens ({_sampling_text(sampling(args))}), "
+        f"dtype {str(dtype).removeprefix('torch.')}, "
+        f"quantization {kwargs.get('quantization')}; roofline {roofline:.0f} steps/s "
+        f"(weights read at {roofline * weight_bytes / 1e9:.1f} GB/s; "
+        f"1 GiB probe {bandwidth / 1e9:.1f} GB/s)"
+    )
+    print_table(
+        [
+            "system",
+            "output tok/s",
+            "x plait c=1",
+            "x best transformers",
+            "steps/s",
+            "of roofline",
+            "TTFT mean s",
+            "TTFT P99 s",
+        ],
+        rows,
+    )
     on, off_r = results["shared_prefix"]
-    print(f"\nshared prefix: {args.prefix_len}-token prefix + {args.num_requests} questions, "
-          f"{args.shared_output_len} output tokens, concurrency {args.shared_concurrency}")
+    print(
+        f"\nshared prefix: {args.prefix_len}-token prefix + {args.num_requests} questions, "
+        f"{args.shared_output_len} output tokens, concurrency {args.shared_concurrency}"
+    )
     print_table(
         ["radix cache", "seconds", "output tok/s", "hit rate", "speedup"],
-        [["on", on["seconds"], on["output_tok_s"], on["cache_hit_rate"], off_r["seconds"] / on["seconds"]],
-         ["off", off_r["seconds"], off_r["output_tok_s"], off_r["cache_hit_rate"], 1.0]],
+        [
+            [
+                "on",
+                on["seconds"],
+                on["output_tok_s"],
+                on["cache_hit_rate"],
+                off_r["seconds"] / on["seconds"],
+            ],
+            ["off", off_r["seconds"], off_r["output_tok_s"], off_r["cache_hit_rate"], 1.0],
+        ],
     )
-    write_json(args.output, {"benchmark": "throughput", "args": {k: v for k, v in vars(args).items() if k != "func"},
-                             "bandwidth_bytes_s": bandwidth, "roofline_steps_s": roofline, "results": results})
+    write_json(
+        args.output,
+        {
+            "benchmark": "throughput",
+            "args": {k: v for k, v in vars(args).items() if k != "func"},
+            "bandwidth_bytes_s": bandwidth,
+            "roofline_steps_s": roofline,
+            "results": results,
+        },
+    )
     return 0

@@ -29,13 +29,18 @@ def main() -> int:
         print("\n")
 
         questions = ["The capital of Japan is", "Water boils at", "The largest planet is"]
-        outs = engine.generate(questions, {"max_new_tokens": 12, "temperature": 0, "stop": ["\n", "."]})
+        outs = engine.generate(
+            questions, {"max_new_tokens": 12, "temperature": 0, "stop": ["\n", "."]}
+        )
         print("batch of three, one call:")
         for q, out in zip(questions, outs):
             print(f"  {q}{out['text']}")
 
         scored = engine.generate(
-            "The sky is blue.", {"max_new_tokens": 0}, return_logprob=True, logprob_start_len=0,
+            "The sky is blue.",
+            {"max_new_tokens": 0},
+            return_logprob=True,
+            logprob_start_len=0,
             return_text_in_logprobs=True,
         )
         print("\nprompt logprobs:")

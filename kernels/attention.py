@@ -24,7 +24,9 @@ if TYPE_CHECKING:
     from plait.kernels.attention_cpu import CpuRows
     from plait.kernels.paged_kv_triton import PagedAttentionTables
 
-KVScales = tuple[torch.Tensor, torch.Tensor] | None  # int8 caches: (k_scale, v_scale) [pages, page_size, Hkv]
+KVScales = (
+    tuple[torch.Tensor, torch.Tensor] | None
+)  # int8 caches: (k_scale, v_scale) [pages, page_size, Hkv]
 
 
 @dataclass
@@ -38,9 +40,13 @@ class AttentionMetadata:
     extend_kv_slots: list[torch.Tensor]  # per extend sequence: [kv_len] long
     decode_kv_slots: torch.Tensor | None = None  # [B, max_kv_len] long, padded with 0
     decode_kv_lens: torch.Tensor | None = None  # [B] long
-    decode_mask: torch.Tensor | None = None  # [B, 1, 1, max_kv_len] bool, True = attend (None: from the lens)
+    decode_mask: torch.Tensor | None = (
+        None  # [B, 1, 1, max_kv_len] bool, True = attend (None: from the lens)
+    )
     bf16_extends: bool = False  # long CPU extends attend in bfloat16 (`bf16_extend_attention`)
-    triton: PagedAttentionTables | None = None  # the CUDA kernels' page tables (the runner builds them)
+    triton: PagedAttentionTables | None = (
+        None  # the CUDA kernels' page tables (the runner builds them)
+    )
     cpu: CpuRows | None = None  # the native CPU kernels' rows (the runner builds them)
 
     @property
@@ -60,7 +66,8 @@ def write_kv(
     slots: torch.Tensor,
     kv_scales: KVScales = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stores the new k/v [T, Hkv, D] at `slots`; returns the caches viewed flat, [slots, Hkv, D]."""
+    """Stores the new k/v [T, Hkv, D] at `slots`; returns the caches viewed flat,
+    [slots, Hkv, D]."""
     return store_kv(k, v, k_cache, v_cache, slots, kv_scales)
 
 
@@ -103,14 +110,18 @@ def extend_attention_ref(
     gqa = q.shape[1] != k.shape[1]
     qt, kt, vt = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [heads, len, D]
     if prefix_len == 0 and sliding_window is None:
-        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale, enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(
+            qt, kt, vt, is_causal=True, scale=scale, enable_gqa=gqa
+        )
     else:
         q_pos = torch.arange(prefix_len, prefix_len + q_len, device=q.device)[:, None]
         k_pos = torch.arange(kv_len, device=q.device)[None, :]
         mask = k_pos <= q_pos  # [q_len, kv_len]
         if sliding_window is not None:
             mask &= k_pos > q_pos - sliding_window
-        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale, enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(
+            qt, kt, vt, attn_mask=mask, scale=scale, enable_gqa=gqa
+        )
     return out.transpose(0, 1)  # [q_len, H, D]
 
 
@@ -118,22 +129,33 @@ def extend_attention_ref(
 def _native_extend() -> Any:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     return native.function(
-        "cpu_kernels", "plait_extend_attention_f32", [p, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, ctypes.c_int],
+        "cpu_kernels",
+        "plait_extend_attention_f32",
+        [p, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, ctypes.c_int],
         ctypes.c_int,
     )
 
 
 def native_extend_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int, scale: float, sliding_window: int | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    prefix_len: int,
+    scale: float,
+    sliding_window: int | None,
 ) -> torch.Tensor | None:
     """`extend_attention_ref` by the native flash-style kernel (`csrc/cpu_extend_attention.cpp`),
     or None where it does not serve: builds without AVX2, other dtypes, head_dim not a multiple of
     8. 512 tokens of SmolLM2's heads: 1.3 ms a layer on AVX-512 and 2.8 on AVX2 against the
     blocked torch path's 4.9-5.6; 2,048: 24.5 and 42.8 against 58.5-60.1 (a Zen 5, both builds)."""
     if (
-        native.native_disabled() or q.dtype != torch.float32 or k.dtype != torch.float32 or v.dtype != torch.float32
-        or q.shape[2] % 8 or k.shape[0] != prefix_len + q.shape[0]
-    ):  # fmt: skip
+        native.native_disabled()
+        or q.dtype != torch.float32
+        or k.dtype != torch.float32
+        or v.dtype != torch.float32
+        or q.shape[2] % 8
+        or k.shape[0] != prefix_len + q.shape[0]
+    ):
         return None
     fn = _native_extend()
     if fn is None:
@@ -141,8 +163,18 @@ def native_extend_attention(
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = torch.empty_like(q)
     rc = fn(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), q.shape[0], prefix_len, q.shape[1], k.shape[1],
-        q.shape[2], scale, sliding_window or 0, torch.get_num_threads(),
+        q.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
+        out.data_ptr(),
+        q.shape[0],
+        prefix_len,
+        q.shape[1],
+        k.shape[1],
+        q.shape[2],
+        scale,
+        sliding_window or 0,
+        torch.get_num_threads(),
     )
     return out if rc == 0 else None
 
@@ -150,44 +182,56 @@ def native_extend_attention(
 def takes_bf16_extend(q_len: int, prefix_len: int) -> bool:
     """Whether `q_len` new tokens after `prefix_len` cached ones attend in bfloat16 (where the model
     runs its prefill in bfloat16): from BF16_EXTEND_MIN_Q new tokens, once new tokens x keys reach
-    BF16_EXTEND_MIN_WORK, below which converting the operands costs more than the tiles save. SmolLM2's
-    heads on a 2-core Xeon with AMX, a layer, float32 kernel time / bfloat16's: 48 new tokens alone
-    0.59, 96 after 100 cached 0.78, 160 alone 0.94, 32 after 600 1.14, 16 after 4,000 1.51, 512
-    after 500 1.76."""
+    BF16_EXTEND_MIN_WORK, below which converting the operands costs more than the tiles save.
+    SmolLM2's heads on a 2-core Xeon with AMX, a layer, float32 kernel time / bfloat16's: 48 new
+    tokens alone 0.59, 96 after 100 cached 0.78, 160 alone 0.94, 32 after 600 1.14, 16 after 4,000
+    1.51, 512 after 500 1.76."""
     return q_len >= BF16_EXTEND_MIN_Q and q_len * (prefix_len + q_len) >= BF16_EXTEND_MIN_WORK
 
 
 def bf16_extend_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int, scale: float
 ) -> torch.Tensor | None:
-    """`extend_attention_ref` on torch's CPU flash attention in bfloat16 (AMX tiles where the CPU has
-    them): q, k and v rounded to bfloat16, softmax sums in float32, each output rounded to bfloat16.
-    A cached prefix and the new tokens are attended apart (the prefix whole, the new tokens causally)
-    and merged by their log-sum-exps. None where this torch lacks the operator. SmolLM2's heads on
-    a 2-core Xeon with AMX, a layer: 512 new tokens 1.4-1.7 ms against the native float32 kernel's
-    2.0-2.2; 2,048 12.2 against 28.7; 2,048 after 2,048 cached 38.3 against 86.0; 96 after 3,000
-    cached 1.65 against 4.11."""
+    """`extend_attention_ref` on torch's CPU flash attention in bfloat16 (AMX tiles where the CPU
+    has them): q, k and v rounded to bfloat16, softmax sums in float32, each output rounded to
+    bfloat16. A cached prefix and the new tokens are attended apart (the prefix whole, the new
+    tokens causally) and merged by their log-sum-exps. None where this torch lacks the operator.
+    SmolLM2's heads on a 2-core Xeon with AMX, a layer: 512 new tokens 1.4-1.7 ms against the native
+    float32 kernel's 2.0-2.2; 2,048 12.2 against 28.7; 2,048 after 2,048 cached 38.3 against 86.0;
+    96 after 3,000 cached 1.65 against 4.11."""
     flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if flash is None:
         return None
     (q_len, num_heads, head_dim), num_kv_heads = q.shape, k.shape[1]
     group = num_heads // num_kv_heads
     # NOTE: contiguous operands, each made in one copy: the kernel reads strided ones slower
-    qt = torch.empty(num_heads, q_len, head_dim, dtype=torch.bfloat16).copy_(q.transpose(0, 1))[None]
+    qt = torch.empty(num_heads, q_len, head_dim, dtype=torch.bfloat16).copy_(q.transpose(0, 1))[
+        None
+    ]
 
-    def heads(t: torch.Tensor, repeat: int) -> torch.Tensor:  # [len, Hkv, D] -> [1, Hkv * repeat, len, D]
+    def heads(
+        t: torch.Tensor, repeat: int
+    ) -> torch.Tensor:  # [len, Hkv, D] -> [1, Hkv * repeat, len, D]
         t = t.transpose(0, 1).to(torch.bfloat16)
         return (t.repeat_interleave(repeat, dim=0) if repeat > 1 else t)[None]
 
-    out, lse = flash(qt, heads(k[prefix_len:], group), heads(v[prefix_len:], group), 0.0, True, scale=scale)
+    out, lse = flash(
+        qt, heads(k[prefix_len:], group), heads(v[prefix_len:], group), 0.0, True, scale=scale
+    )
     if prefix_len:
         # the prefix, which every new token sees whole: a KV head's query heads stacked as rows of
         # one head, so that its keys and values are converted once and not copied per query head
         # (the longer the cached prefix, the more that saves)
         stacked = qt.view(1, num_kv_heads, group * q_len, head_dim)  # [1, Hkv, G * q_len, D]
-        old, old_lse = flash(stacked, heads(k[:prefix_len], 1), heads(v[:prefix_len], 1), 0.0, False, scale=scale)
-        # back to [1, H, q_len, D] and [1, H, q_len]: query head h = kv head * G + g, as `heads` repeats them
-        old, old_lse = old.reshape(1, num_heads, q_len, head_dim), old_lse.reshape(1, num_heads, q_len)
+        old, old_lse = flash(
+            stacked, heads(k[:prefix_len], 1), heads(v[:prefix_len], 1), 0.0, False, scale=scale
+        )
+        # back to [1, H, q_len, D] and [1, H, q_len]: query head h = kv head * G + g, as `heads`
+        # repeats them
+        old, old_lse = (
+            old.reshape(1, num_heads, q_len, head_dim),
+            old_lse.reshape(1, num_heads, q_len),
+        )
         top = torch.maximum(lse, old_lse)
         w_new, w_old = (lse - top).exp_().unsqueeze(-1), (old_lse - top).exp_().unsqueeze(-1)
         out = (out.float() * w_new + old.float() * w_old) / (w_new + w_old)
@@ -228,7 +272,9 @@ def blocked_extend_attention(
         hi = prefix_len + e  # keys [lo, hi) are visible to some query of the block
         lo = 0 if sliding_window is None else max(0, prefix_len + s - sliding_window + 1)
         qb = qt[:, :, s:e].reshape(num_kv_heads, group * n, head_dim)
-        scores = torch.matmul(qb, kt[:, lo:hi].transpose(1, 2)).view(num_kv_heads, group, n, hi - lo)
+        scores = torch.matmul(qb, kt[:, lo:hi].transpose(1, 2)).view(
+            num_kv_heads, group, n, hi - lo
+        )
         scores[..., hi - lo - n :].masked_fill_(diagonal[:n, :n], float("-inf"))
         if sliding_window is not None:
             q_pos = torch.arange(prefix_len + s, prefix_len + e, device=q.device)[:, None]
@@ -329,7 +375,8 @@ def paged_attention_ref(
     sliding_window: int | None = None,
     kv_scales: KVScales = None,
 ) -> torch.Tensor:
-    """Writes the new k/v [T, Hkv, D] into the cache, then attends q [T, H, D]; returns [T, H, D]."""
+    """Writes the new k/v [T, Hkv, D] into the cache, then attends q [T, H, D];
+    returns [T, H, D]."""
     k_flat, v_flat = write_kv(k, v, k_cache, v_cache, meta.slot_mapping, kv_scales)
     out = torch.empty_like(q)
     attend_extends(q, k, v, k_flat, v_flat, meta, scale, sliding_window, out, kv_scales=kv_scales)
@@ -338,7 +385,9 @@ def paged_attention_ref(
         mask = meta.decode_mask
         if mask is None:  # the model runner leaves it to the reference path, its only reader
             width = meta.decode_kv_slots.shape[1]
-            mask = (torch.arange(width, device=q.device)[None, :] < meta.decode_kv_lens[:, None])[:, None, None, :]
+            mask = (torch.arange(width, device=q.device)[None, :] < meta.decode_kv_lens[:, None])[
+                :, None, None, :
+            ]
         if sliding_window is not None:
             positions = torch.arange(mask.shape[-1], device=q.device)
             lower = (meta.decode_kv_lens - sliding_window)[:, None, None, None]

@@ -1,4 +1,5 @@
-"""Vocabulary bitmasks for constrained decoding: allocation, torch reference, Triton kernel, dispatch.
+"""Vocabulary bitmasks for constrained decoding: allocation, torch reference, Triton kernel,
+dispatch.
 
 A bitmask is `[batch, ceil(vocab_size / 32)]` int32: bit `t % 32` of word `t // 32` is 1 when
 token `t` is allowed. Row `i` of the bitmask belongs to row `i` of the logits; `indices` lists the
@@ -74,7 +75,8 @@ def _as_indices(
 def apply_token_bitmask_ref(
     logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | Sequence[int] | None = None
 ) -> None:
-    """In place: logits[r, t] = -inf where bit t of bitmask[r] is 0, for each r in `indices` (all rows if None)."""
+    """In place: logits[r, t] = -inf where bit t of bitmask[r] is 0, for each r in `indices` (all
+    rows if None)."""
     _check(logits, bitmask)
     rows = _as_indices(indices, logits.device)
     if rows is not None and rows.numel() == 0:
@@ -183,7 +185,9 @@ def _native_rows() -> Any:
     from plait.kernels import native
 
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    return native.function("cpu_kernels", "plait_apply_bitmask_rows", [p, i64, i64, p, i64, p, i64, ctypes.c_int])
+    return native.function(
+        "cpu_kernels", "plait_apply_bitmask_rows", [p, i64, i64, p, i64, p, i64, ctypes.c_int]
+    )
 
 
 def apply_token_bitmask_cpu(
@@ -197,17 +201,31 @@ def apply_token_bitmask_cpu(
 
     fn = None if native.native_disabled() else _native_rows()
     if (
-        fn is not None and logits.device.type == "cpu" and logits.dtype == torch.float32
-        and logits.stride(1) == 1 and bitmask.device.type == "cpu" and bitmask.is_contiguous()
-    ):  # fmt: skip
+        fn is not None
+        and logits.device.type == "cpu"
+        and logits.dtype == torch.float32
+        and logits.stride(1) == 1
+        and bitmask.device.type == "cpu"
+        and bitmask.is_contiguous()
+    ):
         rows = list(range(logits.shape[0])) if indices is None else [int(i) for i in indices]
         if not rows:
             return
         if min(rows) < 0 or max(rows) >= logits.shape[0]:
-            raise IndexError(f"apply_token_bitmask: row index out of range for {logits.shape[0]} rows")
+            raise IndexError(
+                f"apply_token_bitmask: row index out of range for {logits.shape[0]} rows"
+            )
         index = torch.tensor(rows, dtype=torch.long)
-        fn(logits.data_ptr(), logits.stride(0), logits.shape[1], bitmask.data_ptr(), bitmask.shape[1],
-           index.data_ptr(), len(rows), min(torch.get_num_threads(), len(rows)))  # fmt: skip
+        fn(
+            logits.data_ptr(),
+            logits.stride(0),
+            logits.shape[1],
+            bitmask.data_ptr(),
+            bitmask.shape[1],
+            index.data_ptr(),
+            len(rows),
+            min(torch.get_num_threads(), len(rows)),
+        )
         return
     if (
         logits.device.type != "cpu"
@@ -234,8 +252,8 @@ def apply_token_bitmask_cpu(
 def apply_token_bitmask(
     logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | Sequence[int] | None = None
 ) -> None:
-    """Mask the constrained rows of `logits` in place: Triton on CUDA tensors (`dispatch.use_triton`),
-    numpy on CPU."""
+    """Mask the constrained rows of `logits` in place: Triton on CUDA tensors
+    (`dispatch.use_triton`), numpy on CPU."""
     if use_triton(logits):
         apply_token_bitmask_triton(logits, bitmask, indices)
     elif logits.is_cuda:

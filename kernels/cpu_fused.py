@@ -28,7 +28,10 @@ def _lib() -> ctypes.CDLL | None:
 
 def usable(x: torch.Tensor) -> bool:
     return (
-        x.device.type == "cpu" and x.dtype == torch.float32 and not native.native_disabled() and _lib() is not None
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and not native.native_disabled()
+        and _lib() is not None
     )
 
 
@@ -36,7 +39,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x = x.contiguous()
     out = torch.empty_like(x)
     rows, d = x.numel() // x.shape[-1], x.shape[-1]
-    _lib().plait_rms_norm_f32(x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, d, eps, torch.get_num_threads())
+    _lib().plait_rms_norm_f32(
+        x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, d, eps, torch.get_num_threads()
+    )
     return out
 
 
@@ -49,13 +54,24 @@ def add_rms_norm(
     out = torch.empty_like(x)
     rows, d = x.numel() // x.shape[-1], x.shape[-1]
     _lib().plait_add_rms_norm_f32(
-        x.data_ptr(), residual.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, d, eps, torch.get_num_threads()
+        x.data_ptr(),
+        residual.data_ptr(),
+        weight.data_ptr(),
+        out.data_ptr(),
+        rows,
+        d,
+        eps,
+        torch.get_num_threads(),
     )
     return out, residual
 
 
 def rope_(
-    qkv: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, num_heads: int, num_kv_heads: int,
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
     head_dim: int,
 ) -> None:
     """Rotate-half rotary embedding, in place, on the q and k columns of a fused qkv [T, width]."""
@@ -63,8 +79,17 @@ def rope_(
     tokens, width = qkv.shape
     k = qkv[:, num_heads * head_dim :]
     _lib().plait_rope_f32(
-        qkv.data_ptr(), k.data_ptr(), positions.contiguous().data_ptr(), inv_freq.contiguous().data_ptr(), tokens,
-        num_heads, num_kv_heads, head_dim, width, width, torch.get_num_threads(),
+        qkv.data_ptr(),
+        k.data_ptr(),
+        positions.contiguous().data_ptr(),
+        inv_freq.contiguous().data_ptr(),
+        tokens,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        width,
+        width,
+        torch.get_num_threads(),
     )
 
 
@@ -73,5 +98,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     gate_up = gate_up.contiguous()
     rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty(rows, inter, dtype=gate_up.dtype)
-    _lib().plait_silu_mul_f32(gate_up.data_ptr(), out.data_ptr(), rows, inter, torch.get_num_threads())
+    _lib().plait_silu_mul_f32(
+        gate_up.data_ptr(), out.data_ptr(), rows, inter, torch.get_num_threads()
+    )
     return out

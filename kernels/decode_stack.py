@@ -28,46 +28,119 @@ _p, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
 class QLinear(ctypes.Structure):
-    _fields_ = [("qweight", _p), ("scales", _p), ("mins", _p), ("bias", _p), ("out_features", _i64),
-                ("in_features", _i64), ("group", _i64), ("format", _i64)]  # fmt: skip
+    _fields_ = [
+        ("qweight", _p),
+        ("scales", _p),
+        ("mins", _p),
+        ("bias", _p),
+        ("out_features", _i64),
+        ("in_features", _i64),
+        ("group", _i64),
+        ("format", _i64),
+    ]
 
 
 class DecodeLayer(ctypes.Structure):
-    _fields_ = [("input_norm", _p), ("post_norm", _p), ("qkv", QLinear), ("o", QLinear),
-                ("gate_up", QLinear), ("down", QLinear), ("k_cache", _p), ("v_cache", _p),
-                ("k_scale", _p), ("v_scale", _p)]  # fmt: skip
+    _fields_ = [
+        ("input_norm", _p),
+        ("post_norm", _p),
+        ("qkv", QLinear),
+        ("o", QLinear),
+        ("gate_up", QLinear),
+        ("down", QLinear),
+        ("k_cache", _p),
+        ("v_cache", _p),
+        ("k_scale", _p),
+        ("v_scale", _p),
+    ]
 
 
 class DecodeShape(ctypes.Structure):
-    _fields_ = [("tokens", _i64), ("hidden", _i64), ("num_heads", _i64), ("num_kv_heads", _i64),
-                ("head_dim", _i64), ("intermediate", _i64), ("eps", _f32), ("attn_scale", _f32),
-                ("kv_type", _i64), ("num_slots", _i64)]  # fmt: skip
+    _fields_ = [
+        ("tokens", _i64),
+        ("hidden", _i64),
+        ("num_heads", _i64),
+        ("num_kv_heads", _i64),
+        ("head_dim", _i64),
+        ("intermediate", _i64),
+        ("eps", _f32),
+        ("attn_scale", _f32),
+        ("kv_type", _i64),
+        ("num_slots", _i64),
+    ]
 
 
 class DecodeRows(ctypes.Structure):
-    _fields_ = [("tables", _p), ("table_width", _i64), ("q_index", _p), ("table_index", _p),
-                ("first", _p), ("kv_len", _p), ("num_rows", _i64)]  # fmt: skip
+    _fields_ = [
+        ("tables", _p),
+        ("table_width", _i64),
+        ("q_index", _p),
+        ("table_index", _p),
+        ("first", _p),
+        ("kv_len", _p),
+        ("num_rows", _i64),
+    ]
 
 
 class DecodeBurst(ctypes.Structure):
-    _fields_ = [("embed", _p), ("embed_rows", _i64), ("final_norm", _p), ("head", QLinear), ("tables", _p),
-                ("table_width", _i64), ("lens", _p), ("stop_ids", _p), ("stop_offsets", _p),
-                ("sliding_window", _i64), ("interrupt", _p), ("temperature", _p), ("top_k", _p), ("top_p", _p),
-                ("min_p", _p), ("uniforms", _p), ("mask_fn", _p), ("bitmask", _p), ("masked", _p),
-                ("mask_words", _i64)]  # fmt: skip
+    _fields_ = [
+        ("embed", _p),
+        ("embed_rows", _i64),
+        ("final_norm", _p),
+        ("head", QLinear),
+        ("tables", _p),
+        ("table_width", _i64),
+        ("lens", _p),
+        ("stop_ids", _p),
+        ("stop_offsets", _p),
+        ("sliding_window", _i64),
+        ("interrupt", _p),
+        ("temperature", _p),
+        ("top_k", _p),
+        ("top_p", _p),
+        ("min_p", _p),
+        ("uniforms", _p),
+        ("mask_fn", _p),
+        ("bitmask", _p),
+        ("masked", _p),
+        ("mask_words", _i64),
+    ]
 
 
 @cache
 def _kernel() -> ctypes._CFuncPtr | None:
-    argtypes = [ctypes.POINTER(DecodeLayer), _i64, ctypes.POINTER(DecodeShape), ctypes.POINTER(DecodeRows),
-                _p, _p, _p, _p, _p, ctypes.c_int, _p, ctypes.c_int]  # fmt: skip
+    argtypes = [
+        ctypes.POINTER(DecodeLayer),
+        _i64,
+        ctypes.POINTER(DecodeShape),
+        ctypes.POINTER(DecodeRows),
+        _p,
+        _p,
+        _p,
+        _p,
+        _p,
+        ctypes.c_int,
+        _p,
+        ctypes.c_int,
+    ]
     return native.function("cpu_kernels", "plait_decode_layers", argtypes, restype=_i64)
 
 
 @cache
 def _burst_kernel() -> ctypes._CFuncPtr | None:
-    argtypes = [ctypes.POINTER(DecodeLayer), _i64, ctypes.POINTER(DecodeShape), ctypes.POINTER(DecodeBurst),
-                _p, _i64, _p, _p, _p, _i64, ctypes.c_int]  # fmt: skip
+    argtypes = [
+        ctypes.POINTER(DecodeLayer),
+        _i64,
+        ctypes.POINTER(DecodeShape),
+        ctypes.POINTER(DecodeBurst),
+        _p,
+        _i64,
+        _p,
+        _p,
+        _p,
+        _i64,
+        ctypes.c_int,
+    ]
     return native.function("cpu_kernels", "plait_decode_burst", argtypes, restype=_i64)
 
 
@@ -122,9 +195,15 @@ def run_layers(
         and residual.is_contiguous()
         and scratch.numel() >= scratch_floats(x.shape[0], shape)
     )
-    table = DecodeRows(rows.tables.data_ptr(), rows.tables.shape[1], rows.q_index.data_ptr(),
-                       rows.table_index.data_ptr(), rows.first.data_ptr(), rows.kv_len.data_ptr(),
-                       rows.q_index.shape[0])  # fmt: skip
+    table = DecodeRows(
+        rows.tables.data_ptr(),
+        rows.tables.shape[1],
+        rows.q_index.data_ptr(),
+        rows.table_index.data_ptr(),
+        rows.first.data_ptr(),
+        rows.kv_len.data_ptr(),
+        rows.q_index.shape[0],
+    )
     bad = _kernel()(
         layers,
         num_layers,
@@ -155,9 +234,13 @@ class BurstSampling:
     uniforms: torch.Tensor  # float32 [rows, steps]
 
     def pointers(self, rows: int, steps: int) -> tuple[int, ...]:
-        for name, dtype, shape in (("temperature", torch.float32, (rows,)), ("top_k", torch.long, (rows,)),
-                                   ("top_p", torch.float32, (rows,)), ("min_p", torch.float32, (rows,)),
-                                   ("uniforms", torch.float32, (rows, steps))):  # fmt: skip
+        for name, dtype, shape in (
+            ("temperature", torch.float32, (rows,)),
+            ("top_k", torch.long, (rows,)),
+            ("top_p", torch.float32, (rows,)),
+            ("min_p", torch.float32, (rows,)),
+            ("uniforms", torch.float32, (rows, steps)),
+        ):
             t = getattr(self, name)
             if t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous():
                 raise ValueError(
@@ -240,6 +323,7 @@ def run_burst(
     )
     if ran < 0:
         raise IndexError(
-            f"decode burst: row {-1 - ran} has a slot outside the KV pool or a token outside the vocabulary"
+            f"decode burst: row {-1 - ran} has a slot outside the KV pool or a token outside the "
+            "vocabulary"
         )
     return out[:, :ran]

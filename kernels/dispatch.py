@@ -38,7 +38,8 @@ def triton_disabled() -> bool:
 
 
 def use_triton(tensor: torch.Tensor) -> bool:
-    """True when the fast kernels should handle this tensor: CUDA, triton installed, not disabled."""
+    """True when the fast kernels should handle this tensor: CUDA, triton installed, not
+    disabled."""
     return tensor.is_cuda and triton is not None and not triton_disabled()
 
 
@@ -103,7 +104,8 @@ def _interpreting() -> Iterator[None]:
 def launch(
     kernel: Any, grid: tuple[int, ...], like: torch.Tensor, *args: Any, **kwargs: Any
 ) -> None:
-    """`kernel[grid](*args, **kwargs)`, compiled when `like` is a CUDA tensor, interpreted otherwise."""
+    """`kernel[grid](*args, **kwargs)`, compiled when `like` is a CUDA tensor, interpreted
+    otherwise."""
     if triton is None:
         raise RuntimeError("triton is not installed: use the torch reference")
     if like.is_cuda:

@@ -23,12 +23,15 @@ KV_CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8":
 _KV_TYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 
 
-def resolve_kv_dtype(setting: str, model_dtype: torch.dtype, device: torch.device, quantized: bool) -> torch.dtype:
+def resolve_kv_dtype(
+    setting: str, model_dtype: torch.dtype, device: torch.device, quantized: bool
+) -> torch.dtype:
     """The cache dtype for `kv_cache_dtype=setting`. "auto" is the model's dtype, except for
     quantized weights (int8 / int4) on the CPU, whose float32 activations are stored in bfloat16:
     half the bytes (2x the tokens, and a decode step's attention reads half as much), as llama.cpp
     keeps a quantized GGUF's cache in float16. For the embedded model, int4: 32 concurrent requests
-    decoded 10% faster; perplexities within 0.8% of a float32 cache's (docs/cpu.md, "KV cache dtype")."""
+    decoded 10% faster; perplexities within 0.8% of a float32 cache's (docs/cpu.md, "KV cache
+    dtype")."""
     if setting != "auto":
         return KV_CACHE_DTYPES[setting]
     if quantized and device.type == "cpu" and model_dtype == torch.float32:
@@ -54,7 +57,9 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) ->
     return (q.float() * scale[..., None]).to(dtype)
 
 
-def flat_scales(kv_scales: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+def flat_scales(
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """[pages, page_size, Hkv] -> [slots, Hkv] views."""
     if kv_scales is None:
         return None
@@ -62,7 +67,9 @@ def flat_scales(kv_scales: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[to
     return k_scale.view(-1, k_scale.shape[-1]), v_scale.view(-1, v_scale.shape[-1])
 
 
-def read_kv(flat: torch.Tensor, scales: torch.Tensor | None, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def read_kv(
+    flat: torch.Tensor, scales: torch.Tensor | None, index: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
     """The cache rows at `index` (any shape of slots) as `dtype`: [*index.shape, Hkv, D]."""
     rows = flat[index]
     if scales is not None:
@@ -80,7 +87,9 @@ def _store_kernel() -> ctypes._CFuncPtr | None:
 def slot_error(slots: torch.Tensor, index: int, num_slots: int) -> IndexError:
     """The error for slots[index] lying outside a KV pool of `num_slots` (native kernels check
     before they write; the torch path's index_copy_ raises its own)."""
-    return IndexError(f"slots[{index}] = {int(slots[index])} is outside the KV pool's {num_slots} slots")
+    return IndexError(
+        f"slots[{index}] = {int(slots[index])} is outside the KV pool's {num_slots} slots"
+    )
 
 
 def _native_store_ok(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> bool:
@@ -114,9 +123,19 @@ def store_kv(
     if num_tokens and code is not None and _native_store_ok(k, v, slots):
         ks, vs = kv_scales if kv_scales is not None else (None, None)
         bad = _store_kernel()(
-            k.data_ptr(), v.data_ptr(), k.stride(0), slots.data_ptr(), num_tokens, num_kv_heads,
-            head_dim, code, k_cache.data_ptr(), v_cache.data_ptr(),
-            None if ks is None else ks.data_ptr(), None if vs is None else vs.data_ptr(), k_flat.shape[0],
+            k.data_ptr(),
+            v.data_ptr(),
+            k.stride(0),
+            slots.data_ptr(),
+            num_tokens,
+            num_kv_heads,
+            head_dim,
+            code,
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            None if ks is None else ks.data_ptr(),
+            None if vs is None else vs.data_ptr(),
+            k_flat.shape[0],
         )
         if bad >= 0:
             raise slot_error(slots, bad, k_flat.shape[0])

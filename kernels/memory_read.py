@@ -13,11 +13,15 @@ import torch
 from plait.kernels import native
 
 
-def read_seconds(tensors: Sequence[torch.Tensor], repeats: int = 5, num_threads: int | None = None) -> float | None:
+def read_seconds(
+    tensors: Sequence[torch.Tensor], repeats: int = 5, num_threads: int | None = None
+) -> float | None:
     """The best time of `repeats` passes reading every byte of `tensors` (contiguous, on the CPU),
     or None without the native kernels."""
     fn = native.function(
-        "cpu_kernels", "plait_read_buffers", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int],
+        "cpu_kernels",
+        "plait_read_buffers",
+        [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int],
         ctypes.c_uint64,
     )
     if fn is None:

@@ -3,9 +3,9 @@
 The sources include nothing from torch (plain C ABI over raw pointers), so a build takes a few
 seconds with the system C++ compiler. All kernels live in one library, `cpu_kernels`. They
 parallelize with OpenMP (`csrc/parallel.h`); torch is imported first, so `libgomp.so.1` resolves to
-the runtime torch already loaded, and the kernels share torch's threads. The shared object is cached under
-`$PLAIT_CACHE_DIR/native` (default `~/.cache/plait/native`), keyed by a hash of the source, the
-flags, the compiler and the CPU, so a machine never loads code built for another CPU.
+the runtime torch already loaded, and the kernels share torch's threads. The shared object is cached
+under `$PLAIT_CACHE_DIR/native` (default `~/.cache/plait/native`), keyed by a hash of the source,
+the flags, the compiler and the CPU, so a machine never loads code built for another CPU.
 
 The build targets the machine it runs on (`-march=native`), so the AVX-512 VNNI paths compile
 where the CPU has them and the AVX2 ones elsewhere; `PLAIT_NATIVE_MARCH` names another target
@@ -117,7 +117,9 @@ def build(name: str) -> Path:
     sources = [CSRC / f for f in LIBRARIES.get(name, (f"{name}.cpp",))]
     texts = [p.read_bytes() for p in sources] + [p.read_bytes() for p in sorted(CSRC.glob("*.h"))]
     key = hashlib.sha256(
-        b"\0".join([*texts, " ".join(FLAGS).encode(), _compiler_version(cxx).encode(), _cpu_key().encode()])
+        b"\0".join(
+            [*texts, " ".join(FLAGS).encode(), _compiler_version(cxx).encode(), _cpu_key().encode()]
+        )
     ).hexdigest()[:16]
     out = cache_dir() / f"{name}-{key}.so"
     if out.exists():
@@ -126,7 +128,10 @@ def build(name: str) -> Path:
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         tmp_out = Path(tmp) / out.name
         proc = subprocess.run(
-            [cxx, *FLAGS, *map(str, sources), "-o", str(tmp_out)], capture_output=True, text=True, timeout=300
+            [cxx, *FLAGS, *map(str, sources), "-o", str(tmp_out)],
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         if proc.returncode != 0:
             raise RuntimeError(f"building {name} failed:\n{proc.stderr[-4000:]}")
@@ -184,7 +189,10 @@ def abi_constant(name: str) -> int | None:
 def abi_layout(struct: str, fields: Sequence[str]) -> tuple[int, dict[str, int]] | None:
     """The library's `sizeof(struct)` and `offsetof(struct, field)` for each field, as its compiler
     laid them out; None without the library. Raises KeyError for a name it does not know."""
-    size_fn, offset_fn = _abi_function("plait_abi_struct_size", 1), _abi_function("plait_abi_field_offset", 2)
+    size_fn, offset_fn = (
+        _abi_function("plait_abi_struct_size", 1),
+        _abi_function("plait_abi_field_offset", 2),
+    )
     if size_fn is None or offset_fn is None:
         return None
     size = size_fn(struct.encode())

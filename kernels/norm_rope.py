@@ -177,7 +177,8 @@ def rotary_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
         raise ValueError("rotary_triton: head_dim must be contiguous in x, cos and sin")
     if head_dim % 2 or cos.shape != (num_tokens, head_dim) or sin.shape != cos.shape:
         raise ValueError(
-            f"rotary_triton: x {tuple(x.shape)} needs an even head_dim and cos/sin [{num_tokens}, {head_dim}]"
+            f"rotary_triton: x {tuple(x.shape)} needs an even head_dim and cos/sin "
+            f"[{num_tokens}, {head_dim}]"
         )
     if num_tokens == 0:
         return x

@@ -61,7 +61,9 @@ def choose_num_kv_splits(
     """Enough (batch, kv head, split) programs to fill the GPU twice, at least 256 tokens each
     (`kernels/tuning.py`: DECODE_SPLIT_*)."""
     by_length = math.ceil(max_kv_len / DECODE_SPLIT_MIN_TOKENS)
-    by_occupancy = math.ceil(DECODE_SPLIT_OCCUPANCY * _num_sms(device) / max(batch * num_kv_heads, 1))
+    by_occupancy = math.ceil(
+        DECODE_SPLIT_OCCUPANCY * _num_sms(device) / max(batch * num_kv_heads, 1)
+    )
     return max(1, min(by_length, by_occupancy, DECODE_MAX_SPLITS))
 
 

@@ -21,9 +21,9 @@ llama.cpp does, but in two levels (an int8 and an int8 remainder: exact to 1/256
 tokens against float activations on the same weights; two change none, for ~9% of int4 decode.
 That ran 80-105 GMAC/s on 2 cores with SmolLM2's shapes for 5-47 rows, where the float tile path
 below ran 37-90. Elsewhere, up to 4 rows of x are dotted with weights unpacked in registers, and
-up to 47 rows, tiles of weight rows are dequantized in L1. On AVX2, from `DEQUANT_GEMM_MIN_ROWS` rows
-(prefill chunks, compute-bound) x stays float32 (rounding it in one level ran prefill 1.3x faster
-but raised SmolLM2's int4 perplexity on our text by 3%; in two levels it was no faster): the
+up to 47 rows, tiles of weight rows are dequantized in L1. On AVX2, from `DEQUANT_GEMM_MIN_ROWS`
+rows (prefill chunks, compute-bound) x stays float32 (rounding it in one level ran prefill 1.3x
+faster but raised SmolLM2's int4 perplexity on our text by 3%; in two levels it was no faster): the
 matrix is dequantized into a scratch buffer for torch's float32 GEMM, except for very large
 matrices (an LM head), which stay on the tile kernel.
 
@@ -91,7 +91,8 @@ class QuantizedWeight:
             )
         if self.mins is not None and self.mins.dtype != self.scales.dtype:
             raise ValueError(
-                f"QuantizedWeight: mins must be {self.scales.dtype} as the scales, got {self.mins.dtype}"
+                f"QuantizedWeight: mins must be {self.scales.dtype} as the scales, "
+                f"got {self.mins.dtype}"
             )
         if self.scales.dtype == torch.float16 and self.format == "int8" and self.mins is not None:
             raise ValueError("QuantizedWeight: int8 with float16 scales has no mins")
@@ -208,7 +209,8 @@ def unpack_int4(packed: torch.Tensor, group: int) -> torch.Tensor:
 
 
 def dequantize_ref(qw: QuantizedWeight, with_mins: bool = True) -> torch.Tensor:
-    """The float32 [N, K] matrix a quantized weight stands for (`with_mins=False`: q * scale only)."""
+    """The float32 [N, K] matrix a quantized weight stands for (`with_mins=False`: q * scale
+    only)."""
     n, k = qw.shape
     values = qw.qweight if qw.format == "int8" else unpack_int4(qw.qweight, qw.group)
     q = values.float().reshape(n, k // qw.group, qw.group) * qw.scales.float()[..., None]
@@ -326,7 +328,8 @@ def native_quant_available() -> bool:
 
 
 def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """`dequantize_ref` (float32, or rounded to `dtype`), by the native kernel when it is available."""
+    """`dequantize_ref` (float32, or rounded to `dtype`), by the native kernel when it is
+    available."""
     if (
         qw.qweight.device.type != "cpu"
         or not native_quant_available()
@@ -415,8 +418,8 @@ def bf16_matmul(
     x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """x [M, K] float32 @ dequant(qw).T (+ bias) -> float32 [M, N] on torch's bfloat16 GEMM: x and
-    the weights rounded to bfloat16, sums in float32, each product rounded to bfloat16. The matrix is
-    dequantized `BF16_GEMM_SLICE` elements at a time, so an LM head needs no full-size copy."""
+    the weights rounded to bfloat16, sums in float32, each product rounded to bfloat16. The matrix
+    is dequantized `BF16_GEMM_SLICE` elements at a time, so an LM head needs no full-size copy."""
     n, k = qw.shape
     xb = x.to(torch.bfloat16)
     step = max(1, BF16_GEMM_SLICE // k)
@@ -478,21 +481,37 @@ def dense_matmul(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """F.linear for float32 weights, by the native kernel on the CPU for fewer than
-    `DEQUANT_GEMM_MIN_ROWS` rows of x (torch's GEMV read the weights at 16-36 GB/s on a 2-core VM where
-    the kernel, streaming two weight rows at a time, measured 37-49 GB/s on one thread), and for
-    any number of rows of a matrix over `DEQUANT_GEMM_MAX_ELEMENTS` (an LM head scoring a prompt
+    `DEQUANT_GEMM_MIN_ROWS` rows of x (torch's GEMV read the weights at 16-36 GB/s on a 2-core VM
+    where the kernel, streaming two weight rows at a time, measured 37-49 GB/s on one thread), and
+    for any number of rows of a matrix over `DEQUANT_GEMM_MAX_ELEMENTS` (an LM head scoring a prompt
     or `select` options: 80-85 GMAC/s against torch's 32-72 for SmolLM2's from 48 to 512 rows)."""
     n, k = weight.shape
     m = x.numel() // k if k else 0
     if (
-        x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32 or m == 0
+        x.device.type != "cpu"
+        or x.dtype != torch.float32
+        or weight.dtype != torch.float32
+        or m == 0
         or (m >= DEQUANT_GEMM_MIN_ROWS and n * k <= DEQUANT_GEMM_MAX_ELEMENTS)
-        or not weight.is_contiguous() or not native_quant_available()
-    ):  # fmt: skip
+        or not weight.is_contiguous()
+        or not native_quant_available()
+    ):
         return torch.nn.functional.linear(x, weight, bias)
     x2 = x.reshape(m, k).contiguous()
     y = torch.empty(m, n, dtype=torch.float32)
     b = 0 if bias is None else bias.contiguous().data_ptr()
-    _kernels()[0](x2.data_ptr(), m, k, n, weight.data_ptr(), FORMAT_CODE["float32"], k, 0, 0, b, y.data_ptr(),
-                  torch.get_num_threads())  # fmt: skip
+    _kernels()[0](
+        x2.data_ptr(),
+        m,
+        k,
+        n,
+        weight.data_ptr(),
+        FORMAT_CODE["float32"],
+        k,
+        0,
+        0,
+        b,
+        y.data_ptr(),
+        torch.get_num_threads(),
+    )
     return y.reshape(*x.shape[:-1], n)

@@ -54,7 +54,9 @@ def sample_rows(
     temperature (> 0), top_k (>= V: off), top_p, min_p and a uniform in [0, 1). -1 marks a row with
     no finite distribution (NaN logits, or every logit -inf)."""
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.device.type != "cpu":
-        raise ValueError(f"logits: float32 [rows, vocab] on the CPU, got {logits.dtype} {tuple(logits.shape)}")
+        raise ValueError(
+            f"logits: float32 [rows, vocab] on the CPU, got {logits.dtype} {tuple(logits.shape)}"
+        )
     rows, vocab = logits.shape
     logits = logits.contiguous()
     t = temperature.to(torch.float32).contiguous()
@@ -62,15 +64,31 @@ def sample_rows(
     tp = top_p.to(torch.float32).contiguous()
     mp = min_p.to(torch.float32).contiguous()
     u = uniforms.to(torch.float32).contiguous()
-    for name, value in (("temperature", t), ("top_k", k), ("top_p", tp), ("min_p", mp), ("uniforms", u)):
+    for name, value in (
+        ("temperature", t),
+        ("top_k", k),
+        ("top_p", tp),
+        ("min_p", mp),
+        ("uniforms", u),
+    ):
         if value.shape != (rows,):
             raise ValueError(f"{name}: one value per row ({rows}), got shape {tuple(value.shape)}")
     if rows and not bool((t > 0).all()):
-        raise ValueError("temperature: must be > 0 for every sampled row (0 means greedy: take the argmax)")
+        raise ValueError(
+            "temperature: must be > 0 for every sampled row (0 means greedy: take the argmax)"
+        )
     out = torch.empty(rows, dtype=torch.long)
     _fn()(
-        logits.data_ptr(), rows, vocab, t.data_ptr(), k.data_ptr(), tp.data_ptr(), mp.data_ptr(), u.data_ptr(),
-        out.data_ptr(), torch.get_num_threads(),
+        logits.data_ptr(),
+        rows,
+        vocab,
+        t.data_ptr(),
+        k.data_ptr(),
+        tp.data_ptr(),
+        mp.data_ptr(),
+        u.data_ptr(),
+        out.data_ptr(),
+        torch.get_num_threads(),
     )
     return out
 
@@ -82,7 +100,9 @@ def filtered_probs(
     modified) -> probs [V], zero outside the kept tokens; None when the row has no finite
     distribution. The same kept set as `filter_probs_ref`, without sorting the vocabulary."""
     if logits.dim() != 1 or logits.dtype != torch.float32 or logits.device.type != "cpu":
-        raise ValueError(f"logits: float32 [vocab] on the CPU, got {logits.dtype} {tuple(logits.shape)}")
+        raise ValueError(
+            f"logits: float32 [vocab] on the CPU, got {logits.dtype} {tuple(logits.shape)}"
+        )
     if not temperature > 0:
         raise ValueError(f"temperature: must be > 0, got {temperature}")
     logits = logits.contiguous()

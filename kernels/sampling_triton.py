@@ -70,7 +70,8 @@ def sampling_probs_ref(
     min_p: torch.Tensor,
     bitmask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The distribution each row samples from, [B, V] float32 (one-hot at the argmax when greedy)."""
+    """The distribution each row samples from, [B, V] float32 (one-hot at the argmax when
+    greedy)."""
     logits = logits.float().clone()  # [B, V]
     if bitmask is not None:
         apply_token_bitmask_ref(logits, bitmask)

@@ -55,7 +55,9 @@ CPU_TUNING: dict[str, CpuTuning] = {
     # AMD Zen 4 and 5 (and Intel Cooper Lake): AVX-512 BF16 dot products in torch's GEMM ran
     # SmolLM2's projections faster than the integer kernels from 32-64 rows of x on
     "avx512-bf16": CpuTuning(bf16_gemm_min_rows=64, bf16_extends=False, task_rows=_VNNI_TASK_ROWS),
-    "avx512-vnni": CpuTuning(bf16_gemm_min_rows=None, bf16_extends=False, task_rows=_VNNI_TASK_ROWS),
+    "avx512-vnni": CpuTuning(
+        bf16_gemm_min_rows=None, bf16_extends=False, task_rows=_VNNI_TASK_ROWS
+    ),
     "avx2": CpuTuning(bf16_gemm_min_rows=None, bf16_extends=False, task_rows=()),
 }
 NO_TUNING = CpuTuning(bf16_gemm_min_rows=None, bf16_extends=False, task_rows=())  # any other CPU

@@ -34,13 +34,20 @@ class Constraint:
 
     @classmethod
     def build(
-        cls, regex: str | None = None, json_schema: Any = None, dtype: type | None = None,
+        cls,
+        regex: str | None = None,
+        json_schema: Any = None,
+        dtype: type | None = None,
         grammar: str | None = None,
-    ) -> Constraint | None:  # fmt: skip
+    ) -> Constraint | None:
         given = [
             n
-            for n, v in (("regex", regex), ("json_schema", json_schema), ("dtype", dtype),
-                         ("grammar", grammar))  # fmt: skip
+            for n, v in (
+                ("regex", regex),
+                ("json_schema", json_schema),
+                ("dtype", dtype),
+                ("grammar", grammar),
+            )
             if v is not None
         ]
         if len(given) > 1:

@@ -80,10 +80,14 @@ def gen(
         token_healing=token_healing,
         json_whitespace=json_whitespace,
     )
-    constraint = Constraint.build(regex=regex, json_schema=json_schema, dtype=dtype, grammar=grammar)
+    constraint = Constraint.build(
+        regex=regex, json_schema=json_schema, dtype=dtype, grammar=grammar
+    )
     if tools:
         if constraint is not None:
-            raise ValueError("gen: tools cannot be combined with regex, json_schema, dtype or grammar")
+            raise ValueError(
+                "gen: tools cannot be combined with regex, json_schema, dtype or grammar"
+            )
         if not isinstance(max_tool_calls, int) or max_tool_calls < 0:
             raise ValueError(
                 f"max_tool_calls: expected a non-negative integer, got {max_tool_calls!r}"

@@ -1,8 +1,8 @@
 """plait: a structured-generation programming runtime for language models.
 
-    from plait import Engine
-    engine = Engine()                      # the embedded SmolLM2-135M-Instruct
-    engine.generate("The capital of France is", {"max_new_tokens": 8, "temperature": 0})
+from plait import Engine
+engine = Engine()                      # the embedded SmolLM2-135M-Instruct
+engine.generate("The capital of France is", {"max_new_tokens": 8, "temperature": 0})
 """
 
 from __future__ import annotations
@@ -19,8 +19,20 @@ _LAZY = {
     **{
         name: "plait.lang"
         for name in (
-            "program", "gen", "gen_int", "gen_string", "select", "system", "user", "assistant",
-            "role", "fork", "join", "describe_tools", "set_default_backend", "get_default_backend",
+            "program",
+            "gen",
+            "gen_int",
+            "gen_string",
+            "select",
+            "system",
+            "user",
+            "assistant",
+            "role",
+            "fork",
+            "join",
+            "describe_tools",
+            "set_default_backend",
+            "get_default_backend",
         )
     },
     "Runtime": "plait.interpreter.backends.local",

@@ -67,10 +67,23 @@ def _cmd_models(args: argparse.Namespace) -> int:
             status = "installed (its file is assembled on first use)"
         else:
             status = f"not installed: {package.install}"
-        packages.append({"name": package.name, "installed": installed, "path": path,
-                         "status": status, "description": package.description})  # fmt: skip
-    archs = [{"family": f.name, "hf_architectures": list(f.hf_architectures),
-              "gguf_architectures": list(f.gguf_architectures)} for f in families()]  # fmt: skip
+        packages.append(
+            {
+                "name": package.name,
+                "installed": installed,
+                "path": path,
+                "status": status,
+                "description": package.description,
+            }
+        )
+    archs = [
+        {
+            "family": f.name,
+            "hf_architectures": list(f.hf_architectures),
+            "gguf_architectures": list(f.gguf_architectures),
+        }
+        for f in families()
+    ]
     if args.json:
         print(json.dumps({"packages": packages, "architectures": archs}, indent=2))
         return 0
@@ -82,8 +95,10 @@ def _cmd_models(args: argparse.Namespace) -> int:
     print("\nAny .gguf file or Hugging Face folder (--model PATH) of these architectures:")
     width = max(len(a["family"]) for a in archs)
     for a in archs:
-        print(f"  {a['family']:<{width}}  GGUF {', '.join(a['gguf_architectures'])}; "
-              f"Hugging Face {', '.join(a['hf_architectures'])}")  # fmt: skip
+        print(
+            f"  {a['family']:<{width}}  GGUF {', '.join(a['gguf_architectures'])}; "
+            f"Hugging Face {', '.join(a['hf_architectures'])}"
+        )
     return 0
 
 
@@ -195,8 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     lat.add_argument(
         "--formats",
         default="float32,int4",
-        help="comma-separated: float32, bfloat16 (dtypes: blocks dequantized), native (blocks as stored), "
-        "int8, int4 (weight-only quantization)",
+        help="comma-separated: float32, bfloat16 (dtypes: blocks dequantized), native (blocks as "
+        "stored), int8, int4 (weight-only quantization)",
     )
     lat.add_argument(
         "--no-llama-cpp",
@@ -447,8 +462,12 @@ def build_parser() -> argparse.ArgumentParser:
         add_engine_args(p)
         p.set_defaults(func=_cmd_bench)
     for p in bench_sub.choices.values():
-        p.add_argument("--plot", metavar="DIR", default=None,
-                       help="also write figures of the results into DIR (needs plait[bench]; default: none)")  # fmt: skip
+        p.add_argument(
+            "--plot",
+            metavar="DIR",
+            default=None,
+            help="also write figures of the results into DIR (needs plait[bench]; default: none)",
+        )
     return parser
 
 

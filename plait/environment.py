@@ -65,7 +65,9 @@ class Environment:
 
     def __post_init__(self) -> None:
         if not self.native_march or any(c.isspace() for c in self.native_march):
-            raise ValueError(f"{NATIVE_MARCH}: expected one -march target, got {self.native_march!r}")
+            raise ValueError(
+                f"{NATIVE_MARCH}: expected one -march target, got {self.native_march!r}"
+            )
 
     @classmethod
     def from_mapping(cls, env: Mapping[str, str]) -> Environment:
@@ -73,7 +75,9 @@ class Environment:
         return cls(
             disable_native=_flag(env, DISABLE_NATIVE),
             native_march=env.get(NATIVE_MARCH, "").strip() or "native",
-            cache_dir=Path(cache_dir).expanduser() if cache_dir else Path.home() / ".cache" / "plait",
+            cache_dir=Path(cache_dir).expanduser()
+            if cache_dir
+            else Path.home() / ".cache" / "plait",
             bf16_gemm=_tristate(env, BF16_GEMM),
             disable_triton=_flag(env, DISABLE_TRITON),
             cxx=env.get(CXX, "").strip() or None,

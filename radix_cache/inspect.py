@@ -108,13 +108,21 @@ def _summarize(
     def summary(node: TreeNode, parent: int | None, depth: int) -> NodeSummary:
         tokens, pages, count = sizes[node.id]
         return NodeSummary(
-            id=node.id, parent=parent, depth=depth, tokens=len(node.key), pages=len(node.value),
-            subtree_tokens=tokens, subtree_pages=pages, subtree_nodes=count - (node is root),
-            num_children=len(children[node.id]), locked=node.lock_ref > 0,
-            own_locks=node.own_locks, last_access=node.last_access,
+            id=node.id,
+            parent=parent,
+            depth=depth,
+            tokens=len(node.key),
+            pages=len(node.value),
+            subtree_tokens=tokens,
+            subtree_pages=pages,
+            subtree_nodes=count - (node is root),
+            num_children=len(children[node.id]),
+            locked=node.lock_ref > 0,
+            own_locks=node.own_locks,
+            last_access=node.last_access,
             hits=None if hits is None else hits.get(node.id, 0),
             key_head=tuple(node.key[:key_tokens]) if key_tokens > 0 else (),
-        )  # fmt: skip
+        )
 
     shown = [summary(root, None, 0)]
     heap: list[tuple[int, int, TreeNode, int, int]] = []
@@ -133,7 +141,12 @@ def _summarize(
     evictable = cache.evictable_size()
     protected = cache.protected_size()
     return TreeSummary(
-        nodes=shown, num_nodes=whole_nodes - 1, num_tokens=whole_tokens,
-        cached_pages=evictable + protected, evictable_pages=evictable, protected_pages=protected,
-        clock=cache._clock, truncated=truncated,
-    )  # fmt: skip
+        nodes=shown,
+        num_nodes=whole_nodes - 1,
+        num_tokens=whole_tokens,
+        cached_pages=evictable + protected,
+        evictable_pages=evictable,
+        protected_pages=protected,
+        clock=cache._clock,
+        truncated=truncated,
+    )

@@ -61,15 +61,17 @@ class ScheduleBatch:
     def drafts(self) -> list[list[int]]:
         """Per request in `requests()` order: the draft it verifies, empty for the others."""
         none: list[int] = []
-        return [none] * len(self.extends) + [v.draft_ids for v in self.verifies] + [none] * len(self.decodes)
+        return (
+            [none] * len(self.extends)
+            + [v.draft_ids for v in self.verifies]
+            + [none] * len(self.decodes)
+        )
 
     @property
     def num_tokens(self) -> int:
         """Tokens whose KV the step computes (a verification counts its real token, not its
         draft)."""
-        return (
-            sum(e.end - e.start for e in self.queried) + len(self.decodes) * self.decode_steps
-        )
+        return sum(e.end - e.start for e in self.queried) + len(self.decodes) * self.decode_steps
 
     def __bool__(self) -> bool:
         return bool(self.extends or self.verifies or self.decodes)

@@ -45,9 +45,14 @@ class BudgetClosing:
     token a steering request takes."""
 
     def __init__(
-        self, search: Callable[[], ClosingSearch], jobs: ClosingJobs, tokenizer: Tokenizer,
-        context_len: int, slack: int, plan_jump: PlanJump,
-    ) -> None:  # fmt: skip
+        self,
+        search: Callable[[], ClosingSearch],
+        jobs: ClosingJobs,
+        tokenizer: Tokenizer,
+        context_len: int,
+        slack: int,
+        plan_jump: PlanJump,
+    ) -> None:
         """`search`: the tokenizer's `ClosingSearch`; `slack`: tokens one step may add to a
         request, plus a margin for what they may open (`CLOSING_GROWTH`); `plan_jump`: the
         jump-forward the engine would take after some output (None: none)."""
@@ -115,9 +120,12 @@ class BudgetClosing:
             known = dict(zip(result.alternatives, result.alternative_logprobs))
             logprobs = [known.get(token), *logprobs[1:]]  # type: ignore[list-item]
         return TokenResult(
-            tokens=[token], logprobs=logprobs, tops=result.tops, input_logprobs=result.input_logprobs,
+            tokens=[token],
+            logprobs=logprobs,
+            tops=result.tops,
+            input_logprobs=result.input_logprobs,
             input_top=result.input_top,
-        )  # fmt: skip
+        )
 
     def after_jump(self, req: Request, probe: Grammar, forced: str, room: int) -> list[int] | None:
         """For a steering request about to jump over `forced` (`probe`: its grammar after the
@@ -132,9 +140,14 @@ class BudgetClosing:
         )
 
     def _fits(
-        self, req: Request, token: int, path: list[int], room: int, deadline: float | None,
+        self,
+        req: Request,
+        token: int,
+        path: list[int],
+        room: int,
+        deadline: float | None,
         prefilled: bool,
-    ) -> list[int] | None:  # fmt: skip
+    ) -> list[int] | None:
         """A closing of at most `room` tokens after `token`, or None: the known `path` without
         its first token, the whole of it, the forced rest of the output where jump-forward
         will write it in fewer tokens, or (with a `deadline`) a search."""
@@ -160,9 +173,14 @@ class BudgetClosing:
         return self._search_within(probe, room, deadline)
 
     def _forced_ending(
-        self, req: Request, token: int, probe: Grammar, path: list[int], deadline: float | None,
+        self,
+        req: Request,
+        token: int,
+        probe: Grammar,
+        path: list[int],
+        deadline: float | None,
         prefilled: bool,
-    ) -> list[int] | None:  # fmt: skip
+    ) -> list[int] | None:
         """Where the engine will jump over forced text after `token` (retokenized, the output
         may come out in fewer tokens than were sampled, as it would with closing off) and a
         closing fits the room after the jump: the forced text as tokens, then that closing."""

@@ -41,7 +41,9 @@ class ClosingJobs:
         """Until one of `reqs`' searches is done, or `timeout` seconds."""
         jobs: list[Future] = [r.closing_job for r in reqs if r.closing_job is not None]
         if jobs:
-            concurrent.futures.wait(jobs, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED)
+            concurrent.futures.wait(
+                jobs, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED
+            )
 
     def close(self) -> None:
         if self._pool is not None:

@@ -27,7 +27,9 @@ def parse_size(name: str, value: str | int) -> int:
         try:
             number = float(text[: len(text) - len(unit)])
         except ValueError:
-            raise ValueError(f"{name}: expected bytes or a size such as 20G, got {value!r}") from None
+            raise ValueError(
+                f"{name}: expected bytes or a size such as 20G, got {value!r}"
+            ) from None
     size = int(number * _SIZE_UNITS[unit])
     if size <= 0:
         raise ValueError(f"{name}: must be positive, got {value!r}")
@@ -218,7 +220,9 @@ class EngineConfig:
         if self.tp_size > 1 and self.model.quantization not in (None, "float32"):
             raise ValueError("tp_size: tensor parallelism does not support quantization yet")
         if self.tp_size > 1 and self.cache.kv_tiers:
-            raise ValueError("tp_size: tensor parallelism does not support KV tiers (kv_disk, kv_redis) yet")
+            raise ValueError(
+                "tp_size: tensor parallelism does not support KV tiers (kv_disk, kv_redis) yet"
+            )
         if self.tp_size > 1 and self.speculative_algorithm is not None:
             raise ValueError(
                 "tp_size: tensor parallelism does not support speculative decoding yet"

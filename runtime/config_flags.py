@@ -172,11 +172,23 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                 continue
             base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
             if f.name in choices:
-                group.add_argument(*flags, dest=f.name, type=base, default=default, help=help,
-                                   choices=choices[f.name])  # fmt: skip
+                group.add_argument(
+                    *flags,
+                    dest=f.name,
+                    type=base,
+                    default=default,
+                    help=help,
+                    choices=choices[f.name],
+                )
             else:
-                group.add_argument(*flags, dest=f.name, type=base, default=default, help=help,
-                                   metavar=f.name.upper())  # fmt: skip
+                group.add_argument(
+                    *flags,
+                    dest=f.name,
+                    type=base,
+                    default=default,
+                    help=help,
+                    metavar=f.name.upper(),
+                )
     if isinstance(parser, Parser):
         parser.config_checks.append(engine_config)
 

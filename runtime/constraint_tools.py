@@ -57,9 +57,15 @@ def _shared_tools(tokenizer: Tokenizer, config: EngineConfig, vocab_size: int) -
         "vocab_size": vocab_size,
         "max_digit_run": config.json_max_digit_run,
         "max_whitespace_run": config.json_max_whitespace_run,
-        **({"compile_timeout": config.grammar_compile_timeout,
-            "compile_memory_mb": config.grammar_compile_memory_mb} if sandboxed else {}),
-    }  # fmt: skip
+        **(
+            {
+                "compile_timeout": config.grammar_compile_timeout,
+                "compile_memory_mb": config.grammar_compile_memory_mb,
+            }
+            if sandboxed
+            else {}
+        ),
+    }
     key = (_fingerprint(tokenizer), config.grammar_backend, tuple(sorted(options.items())))
     with _lock:
         found = _shared.get(key)
@@ -75,9 +81,10 @@ def _build(tokenizer: Tokenizer, backend_name: str, options: dict[str, Any]) -> 
 
     backend = create_grammar_backend(backend_name, tokenizer, **options)
     closing = ClosingSearch(
-        tokenizer.vocab_bytes(), (options["vocab_size"] + 31) // 32,
+        tokenizer.vocab_bytes(),
+        (options["vocab_size"] + 31) // 32,
         excluded=tokenizer.special_token_ids | tokenizer.eos_token_ids,
-    )  # fmt: skip
+    )
     return _Shared(backend, closing, TokenHealer(tokenizer))
 
 

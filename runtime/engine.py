@@ -29,7 +29,13 @@ from plait.runtime.tuning import (
     SPECULATIVE_BURST_STEPS,
 )
 
-__all__ = ["SPECULATIVE_BURST_STEPS", "Engine", "off_main_thread", "resolve_device", "resolve_dtype"]
+__all__ = [
+    "SPECULATIVE_BURST_STEPS",
+    "Engine",
+    "off_main_thread",
+    "resolve_device",
+    "resolve_dtype",
+]
 
 
 def _text_chars(text: Any) -> int:
@@ -109,7 +115,9 @@ class Engine:
             if p.regex is None and p.json_schema is None and p.ebnf is None and not req.healed_text:
                 continue
             key = make_grammar_key(
-                regex=p.regex, json_schema=p.json_schema, grammar=p.ebnf,
+                regex=p.regex,
+                json_schema=p.json_schema,
+                grammar=p.ebnf,
                 json_whitespace=p.json_whitespace or self.config.json_whitespace,
                 prefix=req.healed_text,
             )
@@ -194,8 +202,11 @@ class Engine:
         if events.wants(RequestSubmitted):  # on the caller's thread: its context is still there
             now = time.perf_counter()
             for req in reqs:
-                events.emit(RequestSubmitted(now, req.rid, len(req.prompt_ids),
-                                             req.params.max_new_tokens, req))  # fmt: skip
+                events.emit(
+                    RequestSubmitted(
+                        now, req.rid, len(req.prompt_ids), req.params.max_new_tokens, req
+                    )
+                )
         self.core.post("add", reqs)  # one message: submitted together, scheduled together
 
     def abort(self, rid: str) -> None:
@@ -220,7 +231,9 @@ class Engine:
         `timeout`: seconds from now after which the engine aborts the request (its result is an
         abort with `status_code` 504). `client_id`: whom it is for; the scheduler admits the
         waiting requests of different clients round-robin."""
-        opts = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num, return_text_in_logprobs)
+        opts = LogprobOptions(
+            return_logprob, logprob_start_len, top_logprobs_num, return_text_in_logprobs
+        )
         reqs, batched = self._make_requests(
             text, input_ids, sampling_params, opts, rid, timeout, client_id
         )
@@ -273,16 +286,25 @@ class Engine:
     async def async_generate(self, *args: Any, stream: bool = False, **kwargs: Any) -> Any:
         """Like `generate`; with `stream=True` returns an async iterator of chunks."""
         opts = LogprobOptions(
-            kwargs.pop("return_logprob", False), kwargs.pop("logprob_start_len", -1),
-            kwargs.pop("top_logprobs_num", 0), kwargs.pop("return_text_in_logprobs", False),
+            kwargs.pop("return_logprob", False),
+            kwargs.pop("logprob_start_len", -1),
+            kwargs.pop("top_logprobs_num", 0),
+            kwargs.pop("return_text_in_logprobs", False),
         )
         if len(args) > 2:
             raise TypeError("async_generate: pass at most text and sampling_params positionally")
         text = kwargs.pop("text", args[0] if args else None)
         if len(args) == 2:
             kwargs["sampling_params"] = args[1]
-        make_args = (text, kwargs.pop("input_ids", None), kwargs.pop("sampling_params", None), opts,
-                     kwargs.pop("rid", None), kwargs.pop("timeout", None), kwargs.pop("client_id", None))  # fmt: skip
+        make_args = (
+            text,
+            kwargs.pop("input_ids", None),
+            kwargs.pop("sampling_params", None),
+            opts,
+            kwargs.pop("rid", None),
+            kwargs.pop("timeout", None),
+            kwargs.pop("client_id", None),
+        )
         if kwargs:
             raise TypeError(f"async_generate: unknown argument(s) {', '.join(kwargs)}")
         if _text_chars(text) >= GIL_FREE_CHARS:  # long prompts tokenize off the event loop

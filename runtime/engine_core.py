@@ -130,9 +130,15 @@ class EngineCore:
 
             self.tiers = create_kv_tiers(cc, self.kv_pool, self.cache, salt)
         self.scheduler = Scheduler(
-            sc, self.allocator, self.cache, cc.page_size, self.context_len, self.window,
-            tiers=self.tiers, events=self.events,
-        )  # fmt: skip
+            sc,
+            self.allocator,
+            self.cache,
+            cc.page_size,
+            self.context_len,
+            self.window,
+            tiers=self.tiers,
+            events=self.events,
+        )
         self.generator = torch.Generator(device=self.device).manual_seed(self.config.random_seed)
         self.runner = ModelRunner(
             self.model,
@@ -180,9 +186,13 @@ class EngineCore:
         drafts = config.num_draft_tokens if self.speculation.drafter is not None else 0
         # what one step may add to a constrained request, plus a margin for what it may open
         self.closing = BudgetClosing(
-            self.closing_search, ClosingJobs(), self.tokenizer, self.context_len,
-            slack=1 + drafts + CLOSING_GROWTH, plan_jump=self.applier.plan_jump,
-        )  # fmt: skip
+            self.closing_search,
+            ClosingJobs(),
+            self.tokenizer,
+            self.context_len,
+            slack=1 + drafts + CLOSING_GROWTH,
+            plan_jump=self.applier.plan_jump,
+        )
         self.applier.closing = self.closing
         self.bursts = Bursts(config.scheduler.num_continuous_decode_steps)
         self.planner = StepPlanner(
@@ -454,4 +464,3 @@ class EngineCore:
                 self.tp = None
         if not self._thread.is_alive():  # what raced in after the loop's own drain
             lifecycle.drain(self, self._inbox)
-

@@ -1,14 +1,20 @@
 """What the engine tells observers: typed events from the one place each thing happens, and the
 `EngineEvents` hub they subscribe to (`Engine.events`).
 
-| event | emitted | on the thread of |
-|---|---|---|
-| `RequestSubmitted` | when `Engine` hands a request to its loop (`generate`, `async_generate`, streams, the KV handoff) | the caller |
-| `BatchScheduled` | after the scheduler picked a step's batch (drafts included), before its forward pass | the engine |
-| `StepFinished` | after a step's bookkeeping (tokens appended, pages released), before its results are delivered | the engine |
-| `RequestFinished` | when a request's final result is delivered, however it ended | the engine |
-| `RequestRetracted` | when the scheduler takes a running request's pages back to requeue it | the engine |
-| `CacheMatched`, `CacheInserted`, `CacheEvicted` | when the radix cache looks a prompt up (not a look-ahead), takes new pages, frees pages | the engine |
+Each event, when it is emitted, and on whose thread:
+
+- `RequestSubmitted`: when `Engine` hands a request to its loop (`generate`, `async_generate`,
+  streams, the KV handoff); on the caller's thread.
+- `BatchScheduled`: after the scheduler picked a step's batch (drafts included), before its
+  forward pass; on the engine's thread.
+- `StepFinished`: after a step's bookkeeping (tokens appended, pages released), before its results
+  are delivered; on the engine's thread.
+- `RequestFinished`: when a request's final result is delivered, however it ended; on the
+  engine's thread.
+- `RequestRetracted`: when the scheduler takes a running request's pages back to requeue it; on
+  the engine's thread.
+- `CacheMatched`, `CacheInserted`, `CacheEvicted`: when the radix cache looks a prompt up (not a
+  look-ahead), takes new pages, frees pages; on the engine's thread.
 
 Subscribers are called synchronously, in the order they subscribed: they must be quick (append to
 a bounded container, bump a counter) and thread-safe towards whoever reads what they keep. An
@@ -206,16 +212,23 @@ class EngineEvents:
                 if sub.errors == 1:
                     logger.exception(
                         "event subscriber %r failed on %s (later failures are only counted)",
-                        sub.callback, type(event).__name__,
-                    )  # fmt: skip
+                        sub.callback,
+                        type(event).__name__,
+                    )
 
     # the emitters that need more than a constructor ------------------------------------------
 
     def batch_scheduled(self, batch: ScheduleBatch) -> None:
-        self.emit(BatchScheduled(
-            time.perf_counter(), sum(e.end - e.start for e in batch.extends), len(batch.extends),
-            len(batch.verifies), len(batch.decodes), tuple(batch.requests()),
-        ))  # fmt: skip
+        self.emit(
+            BatchScheduled(
+                time.perf_counter(),
+                sum(e.end - e.start for e in batch.extends),
+                len(batch.extends),
+                len(batch.verifies),
+                len(batch.decodes),
+                tuple(batch.requests()),
+            )
+        )
 
     def step_finished(self, batch: ScheduleBatch, started: float) -> None:
         prefill = verify = accepted = jump = 0
@@ -229,13 +242,33 @@ class EngineEvents:
                 prefill += e.end - e.start
         now = time.perf_counter()
         steps = batch.decode_steps
-        self.emit(StepFinished(now, now - started, prefill, len(batch.decodes) * steps, verify,
-                               accepted, jump, steps, tuple(batch.requests())))  # fmt: skip
+        self.emit(
+            StepFinished(
+                now,
+                now - started,
+                prefill,
+                len(batch.decodes) * steps,
+                verify,
+                accepted,
+                jump,
+                steps,
+                tuple(batch.requests()),
+            )
+        )
 
     def request_finished(self, req: Request) -> None:
         assert req.finish_reason is not None
-        self.emit(RequestFinished(time.perf_counter(), req.rid, req.finish_reason,
-                                  len(req.prompt_ids), req.cached_tokens, len(req.output_ids), req))  # fmt: skip
+        self.emit(
+            RequestFinished(
+                time.perf_counter(),
+                req.rid,
+                req.finish_reason,
+                len(req.prompt_ids),
+                req.cached_tokens,
+                len(req.output_ids),
+                req,
+            )
+        )
 
     def watch_cache(self, cache: RadixCache) -> None:
         """Points the radix cache's hooks at this hub (the cache imports nothing of the runtime)."""

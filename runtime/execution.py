@@ -125,14 +125,16 @@ def choose_execution(model: torch.nn.Module, pool: KVPool, device: torch.device)
             note = f"not on the native stack: {blocker}"
     bursts = (
         stack is not None
-        and embed is not None and embed.is_contiguous()
+        and embed is not None
+        and embed.is_contiguous()
         and native_decode.usable_linear(lm.lm_head)
         and lm.model.norm.weight.dtype == torch.float32
         and decode_stack.burst_available()
-    )  # fmt: skip
+    )
     bf16_extends = (
-        device.type == "cpu" and quant_matmul.bf16_extends_enabled()
+        device.type == "cpu"
+        and quant_matmul.bf16_extends_enabled()
         and any(isinstance(m, QuantLinear) for m in model.modules())
-    )  # fmt: skip
+    )
     window = lm.args.sliding_window if lm is not None and lm.args.uniform_layers else None
     return Execution(device, attention, stack, bursts, bf16_extends, window, note)

@@ -30,8 +30,9 @@ from plait.runtime.tuning import GIL_FREE_CHARS
 logger = logging.getLogger("plait.engine")
 
 # `generate` arguments that mean nothing to a prefill (no token is sampled)
-_IGNORED = frozenset({"return_logprob", "logprob_start_len", "top_logprobs_num",
-                      "return_text_in_logprobs", "stream"})  # fmt: skip
+_IGNORED = frozenset(
+    {"return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "stream"}
+)
 
 
 @dataclass
@@ -143,8 +144,12 @@ class Handoff:
             try:
                 checked.append(handoff.check(run))
             except BlockError as exc:
-                logger.warning("kv handoff: a run of %d tokens is a miss (%s: %s)",
-                               len(run.tokens), exc.kind, exc)  # fmt: skip
+                logger.warning(
+                    "kv handoff: a run of %d tokens is a miss (%s: %s)",
+                    len(run.tokens),
+                    exc.kind,
+                    exc,
+                )
                 checked.append(None)
                 failures.append(f"{exc.kind}: {exc}")
         return data, checked, failures

@@ -49,8 +49,13 @@ def expire(core: EngineCore) -> None:
     for req in core.scheduler.all_requests():
         if req.deadline is not None and now >= req.deadline:
             waited = now - req.arrival_time
-            end(core, req, f"timeout: the request did not finish within its deadline "
-                             f"({waited:.1f} s since it arrived)", 504)  # fmt: skip
+            end(
+                core,
+                req,
+                f"timeout: the request did not finish within its deadline "
+                f"({waited:.1f} s since it arrived)",
+                504,
+            )
 
 
 def recover(core: EngineCore, exc: BaseException) -> None:

@@ -124,12 +124,16 @@ class ModelRunner:
         spaces = self._spaces  # (in window pages, the window its CPU rows are built for)
         metas = [
             self.tables.layout(
-                extends, batch.decodes, window=window, rows_window=rows_window,
-                attention=self.execution.attention, num_kv_heads=self.model.args.num_kv_heads,
+                extends,
+                batch.decodes,
+                window=window,
+                rows_window=rows_window,
+                attention=self.execution.attention,
+                num_kv_heads=self.model.args.num_kv_heads,
                 bf16_extends=self.execution.bf16_extends,
             )
             for window, rows_window in spaces
-        ]  # fmt: skip
+        ]
         if layers is None:
             layers = self.execution.layers_for(len(ids), max(metas[0].extend_q_lens, default=0))
         forward_batch = ForwardBatch(
@@ -177,7 +181,9 @@ class ModelRunner:
         got = iter(tokens)  # in the forward's order, `batch.requests()`
         results = [RequestResult(e.req, next(got), extend=e) for e in batch.extends]
         results += [RequestResult(v.req, next(got), verify=v) for v in batch.verifies]
-        results += [RequestResult(r, next(got), streamed=streamed.get(id(r))) for r in batch.decodes]
+        results += [
+            RequestResult(r, next(got), streamed=streamed.get(id(r))) for r in batch.decodes
+        ]
         return StepResults(results, batch.decode_steps, step_s)
 
     @torch.inference_mode()
@@ -344,9 +350,12 @@ class ModelRunner:
         return list(range(first, min(e.end, prompt_len - 1)))
 
     def _results(
-        self, batch: ScheduleBatch, plans: list[tuple[list[int], bool]], logits: torch.Tensor,
+        self,
+        batch: ScheduleBatch,
+        plans: list[tuple[list[int], bool]],
+        logits: torch.Tensor,
         masks: Future[tuple[torch.Tensor, list[int]]] | None = None,
-    ) -> list[TokenResult]:  # fmt: skip
+    ) -> list[TokenResult]:
         reqs, drafts = batch.requests(), batch.drafts()
         results = [TokenResult() for _ in reqs]
         want_logprobs = any(r.logprob.return_logprob for r in reqs)
@@ -484,9 +493,12 @@ def _plain_logits(req: Request) -> bool:
     parameters: no grammar, no penalty, no token banned."""
     p = req.params
     return (
-        req.grammar is None and not p.frequency_penalty and not p.presence_penalty
-        and p.repetition_penalty == 1.0 and len(req.output_ids) >= p.min_new_tokens
-    )  # fmt: skip
+        req.grammar is None
+        and not p.frequency_penalty
+        and not p.presence_penalty
+        and p.repetition_penalty == 1.0
+        and len(req.output_ids) >= p.min_new_tokens
+    )
 
 
 def _burst_logits(req: Request) -> bool:
@@ -494,9 +506,12 @@ def _burst_logits(req: Request) -> bool:
     allowed (masked between the burst's steps), unless token healing may still lift it."""
     p = req.params
     return (
-        not req.heal_free and not p.frequency_penalty and not p.presence_penalty
-        and p.repetition_penalty == 1.0 and len(req.output_ids) >= p.min_new_tokens
-    )  # fmt: skip
+        not req.heal_free
+        and not p.frequency_penalty
+        and not p.presence_penalty
+        and p.repetition_penalty == 1.0
+        and len(req.output_ids) >= p.min_new_tokens
+    )
 
 
 def _plain_greedy(req: Request) -> bool:

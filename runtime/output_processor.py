@@ -236,7 +236,8 @@ class OutputProcessor:
         req.finish_time = time.perf_counter()
 
     def stream_text(self, req: Request) -> str:
-        """The text a stream may show now: everything, except a tail that may begin a stop string."""
+        """The text a stream may show now: everything, except a tail that may begin a stop
+        string."""
         if req.finished or not req.params.stop:
             return req.text
         hold = max(len(s) for s in req.params.stop) - 1

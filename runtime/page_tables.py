@@ -122,9 +122,13 @@ class PageTables:
 
             pages = self.window_pages if window else list
             meta.triton = tables_from_pages(
-                self.page_size, num_kv_heads, self.device,
-                extend_pages=[pages(r.pages) for r, *_ in extends], extend_q_lens=q_lens,
-                extend_kv_lens=kv_lens, decode_pages=[pages(r.pages) for r in decodes],
+                self.page_size,
+                num_kv_heads,
+                self.device,
+                extend_pages=[pages(r.pages) for r, *_ in extends],
+                extend_q_lens=q_lens,
+                extend_kv_lens=kv_lens,
+                decode_pages=[pages(r.pages) for r in decodes],
                 decode_kv_lens=[r.num_tokens for r in decodes],
-            )  # fmt: skip
+            )
         return meta

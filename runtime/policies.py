@@ -59,7 +59,9 @@ class ThreadPolicy:
 class SpeculationPolicy:
     def __init__(self, mode: str) -> None:
         if mode not in SPECULATION_MODES:
-            raise ValueError(f"speculation: expected one of {', '.join(SPECULATION_MODES)}, got {mode!r}")
+            raise ValueError(
+                f"speculation: expected one of {', '.join(SPECULATION_MODES)}, got {mode!r}"
+            )
         self.mode = mode
         self.governor = SpeculationGovernor()
 
@@ -69,7 +71,9 @@ class SpeculationPolicy:
             return self.governor.speculate(batch_size)
         return self.mode == "always"
 
-    def record(self, batch_size: int, verified: bool, tokens: float, seconds: float, steps: int = 1) -> None:
+    def record(
+        self, batch_size: int, verified: bool, tokens: float, seconds: float, steps: int = 1
+    ) -> None:
         """A pure decode step's outcome; the governor learns from it in every mode (its rates are
         in `stats()`), and decides only under `auto`."""
         self.governor.record(batch_size, verified, tokens, seconds, steps=steps)

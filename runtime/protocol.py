@@ -14,9 +14,14 @@ _MAX_NEW_TOKENS_LIMIT = 1 << 20
 _GREEDY_TEMPERATURE = 1e-5
 MAX_SAMPLES = 128  # the largest `n`
 _NULLABLE = (
-    "seed", "regex", "json_schema", "ebnf", "budget_closing", "closed_finish_reason",
+    "seed",
+    "regex",
+    "json_schema",
+    "ebnf",
+    "budget_closing",
+    "closed_finish_reason",
     "json_whitespace",
-)  # fmt: skip
+)
 CLOSED_FINISH_REASONS = ("length", "stop")
 # How JSON under a schema is spaced:
 # - conventional: one space after `:` and `,` and nowhere else (`{"a": 1, "b": [2, 3]}`), as
@@ -111,8 +116,13 @@ class SamplingParams:
         for t in self.stop_token_ids:
             if not isinstance(t, int) or isinstance(t, bool) or t < 0:
                 raise ValueError(f"stop_token_ids: expected non-negative integers, got {t!r}")
-        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
-                     "token_healing"):  # fmt: skip
+        for name in (
+            "ignore_eos",
+            "skip_special_tokens",
+            "spaces_between_special_tokens",
+            "no_stop_trim",
+            "token_healing",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected a boolean, got {getattr(self, name)!r}")
         _check_int("n", self.n, 1, MAX_SAMPLES)

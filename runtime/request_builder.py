@@ -41,7 +41,11 @@ def build_requests(
         if wrong:
             raise ValueError(f"text: expected a string or a list of strings, got {wrong[0]}")
         # NOTE: the batch call releases the GIL and spreads the texts over the cores.
-        prompts = engine.tokenizer.encode_batch(texts) if len(texts) > 1 else [engine.tokenizer.encode(texts[0])]
+        prompts = (
+            engine.tokenizer.encode_batch(texts)
+            if len(texts) > 1
+            else [engine.tokenizer.encode(texts[0])]
+        )
     else:
         if not isinstance(input_ids, list):
             raise ValueError(
@@ -100,8 +104,13 @@ def build_requests(
             req_rid = r or uuid.uuid4().hex
             if sp.n > 1:
                 req_rid = f"{req_rid}-{i}"
-            req = Request(rid=req_rid, prompt_ids=list(prompt), params=sp, logprob=logprob,
-                          client_id=client_id or "")  # fmt: skip
+            req = Request(
+                rid=req_rid,
+                prompt_ids=list(prompt),
+                params=sp,
+                logprob=logprob,
+                client_id=client_id or "",
+            )
             if timeout is not None:
                 req.deadline = req.arrival_time + timeout
             if sp.seed is not None:

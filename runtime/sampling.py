@@ -40,7 +40,9 @@ def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
         if p.repetition_penalty != 1.0:
             seen = torch.tensor(
-                list(set(row.prompt_ids) | set(row.output_ids)), dtype=torch.long, device=logits.device
+                list(set(row.prompt_ids) | set(row.output_ids)),
+                dtype=torch.long,
+                device=logits.device,
             )
             if seen.numel():
                 vals = logits[i, seen]
@@ -67,7 +69,11 @@ def filter_params(
     f32 = dict(dtype=torch.float32, device=device)
     return (
         torch.tensor([0.0 if p.is_greedy else p.temperature for p in params], **f32),
-        torch.tensor([vocab if p.top_k < 0 else min(p.top_k, vocab) for p in params], dtype=torch.long, device=device),
+        torch.tensor(
+            [vocab if p.top_k < 0 else min(p.top_k, vocab) for p in params],
+            dtype=torch.long,
+            device=device,
+        ),
         torch.tensor([p.top_p for p in params], **f32),
         torch.tensor([p.min_p for p in params], **f32),
     )
@@ -87,14 +93,18 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     if not sampled:
         return out
     idx = torch.tensor(sampled, dtype=torch.long, device=logits.device)
-    temperature, top_k, top_p, min_p = filter_params([rows[i].params for i in sampled], logits.shape[1], logits.device)
+    temperature, top_k, top_p, min_p = filter_params(
+        [rows[i].params for i in sampled], logits.shape[1], logits.device
+    )
     if use_triton(logits):
         return _sample_triton(logits, rows, sampled, idx, out, (temperature, top_k, top_p, min_p))
     on_cpu = logits.device.type == "cpu"
     if on_cpu:
         uniforms = torch.cat([torch.rand(1, generator=rows[i].generator) for i in sampled])
         if logits.dtype == torch.float32 and sampling_cpu.available():
-            picks = sampling_cpu.sample_rows(logits[idx], temperature, top_k, top_p, min_p, uniforms)
+            picks = sampling_cpu.sample_rows(
+                logits[idx], temperature, top_k, top_p, min_p, uniforms
+            )
             for j, i in enumerate(sampled):
                 if picks[j] >= 0:  # else no finite distribution: the argmax stays
                     out[i] = picks[j]
@@ -107,7 +117,11 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     picks = sampling_cpu.draw_ref(torch.nan_to_num(probs), uniforms).tolist() if on_cpu else None
     for j, i in enumerate(sampled):
         if usable[j]:
-            out[i] = picks[j] if on_cpu else torch.multinomial(probs[j], 1, generator=rows[i].generator)[0]
+            out[i] = (
+                picks[j]
+                if on_cpu
+                else torch.multinomial(probs[j], 1, generator=rows[i].generator)[0]
+            )
     return out
 
 
@@ -122,9 +136,12 @@ def _sample_triton(
     """The sampled rows `idx` of `out` drawn by `sample_triton`: one seed per row from its generator
     (on the device: no host sync). A row with no finite distribution (NaN or +inf logits, or all
     -inf) keeps its argmax, as on the other paths."""
-    seeds = torch.cat([
-        torch.randint(0, 1 << 62, (1,), generator=rows[i].generator, device=logits.device) for i in sampled
-    ])  # fmt: skip
+    seeds = torch.cat(
+        [
+            torch.randint(0, 1 << 62, (1,), generator=rows[i].generator, device=logits.device)
+            for i in sampled
+        ]
+    )
     rows_logits = logits[idx].contiguous()
     picks = sample_triton(rows_logits, *params, seeds=seeds)
     bad = torch.isnan(rows_logits) | (rows_logits == float("inf"))

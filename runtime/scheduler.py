@@ -251,8 +251,9 @@ class Scheduler:
     def retract(self, req: Request) -> None:
         """Frees a running request's pages (caching what it computed) and requeues it first."""
         if self.events.wants(RequestRetracted):
-            self.events.emit(RequestRetracted(time.perf_counter(), req.rid, req.num_tokens,
-                                              len(req.pages)))  # fmt: skip
+            self.events.emit(
+                RequestRetracted(time.perf_counter(), req.rid, req.num_tokens, len(req.pages))
+            )
         if req in self.running:
             self.running.remove(req)
         else:

@@ -113,8 +113,13 @@ class StepBroadcaster(nn.Module):
         self.args = model.args
         self.channel = channel
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
-                num_layers: int | None = None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        batch: ForwardBatch,
+        num_layers: int | None = None,
+    ) -> torch.Tensor:
         self.channel.send(
             ("forward", input_ids, positions, batch.attn, batch.attn_window, num_layers)
         )
@@ -207,8 +212,17 @@ def run_worker(rank: int, rendezvous: Rendezvous | None, config: Any) -> None:
                     config.model.quantization not in (None, "float32"),
                 )
                 windowed = window_layers(args) if num_window_pages else ()
-                pool = KVPool(num_pages, page_size, args.num_layers, args.num_kv_heads,
-                              args.head_dim, kv_dtype, device, windowed, num_window_pages)  # fmt: skip
+                pool = KVPool(
+                    num_pages,
+                    page_size,
+                    args.num_layers,
+                    args.num_kv_heads,
+                    args.head_dim,
+                    kv_dtype,
+                    device,
+                    windowed,
+                    num_window_pages,
+                )
                 continue
             _, input_ids, positions, attn, attn_window, num_layers = message
             assert pool is not None, "rank 0 sends the pool size before the first step"

@@ -135,9 +135,12 @@ def _prepare(state: ServerState, request: Request, kwargs: dict[str, Any]) -> No
 
 
 def token_budget(
-    state: ServerState, prompt_len: int, requested: int | None, prompt: str,
+    state: ServerState,
+    prompt_len: int,
+    requested: int | None,
+    prompt: str,
     field: str = "max_tokens",
-) -> int:  # fmt: skip
+) -> int:
     """The output tokens a request gets: `requested`, or all that the context (and the KV pool)
     holds after its prompt when None. A prompt or a `requested` that does not fit is a 400
     naming `prompt` or `field`."""
@@ -235,9 +238,12 @@ async def stream(
 
 
 async def _prefill_half(
-    state: ServerState, request: Request, target: str, rename: dict[str, str] | None,
+    state: ServerState,
+    request: Request,
+    target: str,
+    rename: dict[str, str] | None,
     kwargs: dict[str, Any],
-) -> kv_handoff.HandedOff:  # fmt: skip
+) -> kv_handoff.HandedOff:
     """A request's prefill half (`--role prefill`): its prompts prefilled, their KV sent to the
     decode replica at `target` (server/kv_handoff.py)."""
     started = time.perf_counter()

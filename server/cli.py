@@ -121,12 +121,19 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     from plait.server.state import ServerConfig
 
     return ServerConfig(
-        host=args.host, port=args.port, api_key=args.api_key, programs=tuple(args.programs),
-        served_model_name=args.served_model_name, accept_any_model=args.accept_any_model,
-        closed_finish_reason=args.closed_finish_reason, max_queue=args.max_queue,
-        log_level=args.log_level, request_timeout=args.request_timeout,
-        max_body_bytes=args.max_body_bytes, role=args.role,
-    )  # fmt: skip
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        programs=tuple(args.programs),
+        served_model_name=args.served_model_name,
+        accept_any_model=args.accept_any_model,
+        closed_finish_reason=args.closed_finish_reason,
+        max_queue=args.max_queue,
+        log_level=args.log_level,
+        request_timeout=args.request_timeout,
+        max_body_bytes=args.max_body_bytes,
+        role=args.role,
+    )
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -162,16 +169,29 @@ def serve(args: argparse.Namespace) -> int:
     engine = Engine(**engine_kwargs(args))
     log.info("engine ready in %.1f s: %s", time.perf_counter() - start, engine.model_path)
     stats = engine.stats()
-    log.info("execution: %s", ", ".join(f"{k.removeprefix('execution_')} {v}" for k, v in stats.items()
-                                        if k.startswith("execution_")))  # fmt: skip
+    log.info(
+        "execution: %s",
+        ", ".join(
+            f"{k.removeprefix('execution_')} {v}"
+            for k, v in stats.items()
+            if k.startswith("execution_")
+        ),
+    )
     # NOTE: uvicorn re-raises the SIGTERM it handled once it has shut down; as SystemExit it
     # reaches the `finally` below, so the engine (and any tensor-parallel ranks) stop cleanly.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         show = DashboardConfig(show_prompts=args.dashboard_show_prompts)
         app = create_app(engine, config, registry, show)
-        uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, http=UVICORN_HTTP,
-                    timeout_graceful_shutdown=5, timeout_keep_alive=KEEP_ALIVE_SECONDS)  # fmt: skip
+        uvicorn.run(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level=config.log_level,
+            http=UVICORN_HTTP,
+            timeout_graceful_shutdown=5,
+            timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        )
     finally:
         engine.shutdown()
     return 0

@@ -107,8 +107,13 @@ class EngineView:
             return cached[3]
         start = time.perf_counter()
         hits = _copy_dict(self.probe.hits) if self.probe.installed else None
-        tree = summarize_tree(self.engine.cache, max_nodes=nodes, hits=hits,
-                              key_tokens=KEY_TOKENS if show_prompts else 0, max_walk=MAX_WALK)  # fmt: skip
+        tree = summarize_tree(
+            self.engine.cache,
+            max_nodes=nodes,
+            hits=hits,
+            key_tokens=KEY_TOKENS if show_prompts else 0,
+            max_walk=MAX_WALK,
+        )
         self._tree = (now, key, time.perf_counter() - start, tree)
         return tree
 
@@ -123,9 +128,13 @@ class EngineView:
 
 
 def build_snapshot(
-    view: EngineView, config: DashboardConfig, since: int | None, nodes: int, model: str,
+    view: EngineView,
+    config: DashboardConfig,
+    since: int | None,
+    nodes: int,
+    model: str,
     started: float,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     engine, probe = view.engine, view.probe
     now = time.time()
     cache = engine.cache
@@ -139,13 +148,16 @@ def build_snapshot(
         last = view.history.rows[-1]["time"] if view.history.rows else now - config.interval
         since_t = min(last, now - LATENCY_WINDOW_S)
         view.history.sample(
-            now, stats, sched.prompt_tokens, sched.cached_prompt_tokens,
+            now,
+            stats,
+            sched.prompt_tokens,
+            sched.cached_prompt_tokens,
             steps=_newer(probe.steps, last, lambda s: s.time),
             ttft=_newer(probe.ttft, since_t, lambda x: x[0]),
             itl=_newer(probe.itl, since_t, lambda x: x[0]),
             events=_newer(probe.events, last, lambda e: e["time"]),
             retracted_waiting=sum(1 for r in live if r["status"] == "retracted"),
-        )  # fmt: skip
+        )
     tree = view.tree(nodes, config.show_prompts, now)
     probe.forget(
         {r["rid"] for r in live}, {n.id for n in tree.nodes} if tree.num_nodes <= nodes else None
@@ -165,30 +177,52 @@ def build_snapshot(
         "tree": _tree_json(tree, view, engine, config.show_prompts, now),
         "events": _last(probe.events, 50),
         "steps": [_step_json(s) for s in _last(probe.steps, 20)],
-        "requests": {"live": live,
-                     "finished": view.requests.finished(copy_list(probe.finished), 32, config.show_prompts)},
-        "watch": {"probe_installed": probe.installed, "watched_since": view.watched_since,
-                  "idle_after_s": config.idle_after},
-    }  # fmt: skip
+        "requests": {
+            "live": live,
+            "finished": view.requests.finished(copy_list(probe.finished), 32, config.show_prompts),
+        },
+        "watch": {
+            "probe_installed": probe.installed,
+            "watched_since": view.watched_since,
+            "idle_after_s": config.idle_after,
+        },
+    }
 
 
 def _tree_json(tree: Any, view: EngineView, engine: Any, show: bool, now: float) -> dict[str, Any]:
     nodes = []
     for n in tree.nodes:
-        item = {"id": n.id, "parent": n.parent, "depth": n.depth, "tokens": n.tokens,
-                "pages": n.pages, "subtree_tokens": n.subtree_tokens,
-                "subtree_pages": n.subtree_pages, "subtree_nodes": n.subtree_nodes,
-                "children": n.num_children, "locked": n.locked, "locks": n.own_locks,
-                "evictable": n.evictable, "hits": n.hits,
-                "last_use_s": view.last_use_s(n.last_access, now)}  # fmt: skip
+        item = {
+            "id": n.id,
+            "parent": n.parent,
+            "depth": n.depth,
+            "tokens": n.tokens,
+            "pages": n.pages,
+            "subtree_tokens": n.subtree_tokens,
+            "subtree_pages": n.subtree_pages,
+            "subtree_nodes": n.subtree_nodes,
+            "children": n.num_children,
+            "locked": n.locked,
+            "locks": n.own_locks,
+            "evictable": n.evictable,
+            "hits": n.hits,
+            "last_use_s": view.last_use_s(n.last_access, now),
+        }
         if show and n.key_head:
             item["text"] = engine.tokenizer.decode(list(n.key_head))
         nodes.append(item)
-    return {"page_size": engine.page_size, "num_nodes": tree.num_nodes, "num_tokens": tree.num_tokens,
-            "cached_pages": tree.cached_pages, "evictable_pages": tree.evictable_pages,
-            "protected_pages": tree.protected_pages, "truncated": tree.truncated,
-            "hits_counted": any(n.hits is not None for n in tree.nodes),
-            "walked_at": view._tree[0] if view._tree else now, "nodes": nodes}  # fmt: skip
+    return {
+        "page_size": engine.page_size,
+        "num_nodes": tree.num_nodes,
+        "num_tokens": tree.num_tokens,
+        "cached_pages": tree.cached_pages,
+        "evictable_pages": tree.evictable_pages,
+        "protected_pages": tree.protected_pages,
+        "truncated": tree.truncated,
+        "hits_counted": any(n.hits is not None for n in tree.nodes),
+        "walked_at": view._tree[0] if view._tree else now,
+        "nodes": nodes,
+    }
 
 
 def _newer(items: Any, t: float, when: Any) -> list[Any]:
@@ -220,8 +254,10 @@ def _step_json(step: StepRecord) -> dict[str, Any]:
 
 
 def _jsonable(stats: dict[str, Any]) -> dict[str, Any]:
-    return {k: v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
-            for k, v in stats.items()}  # fmt: skip
+    return {
+        k: v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
+        for k, v in stats.items()
+    }
 
 
 # the routes ----------------------------------------------------------------------------------
@@ -241,8 +277,9 @@ async def snapshot(
     config: DashboardConfig = request.app.state.dashboard
     view = EngineView.of(state.engine, config)
     view.watch(config.idle_after)
-    body = build_snapshot(view, config, since, nodes or config.max_tree_nodes, state.model_name,
-                          state.started)  # fmt: skip
+    body = build_snapshot(
+        view, config, since, nodes or config.max_tree_nodes, state.model_name, state.started
+    )
     return JSONResponse(body, headers={"Cache-Control": "no-store"})
 
 

@@ -17,9 +17,20 @@ from typing import Any
 
 LATENCY_WINDOW_S = 10.0
 
-GAUGES = ("num_running", "num_waiting", "kv_pages_total", "kv_pages_free", "kv_pages_cached",
-          "kv_pages_evictable", "kv_pages_in_use", "cache_hit_rate", "num_retracted",
-          "total_generated_tokens", "total_computed_tokens", "spec_acceptance_rate")  # fmt: skip
+GAUGES = (
+    "num_running",
+    "num_waiting",
+    "kv_pages_total",
+    "kv_pages_free",
+    "kv_pages_cached",
+    "kv_pages_evictable",
+    "kv_pages_in_use",
+    "cache_hit_rate",
+    "num_retracted",
+    "total_generated_tokens",
+    "total_computed_tokens",
+    "spec_acceptance_rate",
+)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

@@ -36,11 +36,16 @@ class DashboardPage:
             return
         if self._body is None:
             self._body = page_html()
-        headers = [(b"content-type", b"text/html; charset=utf-8"),
-                   (b"content-length", str(len(self._body)).encode()),
-                   (b"cache-control", b"no-cache"),
-                   (b"content-security-policy", b"default-src 'self'; script-src 'unsafe-inline'; "
-                    b"style-src 'unsafe-inline'; img-src 'self' data:")]  # fmt: skip
+        headers = [
+            (b"content-type", b"text/html; charset=utf-8"),
+            (b"content-length", str(len(self._body)).encode()),
+            (b"cache-control", b"no-cache"),
+            (
+                b"content-security-policy",
+                b"default-src 'self'; script-src 'unsafe-inline'; "
+                b"style-src 'unsafe-inline'; img-src 'self' data:",
+            ),
+        ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         body = b"" if scope["method"] == "HEAD" else self._body
         await send({"type": "http.response.body", "body": body})

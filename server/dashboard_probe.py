@@ -111,10 +111,19 @@ class StepProbe:
     def _step_finished(self, step: StepFinished) -> None:
         now = time.perf_counter()
         wall = time.time()
-        self.steps.append(StepRecord(
-            wall, step.seconds, step.prefill_tokens, step.decode_tokens, step.verify_tokens,
-            step.accepted_tokens, step.jump_forward_tokens, step.decode_steps, step.batch_size,
-        ))  # fmt: skip
+        self.steps.append(
+            StepRecord(
+                wall,
+                step.seconds,
+                step.prefill_tokens,
+                step.decode_tokens,
+                step.verify_tokens,
+                step.accepted_tokens,
+                step.jump_forward_tokens,
+                step.decode_steps,
+                step.batch_size,
+            )
+        )
         for req in step.requests:
             self._track(req, now, wall)
 
@@ -123,12 +132,20 @@ class StepProbe:
         self.finished.append(event.request)
 
     def _retracted(self, event: RequestRetracted) -> None:
-        self.events.append({"time": time.time(), "kind": "retract", "rid": event.rid,
-                            "tokens": event.tokens, "pages": event.pages})  # fmt: skip
+        self.events.append(
+            {
+                "time": time.time(),
+                "kind": "retract",
+                "rid": event.rid,
+                "tokens": event.tokens,
+                "pages": event.pages,
+            }
+        )
 
     def _evicted(self, event: CacheEvicted) -> None:
-        self.events.append({"time": time.time(), "kind": "evict", "pages": event.pages,
-                            "asked": event.asked})  # fmt: skip
+        self.events.append(
+            {"time": time.time(), "kind": "evict", "pages": event.pages, "asked": event.asked}
+        )
 
     def _matched(self, event: CacheMatched) -> None:
         if event.matched_tokens:

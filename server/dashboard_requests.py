@@ -3,8 +3,8 @@
 `RequestLog` subscribes to the engine's `RequestSubmitted` events (one per submitted request, never
 per step, emitted on the submitting thread) to name each request after the route that made it
 (`RouteLabel`, an ASGI middleware, puts the path in a context variable) or the program whose
-thread made it, and keeps the last submitted requests so recently finished ones can be shown. Prompt text is only ever
-decoded when the server allows it (`show_prompts`).
+thread made it, and keeps the last submitted requests so recently finished ones can be shown. Prompt
+text is only ever decoded when the server allows it (`show_prompts`).
 """
 
 from __future__ import annotations
@@ -86,8 +86,12 @@ class RequestLog:
         now = time.perf_counter()
         seen: set[int] = set()
         out: list[dict[str, Any]] = []
-        groups = (("decode", sched.running), ("prefill", sched.prefilling),
-                  ("waiting", sched.waiting), ("quarantined", sched.suspects))  # fmt: skip
+        groups = (
+            ("decode", sched.running),
+            ("prefill", sched.prefilling),
+            ("waiting", sched.waiting),
+            ("quarantined", sched.suspects),
+        )
         for status, queue in groups:
             for req in copy_list(queue):
                 if id(req) in seen or req.finished:

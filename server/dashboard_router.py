@@ -31,14 +31,19 @@ def install_router_dashboard(app: FastAPI, state: Any) -> None:
         replicas = state.router.replicas
         index = min(replica, len(replicas) - 1)
         target = replicas[index]
-        info = {"replicas": [{"index": i, **r.describe()} for i, r in enumerate(replicas)],
-                "selected": index, "policy": state.router.config.policy}  # fmt: skip
+        info = {
+            "replicas": [{"index": i, **r.describe()} for i, r in enumerate(replicas)],
+            "selected": index,
+            "policy": state.router.config.policy,
+        }
         params = {k: v for k, v in (("since", since), ("nodes", nodes)) if v is not None}
         try:
             resp = await state.proxy.client.get(
-                target.url + "/dashboard/snapshot", params=params,
-                headers=forward_headers(request.headers), timeout=10.0,
-            )  # fmt: skip
+                target.url + "/dashboard/snapshot",
+                params=params,
+                headers=forward_headers(request.headers),
+                timeout=10.0,
+            )
         except httpx.HTTPError as e:
             return _unavailable(
                 info, f"replica {target.url} did not answer: {type(e).__name__}: {e}"

@@ -16,8 +16,14 @@ from typing import Any
 from plait.server.launch import ServerProcess
 from plait.server.routing import POLICIES, RouterConfig
 
-_SERVER_FLAGS = ("api_key", "max_queue", "served_model_name", "accept_any_model",
-                 "closed_finish_reason", "log_level")  # fmt: skip
+_SERVER_FLAGS = (
+    "api_key",
+    "max_queue",
+    "served_model_name",
+    "accept_any_model",
+    "closed_finish_reason",
+    "log_level",
+)
 
 
 _ROUTER_HELP = {
@@ -36,25 +42,59 @@ _ROUTER_HELP = {
 
 def add_router_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("data parallelism")
-    group.add_argument("--dp", "--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1,
-                       help="engine replicas on loopback ports behind a cache-aware router (>= 1)")  # fmt: skip
-    group.add_argument("--replica", dest="replicas", action="append", default=[], metavar="URL",
-                       help="route to a running plait server instead (repeatable; no local engine; "
-                            "default: none)")  # fmt: skip
-    group.add_argument("--prefill-replicas", dest="prefill_replicas", type=int, default=0,
-                       help="of the --dp replicas, this many run --role prefill and push the KV "
-                            "of the prompts they prefill to the others (--role decode), which "
-                            "decode: prefill-decode disaggregation (0: off)")  # fmt: skip
-    group.add_argument("--prefill-replica", dest="prefill_urls", action="append", default=[],
-                       metavar="URL", help="with --replica: a running `plait serve --role "
-                       "prefill` that prefills for them (repeatable; default: none)")  # fmt: skip
-    group.add_argument("--router-policy", dest="router_policy", default="cache_aware",
-                       choices=POLICIES, help="how the router picks a replica")  # fmt: skip
+    group.add_argument(
+        "--dp",
+        "--dp-size",
+        "--data-parallel-size",
+        dest="dp_size",
+        type=int,
+        default=1,
+        help="engine replicas on loopback ports behind a cache-aware router (>= 1)",
+    )
+    group.add_argument(
+        "--replica",
+        dest="replicas",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="route to a running plait server instead (repeatable; no local engine; default: none)",
+    )
+    group.add_argument(
+        "--prefill-replicas",
+        dest="prefill_replicas",
+        type=int,
+        default=0,
+        help="of the --dp replicas, this many run --role prefill and push the KV "
+        "of the prompts they prefill to the others (--role decode), which "
+        "decode: prefill-decode disaggregation (0: off)",
+    )
+    group.add_argument(
+        "--prefill-replica",
+        dest="prefill_urls",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="with --replica: a running `plait serve --role "
+        "prefill` that prefills for them (repeatable; default: none)",
+    )
+    group.add_argument(
+        "--router-policy",
+        dest="router_policy",
+        default="cache_aware",
+        choices=POLICIES,
+        help="how the router picks a replica",
+    )
     defaults = RouterConfig()
     for name, help in _ROUTER_HELP.items():
         default = getattr(defaults, name)
-        group.add_argument("--router-" + name.replace("_", "-"), dest="router_" + name,
-                           type=type(default), default=default, metavar=name.upper(), help=help)  # fmt: skip
+        group.add_argument(
+            "--router-" + name.replace("_", "-"),
+            dest="router_" + name,
+            type=type(default),
+            default=default,
+            metavar=name.upper(),
+            help=help,
+        )
     if hasattr(parser, "config_checks"):
         parser.config_checks.append(check_router_args)
 
@@ -79,8 +119,11 @@ def check_router_args(args: argparse.Namespace) -> None:
 
 
 def router_config(args: argparse.Namespace) -> RouterConfig:
-    values = {f.name: getattr(args, "router_" + f.name) for f in dataclasses.fields(RouterConfig)
-              if hasattr(args, "router_" + f.name)}  # fmt: skip
+    values = {
+        f.name: getattr(args, "router_" + f.name)
+        for f in dataclasses.fields(RouterConfig)
+        if hasattr(args, "router_" + f.name)
+    }
     return RouterConfig(**values)
 
 
@@ -149,15 +192,25 @@ def serve_router(args: argparse.Namespace) -> int:
         router = Router.for_urls(urls[:split], config, urls[split:])
         for replica, proc in zip(router.replicas, procs):
             replica.process = proc
-    log.info("routing (%s) to %s", config.policy,
-             ", ".join(f"{r.url} ({r.role})" for r in router.replicas))  # fmt: skip
+    log.info(
+        "routing (%s) to %s",
+        config.policy,
+        ", ".join(f"{r.url} ({r.role})" for r in router.replicas),
+    )
     app: Any = create_router_app(router, api_key=args.api_key)
     # NOTE: uvicorn re-raises the SIGTERM it caught once it has shut down; turning it into
     # SystemExit lets the `finally` below stop the replicas instead of orphaning them.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, http=UVICORN_HTTP,
-                    timeout_graceful_shutdown=5, timeout_keep_alive=KEEP_ALIVE_SECONDS)  # fmt: skip
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            http=UVICORN_HTTP,
+            timeout_graceful_shutdown=5,
+            timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        )
     finally:
         app.state.router.close()
         for p in procs:

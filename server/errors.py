@@ -22,9 +22,16 @@ logger = logging.getLogger("plait.server")
 
 _PARAM = re.compile(r"^([A-Za-z_][\w.\[\]]*)(?:, [A-Za-z_][\w.\[\]]*)*:")
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "dict", "list", "literal"})
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "invalid_request_error",
-          431: "invalid_request_error", 503: "overloaded_error", 504: "timeout_error"}  # fmt: skip
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    431: "invalid_request_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
 MAX_JSON_DEPTH = 128  # nesting of arrays and objects in a request body
 # A lone surrogate reaches a JSON string only as a \ud800-\udfff escape or as raw bytes ED A0-BF.
 _MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
@@ -50,8 +57,14 @@ class APIError(Exception):
         self.code = code  # OpenAI's error code where it has one; else the status
 
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code or self.status}}  # fmt: skip
+        body = {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code or self.status,
+            }
+        }
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 

@@ -33,33 +33,56 @@ _NOT_PREFILLED = ("stream", "stream_options")  # the prefill half is answered in
 class HandoffMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
-        self.handoffs = Counter("plait_router_kv_handoffs", "prefill halves sent, by prefill "
-                                "replica and outcome (ok, push_failed, prefill_failed, "
-                                "no_prefill_replica)", ["replica", "outcome"], registry=r)  # fmt: skip
-        self.bytes = Counter("plait_router_kv_handoff_bytes", "KV bytes pushed from prefill to "
-                             "decode replicas", registry=r)  # fmt: skip
-        self.tokens = Counter("plait_router_kv_handoff_tokens", "prompt tokens whose KV was "
-                              "pushed", registry=r)  # fmt: skip
-        self.push_seconds = Counter("plait_router_kv_handoff_push_seconds", "time prefill "
-                                    "replicas spent pushing KV", registry=r)  # fmt: skip
-        self.prefill_seconds = Counter("plait_router_kv_handoff_prefill_seconds", "time prefill "
-                                       "replicas spent prefilling", registry=r)  # fmt: skip
+        self.handoffs = Counter(
+            "plait_router_kv_handoffs",
+            "prefill halves sent, by prefill "
+            "replica and outcome (ok, push_failed, prefill_failed, "
+            "no_prefill_replica)",
+            ["replica", "outcome"],
+            registry=r,
+        )
+        self.bytes = Counter(
+            "plait_router_kv_handoff_bytes",
+            "KV bytes pushed from prefill to decode replicas",
+            registry=r,
+        )
+        self.tokens = Counter(
+            "plait_router_kv_handoff_tokens", "prompt tokens whose KV was pushed", registry=r
+        )
+        self.push_seconds = Counter(
+            "plait_router_kv_handoff_push_seconds",
+            "time prefill replicas spent pushing KV",
+            registry=r,
+        )
+        self.prefill_seconds = Counter(
+            "plait_router_kv_handoff_prefill_seconds",
+            "time prefill replicas spent prefilling",
+            registry=r,
+        )
 
 
 class HandoffProxy:
     def __init__(
-        self, router: Router, client: httpx.AsyncClient, metrics: HandoffMetrics,
+        self,
+        router: Router,
+        client: httpx.AsyncClient,
+        metrics: HandoffMetrics,
         failed: Callable[[Replica, Exception], None],
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.router = router
         self.client = client
         self.metrics = metrics
         self.failed = failed  # marks a replica down that could not be reached
 
     async def prefill(
-        self, request: Request, path: str, body: dict[str, Any], key: str, decode: Replica,
+        self,
+        request: Request,
+        path: str,
+        body: dict[str, Any],
+        key: str,
+        decode: Replica,
         headers: dict[str, str],
-    ) -> Response | None:  # fmt: skip
+    ) -> Response | None:
         """Has a prefill replica prefill the request for `decode`; a response only when it is the
         client's answer (a 4xx, or a 499 when the client left)."""
         m = self.metrics
@@ -93,8 +116,12 @@ class HandoffProxy:
                 keep = ("content-type", "www-authenticate")
                 kept = {k: v for k, v in reply.headers.items() if k.lower() in keep}
                 return Response(reply.content, status_code=reply.status_code, headers=kept)
-            logger.warning("prefill replica %s answered %d; %s prefills the request itself",
-                           replica.url, reply.status_code, decode.url)  # fmt: skip
+            logger.warning(
+                "prefill replica %s answered %d; %s prefills the request itself",
+                replica.url,
+                reply.status_code,
+                decode.url,
+            )
             return None
         summary = reply.json().get("kv_handoff") or {}
         m.handoffs.labels(replica.url, "push_failed" if summary.get("error") else "ok").inc()

@@ -76,11 +76,15 @@ async def push(
 
     runs = prefilled.runs
     summary: dict[str, Any] = {
-        "prompts": len(prefilled.outputs), "runs": len(runs),
-        "tokens": sum(len(r.tokens) for r in runs), "bytes": sum(r.nbytes for r in runs),
-        "prefill_ms": 1000 * prefill_s, "push_ms": 0.0, "imported_tokens": 0,
+        "prompts": len(prefilled.outputs),
+        "runs": len(runs),
+        "tokens": sum(len(r.tokens) for r in runs),
+        "bytes": sum(r.nbytes for r in runs),
+        "prefill_ms": 1000 * prefill_s,
+        "push_ms": 0.0,
+        "imported_tokens": 0,
         "error": prefilled.error,
-    }  # fmt: skip
+    }
     if not runs:
         return HandedOff(summary)
 
@@ -119,9 +123,10 @@ async def kv_import(request: Request) -> JSONResponse:
     state = request.app.state.plait
     if state.config.role != "decode":
         raise APIError(
-            404, f"{IMPORT_PATH}: this server's role is {state.config.role}; only a server "
+            404,
+            f"{IMPORT_PATH}: this server's role is {state.config.role}; only a server "
             "started with --role decode takes KV",
-        )  # fmt: skip
+        )
     limit = state.pool_tokens * state.engine.stats()["kv_bytes_per_token"] + _IMPORT_SLACK_BYTES
     data = bytearray()
     async for chunk in request.stream():

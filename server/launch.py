@@ -44,17 +44,25 @@ def wait_for_health(
 class ServerThread:
     """`with ServerThread(app) as server: server.url` runs uvicorn in a daemon thread."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int | None = None,
-                 log_level: str = "warning") -> None:  # fmt: skip
+    def __init__(
+        self, app: Any, host: str = "127.0.0.1", port: int | None = None, log_level: str = "warning"
+    ) -> None:
         import uvicorn
 
         from plait.server.limits import KEEP_ALIVE_SECONDS, UVICORN_HTTP
 
         self.host = host
         self.port = port or free_port(host)
-        config = uvicorn.Config(app, host=host, port=self.port, log_level=log_level, http=UVICORN_HTTP,
-                                lifespan="off", timeout_graceful_shutdown=2,
-                                timeout_keep_alive=KEEP_ALIVE_SECONDS)  # fmt: skip
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=self.port,
+            log_level=log_level,
+            http=UVICORN_HTTP,
+            lifespan="off",
+            timeout_graceful_shutdown=2,
+            timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="plait-uvicorn", daemon=True)
 
@@ -87,9 +95,15 @@ class ServerProcess:
     `stop()` terminates it, then kills it if needed. With `wait=False` it returns at once;
     `wait_healthy()` then waits (several replicas load their models side by side)."""
 
-    def __init__(self, args: Sequence[str] = (), host: str = "127.0.0.1", port: int | None = None,
-                 timeout: float = 300.0, env: dict[str, str] | None = None,
-                 wait: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        args: Sequence[str] = (),
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        timeout: float = 300.0,
+        env: dict[str, str] | None = None,
+        wait: bool = True,
+    ) -> None:
         self.host = host
         self.port = port or free_port(host)
         self.timeout = timeout

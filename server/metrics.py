@@ -64,22 +64,26 @@ class _EngineCollector(Collector):
                 "plait_kv_cache_usage_ratio", "KV pages held by running requests / pool", value=used
             )
         yield GaugeMetricFamily(
-            "plait_num_running_requests", "requests in the running batch",
+            "plait_num_running_requests",
+            "requests in the running batch",
             value=stats.get("num_running", 0),
-        )  # fmt: skip
+        )
         yield GaugeMetricFamily(
-            "plait_num_queued_requests", "requests waiting to be scheduled",
+            "plait_num_queued_requests",
+            "requests waiting to be scheduled",
             value=stats.get("num_waiting", 0),
-        )  # fmt: skip
+        )
         yield GaugeMetricFamily(
-            "plait_cache_hit_rate", "cached prompt tokens / prompt tokens, since start",
+            "plait_cache_hit_rate",
+            "cached prompt tokens / prompt tokens, since start",
             value=stats.get("cache_hit_rate", 0.0),
-        )  # fmt: skip
+        )
         yield from _tier_metrics(stats)
         yield GaugeMetricFamily(
-            "plait_server_in_flight_requests", "engine requests admitted by the server",
+            "plait_server_in_flight_requests",
+            "engine requests admitted by the server",
             value=self.admission.in_flight,
-        )  # fmt: skip
+        )
 
 
 _TIER_FIGURES = {
@@ -121,9 +125,11 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "plait_requests", "finished generation requests", ["endpoint", "finish_reason"],
+            "plait_requests",
+            "finished generation requests",
+            ["endpoint", "finish_reason"],
             registry=r,
-        )  # fmt: skip
+        )
         self.errors = Counter("plait_request_errors", "error responses", ["status"], registry=r)
         self.prompt_tokens = Counter("plait_prompt_tokens", "prompt tokens", registry=r)
         self.generation_tokens = Counter("plait_generation_tokens", "generated tokens", registry=r)
@@ -131,17 +137,23 @@ class ServerMetrics:
             "plait_cached_tokens", "prompt tokens served from the prefix cache", registry=r
         )
         self.ttft = Histogram(
-            "plait_time_to_first_token_seconds", "time to first token (streamed requests)",
-            buckets=_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "plait_time_to_first_token_seconds",
+            "time to first token (streamed requests)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.itl = Histogram(
-            "plait_inter_token_latency_seconds", "time between output tokens (streamed requests)",
-            buckets=_TOKEN_BUCKETS, registry=r,
-        )  # fmt: skip
+            "plait_inter_token_latency_seconds",
+            "time between output tokens (streamed requests)",
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
         self.e2e = Histogram(
-            "plait_e2e_request_latency_seconds", "arrival to finish, per engine request",
-            buckets=_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "plait_e2e_request_latency_seconds",
+            "arrival to finish, per engine request",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.program_runs = Counter(
             "plait_program_runs", "program endpoint runs", ["program", "outcome"], registry=r
         )

@@ -22,16 +22,38 @@ router = APIRouter()
 logger = logging.getLogger("plait.server")
 
 _FIELDS = {
-    "text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len",
-    "top_logprobs_num", "return_text_in_logprobs", "stream", "rid", "timeout",
-}  # fmt: skip
+    "text",
+    "input_ids",
+    "sampling_params",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_text_in_logprobs",
+    "stream",
+    "rid",
+    "timeout",
+}
 # SGLang fields this server does not implement: accepted only when they ask for nothing.
 _INERT = {
-    "image_data", "audio_data", "video_data", "modalities", "lora_path", "session_params",
-    "custom_logit_processor", "return_hidden_states", "input_embeds", "bootstrap_host",
-    "bootstrap_port", "bootstrap_room", "data_parallel_rank", "log_metrics", "stream_output",
-    "token_ids_logprob", "priority", "no_logs",
-}  # fmt: skip
+    "image_data",
+    "audio_data",
+    "video_data",
+    "modalities",
+    "lora_path",
+    "session_params",
+    "custom_logit_processor",
+    "return_hidden_states",
+    "input_embeds",
+    "bootstrap_host",
+    "bootstrap_port",
+    "bootstrap_room",
+    "data_parallel_rank",
+    "log_metrics",
+    "stream_output",
+    "token_ids_logprob",
+    "priority",
+    "no_logs",
+}
 _TOLERATED = {"log_metrics", "no_logs", "stream_output"}  # any value is fine
 MAX_PROMPTS = 1024  # per request; each becomes an engine request (times n)
 

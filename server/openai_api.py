@@ -21,11 +21,23 @@ from plait.server.tool_calls import ToolPlan, plan_tools, render_messages
 router = APIRouter(prefix="/v1")
 
 _PASSTHROUGH = (
-    "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
-    "repetition_penalty", "seed", "ignore_eos", "stop_token_ids", "skip_special_tokens",
-    "spaces_between_special_tokens", "no_stop_trim", "token_healing", "closed_finish_reason",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "seed",
+    "ignore_eos",
+    "stop_token_ids",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "token_healing",
+    "closed_finish_reason",
     "json_whitespace",
-)  # fmt: skip
+)
 
 
 @router.get("/models")
@@ -52,8 +64,13 @@ def served_model(state: ServerState, model: str | None) -> str:
 
 
 def _model_card(state: ServerState) -> dict[str, Any]:
-    return {"id": state.model_name, "object": "model", "created": int(state.started),
-            "owned_by": "plait", "max_model_len": state.engine.context_len}  # fmt: skip
+    return {
+        "id": state.model_name,
+        "object": "model",
+        "created": int(state.started),
+        "owned_by": "plait",
+        "max_model_len": state.engine.context_len,
+    }
 
 
 def sampling_params(req: _Sampling, max_new_tokens: int, json_schema: Any) -> dict[str, Any]:
@@ -102,7 +119,8 @@ def request_constraints(req: _Sampling) -> list[tuple[str, str, Any]]:
 
     so = req.structured_outputs
     fields = [
-        ("regex", "regex", req.regex), ("ebnf", "ebnf", req.ebnf),
+        ("regex", "regex", req.regex),
+        ("ebnf", "ebnf", req.ebnf),
         ("guided_json", "json_schema", req.guided_json),
         ("guided_regex", "regex", req.guided_regex),
         ("guided_grammar", "ebnf", req.guided_grammar),
@@ -111,8 +129,12 @@ def request_constraints(req: _Sampling) -> list[tuple[str, str, Any]]:
         ("structured_outputs.regex", "regex", so and so.regex),
         ("structured_outputs.grammar", "ebnf", so and so.grammar),
         ("structured_outputs.choice", "regex", so and so.choice),
-        ("structured_outputs.json_object", "json_schema", so and so.json_object and {"type": "object"}),
-    ]  # fmt: skip
+        (
+            "structured_outputs.json_object",
+            "json_schema",
+            so and so.json_object and {"type": "object"},
+        ),
+    ]
     given = []
     for name, field, value in fields:
         if value is None or value is False:
@@ -167,9 +189,12 @@ async def chat_completions(request: Request) -> Response:
     )
     try:
         prompt = tok.apply_chat_template(
-            messages, add_generation_prompt=True, tools=tools,
-            continue_final_message=req.continue_final_message, **extra,
-        )  # fmt: skip
+            messages,
+            add_generation_prompt=True,
+            tools=tools,
+            continue_final_message=req.continue_final_message,
+            **extra,
+        )
     except (ValueError, TypeError) as e:  # TypeError: chat_template_kwargs naming a parameter
         raise bad_request(f"messages: {e}", "messages") from None
     ids = encode_prompt(tok, prompt + plan.prompt_suffix)
@@ -181,10 +206,17 @@ async def chat_completions(request: Request) -> Response:
     )
     check_constraint(params, "response_format: " if req.response_format else "")
     rid = req.rid or f"chatcmpl-{uuid.uuid4().hex}"
-    kwargs = {"input_ids": ids, "sampling_params": params, "rid": rid,
-              "return_logprob": req.logprobs, "top_logprobs_num": req.top_logprobs or 0,
-              "return_text_in_logprobs": True, "timeout": req.timeout,
-              "client_id": calls.client_of(request, req.user), "rename": renames(req)}  # fmt: skip
+    kwargs = {
+        "input_ids": ids,
+        "sampling_params": params,
+        "rid": rid,
+        "return_logprob": req.logprobs,
+        "top_logprobs_num": req.top_logprobs or 0,
+        "return_text_in_logprobs": True,
+        "timeout": req.timeout,
+        "client_id": calls.client_of(request, req.user),
+        "rename": renames(req),
+    }
     if req.stream:
         chunks = await calls.stream(state, request, "chat", **kwargs)
         return event_stream(_chat_events(state, req, plan, chunks, rid, model, len(ids)))
@@ -204,16 +236,27 @@ async def chat_completions(request: Request) -> Response:
                 **fmt.closed_early(o["meta_info"]),
             }
         )
-    return JSONResponse({
-        "id": rid, "object": "chat.completion", "created": fmt.now(), "model": model,
-        "choices": choices, "usage": fmt.usage(len(ids), outs),
-    })  # fmt: skip
+    return JSONResponse(
+        {
+            "id": rid,
+            "object": "chat.completion",
+            "created": fmt.now(),
+            "model": model,
+            "choices": choices,
+            "usage": fmt.usage(len(ids), outs),
+        }
+    )
 
 
 async def _chat_events(
-    state: ServerState, req: ChatCompletionRequest, plan: ToolPlan,
-    chunks: AsyncIterator[dict], rid: str, model: str, prompt_tokens: int,
-) -> AsyncIterator[bytes]:  # fmt: skip
+    state: ServerState,
+    req: ChatCompletionRequest,
+    plan: ToolPlan,
+    chunks: AsyncIterator[dict],
+    rid: str,
+    model: str,
+    prompt_tokens: int,
+) -> AsyncIterator[bytes]:
     tok = state.engine.tokenizer
     base = fmt.chunk_base("chat.completion.chunk", rid, model, fmt.now())
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -292,13 +335,25 @@ async def completions(request: Request) -> Response:
         logprobs = None
         if req.logprobs is not None:
             logprobs = fmt.completion_logprobs(o["meta_info"], 0, 0, tok, req.echo)
-        choices.append({"index": i, "text": prefix + o["text"], "logprobs": logprobs,
-                        "finish_reason": fmt.finish_reason(o["meta_info"]),
-                        **fmt.closed_early(o["meta_info"])})  # fmt: skip
-    return JSONResponse({
-        "id": rid, "object": "text_completion", "created": fmt.now(), "model": model,
-        "choices": choices, "usage": fmt.usage(prompt_tokens, outs, len(prompts)),
-    })  # fmt: skip
+        choices.append(
+            {
+                "index": i,
+                "text": prefix + o["text"],
+                "logprobs": logprobs,
+                "finish_reason": fmt.finish_reason(o["meta_info"]),
+                **fmt.closed_early(o["meta_info"]),
+            }
+        )
+    return JSONResponse(
+        {
+            "id": rid,
+            "object": "text_completion",
+            "created": fmt.now(),
+            "model": model,
+            "choices": choices,
+            "usage": fmt.usage(prompt_tokens, outs, len(prompts)),
+        }
+    )
 
 
 def _prompts(prompt: Any, tok: Any) -> list[list[int]]:
@@ -321,9 +376,15 @@ def _prompts(prompt: Any, tok: Any) -> list[list[int]]:
 
 
 async def _completion_events(
-    state: ServerState, req: CompletionRequest, chunks: AsyncIterator[dict], rid: str,
-    model: str, texts: list[str] | None, prompt_tokens: int, num_prompts: int,
-) -> AsyncIterator[bytes]:  # fmt: skip
+    state: ServerState,
+    req: CompletionRequest,
+    chunks: AsyncIterator[dict],
+    rid: str,
+    model: str,
+    texts: list[str] | None,
+    prompt_tokens: int,
+    num_prompts: int,
+) -> AsyncIterator[bytes]:
     tok = state.engine.tokenizer
     base = fmt.chunk_base("text_completion", rid, model, fmt.now())
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -350,8 +411,13 @@ async def _completion_events(
         if reason is not None:
             finals[index] = out
         if text or reason is not None:
-            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason,
-                      **fmt.closed_early(out["meta_info"])}  # fmt: skip
+            choice = {
+                "index": index,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": reason,
+                **fmt.closed_early(out["meta_info"]),
+            }
             yield sse({**base, "choices": [choice]})
     if include_usage:
         outs = [finals[i] for i in sorted(finals)]

@@ -41,8 +41,11 @@ def usage(prompt_tokens: int, outs: list[dict], num_prompts: int = 1) -> dict[st
 def _token_entry(entry: list[Any], tokenizer: Any) -> dict[str, Any]:
     logprob, token_id, text = entry
     raw = tokenizer.token_bytes(token_id)
-    return {"token": text if text is not None else raw.decode("utf-8", "replace"),
-            "logprob": logprob, "bytes": list(raw)}  # fmt: skip
+    return {
+        "token": text if text is not None else raw.decode("utf-8", "replace"),
+        "logprob": logprob,
+        "bytes": list(raw),
+    }
 
 
 def chat_logprobs(meta: dict[str, Any], start: int, tokenizer: Any) -> dict[str, Any] | None:
@@ -82,8 +85,12 @@ def completion_logprobs(
         )
         offsets.append(offset)
         offset += len(item["token"])
-    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": top_logprobs,
-            "text_offset": offsets}  # fmt: skip
+    return {
+        "tokens": tokens,
+        "token_logprobs": logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": offsets,
+    }
 
 
 def chat_message(out: dict, plan: ToolPlan) -> tuple[dict[str, Any], str | None]:
@@ -156,8 +163,13 @@ def chat_chunk(
         choice.logprobs_sent = len(meta.get("output_token_logprobs") or [])
     if not delta and reason is None and not (logprobs and logprobs["content"]):
         return None
-    entry = {"index": choice.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason,
-             **closed_early(meta)}  # fmt: skip
+    entry = {
+        "index": choice.index,
+        "delta": delta,
+        "logprobs": logprobs,
+        "finish_reason": reason,
+        **closed_early(meta),
+    }
     return {**base, "choices": [entry]}
 
 

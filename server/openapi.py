@@ -122,8 +122,9 @@ def _build(app: FastAPI) -> dict[str, Any]:
         operation = schema.get("paths", {}).get(path, {}).get("post")
         if operation is not None:
             operation["requestBody"] = {
-                "required": True, "content": {"application/json": {"schema": body}},
-            }  # fmt: skip
+                "required": True,
+                "content": {"application/json": {"schema": body}},
+            }
     run = schema.get("paths", {}).get("/programs/{name}", {}).get("post")
     names = sorted(app.state.plait.programs)
     if run is not None and names:  # only registered programs run: say which

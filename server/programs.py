@@ -119,7 +119,9 @@ def check_arguments(prog: Program, arguments: dict[str, Any]) -> dict[str, Any]:
             checked[name] = TypeAdapter(hint).validate_python(value)
         except ValidationError as e:
             detail = e.errors()[0].get("msg", "invalid value")
-            raise bad_request(f"arguments.{name}: {detail}, got {json.dumps(value)[:100]}") from None
+            raise bad_request(
+                f"arguments.{name}: {detail}, got {json.dumps(value)[:100]}"
+            ) from None
         except Exception:  # a type pydantic cannot check
             continue
     return checked
@@ -130,8 +132,12 @@ def jsonable(value: Any) -> Any:
 
 
 def _result(name: str, run: Any) -> dict[str, Any]:
-    return {"program": name, "variables": jsonable(run.variables()), "text": run.text(),
-            "messages": run.messages()}  # fmt: skip
+    return {
+        "program": name,
+        "variables": jsonable(run.variables()),
+        "text": run.text(),
+        "messages": run.messages(),
+    }
 
 
 @router.post("/programs/{name}")
@@ -184,8 +190,9 @@ async def run_program(name: str, request: Request) -> Response:
 
 
 def _program_error(name: str, error: BaseException) -> APIError:
-    return APIError(500, f"program {name!r} failed: {type(error).__name__}: {error}",
-                    type="program_error")  # fmt: skip
+    return APIError(
+        500, f"program {name!r} failed: {type(error).__name__}: {error}", type="program_error"
+    )
 
 
 async def _events(state: Any, name: str, run: Any, request: Request) -> AsyncIterator[bytes]:

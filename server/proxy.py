@@ -30,8 +30,17 @@ from plait.server.routing import Decision, NoReplicaError, Replica, Router
 logger = logging.getLogger("plait.router")
 
 # Hop-by-hop and body-framing headers are the proxy's own business, not the replica's.
-_DROP_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection",
-                           "keep-alive", "accept-encoding", HANDOFF_HEADER})  # fmt: skip
+_DROP_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "accept-encoding",
+        HANDOFF_HEADER,
+    }
+)
 
 
 def forward_headers(headers: Any) -> dict[str, str]:
@@ -48,9 +57,14 @@ class Proxy:
         self.handoffs = HandoffProxy(router, self.client, metrics.handoff, self._failed)
 
     async def forward(
-        self, request: Request, path: str, raw: bytes, key: str, stream: bool,
+        self,
+        request: Request,
+        path: str,
+        raw: bytes,
+        key: str,
+        stream: bool,
         body: dict[str, Any] | None = None,
-    ) -> Response:  # fmt: skip
+    ) -> Response:
         """The chosen replica's response; with prefill replicas, a generation request (`body`)
         is prefilled on one of them first (`HandoffProxy`)."""
         session = request.headers.get("x-plait-session")
@@ -66,9 +80,11 @@ class Proxy:
             tried.add(replica.url)
             self.metrics.observe_route(decision, len(key))
             if (
-                body is not None and replica.role == "decode" and path in HANDOFF_PATHS
+                body is not None
+                and replica.role == "decode"
+                and path in HANDOFF_PATHS
                 and len(key) >= self.router.config.prefill_min_chars
-            ):  # fmt: skip
+            ):
                 headers = forward_headers(request.headers)
                 answer = await self.handoffs.prefill(request, path, body, key, replica, headers)
                 if answer is not None:
@@ -92,9 +108,12 @@ class Proxy:
         replica = decision.replica
         replica.in_flight += 1
         upstream = self.client.build_request(
-            request.method, replica.url + path, content=raw, params=request.query_params,
+            request.method,
+            replica.url + path,
+            content=raw,
+            params=request.query_params,
             headers=forward_headers(request.headers),
-        )  # fmt: skip
+        )
         resp: httpx.Response | None = None
         handed_off = False  # the streaming relay releases the replica when it ends
         try:
@@ -110,8 +129,9 @@ class Proxy:
                 weakref.finalize(relay, lease.release)
                 handed_off = True
                 replica.served += 1
-                return StreamingResponse(relay, media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache"})  # fmt: skip
+                return StreamingResponse(
+                    relay, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+                )
             body = await until_disconnect(request, resp.aread())
             replica.served += 1
             return Response(body, status_code=resp.status_code, headers=_reply_headers(resp))
@@ -133,12 +153,18 @@ class Proxy:
             # NOTE: a replica killed while its connection opens can leave httpcore asking anyio for
             # the peer of a socket that is already gone ('NoneType' has no 'getpeername'): an
             # unreachable replica like any other, not a bug of the request.
-            raise httpx.ConnectError(f"the connection closed while opening ({e})", request=upstream) from e
+            raise httpx.ConnectError(
+                f"the connection closed while opening ({e})", request=upstream
+            ) from e
 
     async def _relay(
-        self, lease: _Lease, resp: httpx.Response, chunks: AsyncIterator[bytes],
-        first: bytes, path: str,
-    ) -> AsyncIterator[bytes]:  # fmt: skip
+        self,
+        lease: _Lease,
+        resp: httpx.Response,
+        chunks: AsyncIterator[bytes],
+        first: bytes,
+        path: str,
+    ) -> AsyncIterator[bytes]:
         replica = lease.replica
         try:
             yield first
@@ -168,8 +194,9 @@ class Proxy:
 
         async def one(replica: Replica) -> tuple[str, int, bytes]:
             try:
-                r = await self.client.request(request.method, replica.url + path, content=raw,
-                                              headers=headers)  # fmt: skip
+                r = await self.client.request(
+                    request.method, replica.url + path, content=raw, headers=headers
+                )
                 return replica.url, r.status_code, r.content
             except httpx.TransportError as e:
                 self._failed(replica, e)
@@ -186,8 +213,9 @@ def stream_error(url: str, error: Exception, path: str) -> bytes:
         f"replica {url} failed after the response started streaming "
         f"({type(error).__name__}: {error}); the request was not retried"
     )
-    payload: dict[str, Any] = {"error": {"message": message, "type": "replica_error",
-                                         "param": None, "code": 502}}  # fmt: skip
+    payload: dict[str, Any] = {
+        "error": {"message": message, "type": "replica_error", "param": None, "code": 502}
+    }
     if path.startswith("/programs/"):
         payload = {"event": "error", "message": message, "type": "replica_error"}
     return f"data: {json.dumps(payload)}\n\ndata: [DONE]\n\n".encode()

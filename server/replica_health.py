@@ -63,7 +63,11 @@ class HealthMonitor:
             error = "" if ok else "/health did not answer 200"
             refused = False
         except httpx.TransportError as e:
-            ok, error, refused = False, f"{type(e).__name__}: {e}", isinstance(e, httpx.ConnectError)
+            ok, error, refused = (
+                False,
+                f"{type(e).__name__}: {e}",
+                isinstance(e, httpx.ConnectError),
+            )
         if self._exited(replica):  # it died while the probe was on its way
             return
         if ok:

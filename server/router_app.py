@@ -24,8 +24,13 @@ from plait.server.replica_health import HealthMonitor
 from plait.server.router_metrics import RouterMetrics
 from plait.server.routing import Router, RouterConfig
 
-_PASS_GET = ("/get_model_info", "/v1/models", "/v1/models/{model_id:path}", "/programs",
-             "/health_generate")  # fmt: skip
+_PASS_GET = (
+    "/get_model_info",
+    "/v1/models",
+    "/v1/models/{model_id:path}",
+    "/programs",
+    "/health_generate",
+)
 
 
 class RouterState:
@@ -99,18 +104,19 @@ def create_router_app(
             import json
 
             info = json.loads(upstream.body)
-        info["router"] = {"config": dataclasses.asdict(router.config),
-                          "replicas": state.replicas()}  # fmt: skip
+        info["router"] = {"config": dataclasses.asdict(router.config), "replicas": state.replicas()}
         return JSONResponse(info)
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache(request: Request) -> Response:
         answers = await state.proxy.broadcast(request, "/flush_cache")
-        failed = [f"{url}: {body.decode(errors='replace')}" for url, code, body in answers
-                  if code != 200]  # fmt: skip
+        failed = [
+            f"{url}: {body.decode(errors='replace')}" for url, code, body in answers if code != 200
+        ]
         if failed:
-            return PlainTextResponse("Cache not flushed on every replica.\n" + "\n".join(failed),
-                                     status_code=400)  # fmt: skip
+            return PlainTextResponse(
+                "Cache not flushed on every replica.\n" + "\n".join(failed), status_code=400
+            )
         for replica in router.replicas:
             replica.tree.clear()
         return PlainTextResponse(f"Cache flushed on {len(answers)} replica(s).")

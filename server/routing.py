@@ -80,10 +80,17 @@ class Replica:
     role: str = "both"  # prefill | decode with prefill–decode disaggregation
 
     def describe(self) -> dict[str, Any]:
-        return {"url": self.url, "role": self.role, "healthy": self.healthy,
-                "in_flight": self.in_flight, "served": self.served, "failures": self.failures,
-                "downs": self.downs, "last_error": self.last_error,
-                "tree_chars": self.tree.num_chars}  # fmt: skip
+        return {
+            "url": self.url,
+            "role": self.role,
+            "healthy": self.healthy,
+            "in_flight": self.in_flight,
+            "served": self.served,
+            "failures": self.failures,
+            "downs": self.downs,
+            "last_error": self.last_error,
+            "tree_chars": self.tree.num_chars,
+        }
 
 
 @dataclass(frozen=True)
@@ -118,10 +125,13 @@ class Router:
         if not urls:
             raise ValueError("replicas: at least one replica URL is needed")
         role = "decode" if prefill_urls else "both"
-        replicas = [Replica(u.rstrip("/"), PrefixTree(config.max_tree_chars), role=role)
-                    for u in urls]  # fmt: skip
-        replicas += [Replica(u.rstrip("/"), PrefixTree(config.max_tree_chars), role="prefill")
-                     for u in prefill_urls]  # fmt: skip
+        replicas = [
+            Replica(u.rstrip("/"), PrefixTree(config.max_tree_chars), role=role) for u in urls
+        ]
+        replicas += [
+            Replica(u.rstrip("/"), PrefixTree(config.max_tree_chars), role="prefill")
+            for u in prefill_urls
+        ]
         return cls(config, replicas)
 
     @property
@@ -141,9 +151,12 @@ class Router:
         return wanted
 
     def choose(
-        self, key: str, session: str | None = None, exclude: frozenset[str] = frozenset(),
+        self,
+        key: str,
+        session: str | None = None,
+        exclude: frozenset[str] = frozenset(),
         prefill: bool = False,
-    ) -> Decision:  # fmt: skip
+    ) -> Decision:
         """The replica for a request whose prompt text is `key` (with `prefill`: the prefill
         replica for it); records the text in its tree."""
         with self._lock:

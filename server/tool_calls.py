@@ -19,7 +19,9 @@ from plait.lang.tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from plait.server.errors import bad_request
 from plait.server.openai_protocol import ChatMessage, NamedToolChoice, Tool
 
-_BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + r"\s*(.*?)\s*(?:" + re.escape(TOOL_CALL_CLOSE) + r"|$)", re.S)  # fmt: skip
+_BLOCK = re.compile(
+    re.escape(TOOL_CALL_OPEN) + r"\s*(.*?)\s*(?:" + re.escape(TOOL_CALL_CLOSE) + r"|$)", re.S
+)
 _EMPTY_PARAMS = {"type": "object", "properties": {}}
 
 
@@ -103,14 +105,20 @@ def render_messages(
             msg["name"] = m.name
         if template_renders_tools:
             if m.tool_calls:
-                msg["tool_calls"] = [_call_dict(c.function.name, c.function.arguments, c.id) for c in m.tool_calls]  # fmt: skip
+                msg["tool_calls"] = [
+                    _call_dict(c.function.name, c.function.arguments, c.id) for c in m.tool_calls
+                ]
             if m.tool_call_id:
                 msg["tool_call_id"] = m.tool_call_id
         elif m.role == "assistant" and m.tool_calls:
             calls = [
-                TOOL_CALL_OPEN + json.dumps({"name": c.function.name, "arguments": _args_obj(c.function.arguments)}) + TOOL_CALL_CLOSE
+                TOOL_CALL_OPEN
+                + json.dumps(
+                    {"name": c.function.name, "arguments": _args_obj(c.function.arguments)}
+                )
+                + TOOL_CALL_CLOSE
                 for c in m.tool_calls
-            ]  # fmt: skip
+            ]
             msg["content"] = "\n".join([msg["content"], *calls]).strip()
         elif m.role == "tool":
             msg = {

@@ -76,8 +76,9 @@ def run_top(args: argparse.Namespace) -> int:
 # rendering (pure: tests call it on a snapshot) ------------------------------------------------
 
 
-def render(snap: dict[str, Any], rows: list[dict[str, Any]], url: str, width: int = 120,
-           height: int = 40) -> str:  # fmt: skip
+def render(
+    snap: dict[str, Any], rows: list[dict[str, Any]], url: str, width: int = 120, height: int = 40
+) -> str:
     """One screen of text, at most `height` lines of at most `width` characters."""
     if snap.get("error"):
         return f"plait top  {url}\n\n{snap['error']}\n"
@@ -126,10 +127,11 @@ def _header(snap: dict[str, Any], url: str) -> str:
     router = snap.get("router")
     if router:
         marks = " ".join(
-            f"[{r['index']}{'' if r['healthy'] else ' down'}]" if r["index"] == router["selected"]
+            f"[{r['index']}{'' if r['healthy'] else ' down'}]"
+            if r["index"] == router["selected"]
             else f" {r['index']}{'' if r['healthy'] else ' down'} "
             for r in router["replicas"]
-        )  # fmt: skip
+        )
         head += f"  replicas {marks}"
     return head + "  " + time.strftime("%H:%M:%S", time.localtime(snap.get("time", time.time())))
 
@@ -146,8 +148,10 @@ def _pool_line(s: dict[str, Any], width: int) -> str:
         bar += ch * k
         used += k
     bar = (bar + "." * width)[:width]
-    return (f"KV pool   [{bar}] in use {in_use} (#)  protected {protected} (=)  evictable "
-            f"{evictable} (-)  free {s.get('kv_pages_free', 0)} of {total} pages")  # fmt: skip
+    return (
+        f"KV pool   [{bar}] in use {in_use} (#)  protected {protected} (=)  evictable "
+        f"{evictable} (-)  free {s.get('kv_pages_free', 0)} of {total} pages"
+    )
 
 
 def _tree_lines(tree: dict[str, Any], width: int, limit: int) -> list[str]:
@@ -169,8 +173,10 @@ def _tree_lines(tree: dict[str, Any], width: int, limit: int) -> list[str]:
         last = "before" if n.get("last_use_s") is None else f"{_dur(n['last_use_s'])} ago"
         text = f"  {n['text']!r}" if "text" in n else ""
         indent = "  " * n["depth"]
-        out.append(f"{indent}#{n['id']:<5} {bar:<20} {n['subtree_tokens']:>7} tok {n['pages']:>5} pages"
-                   f"  hits {hits:<4} {state:<9} {last}{text}")  # fmt: skip
+        out.append(
+            f"{indent}#{n['id']:<5} {bar:<20} {n['subtree_tokens']:>7} tok {n['pages']:>5} pages"
+            f"  hits {hits:<4} {state:<9} {last}{text}"
+        )
         for k in sorted(kids.get(n["id"], []), key=lambda c: -c["subtree_tokens"]):
             walk(k)
 
@@ -181,15 +187,19 @@ def _tree_lines(tree: dict[str, Any], width: int, limit: int) -> list[str]:
 
 def _request_lines(requests: dict[str, Any], width: int, limit: int) -> list[str]:
     live, done = requests.get("live") or [], requests.get("finished") or []
-    head = (f"{'id':<18} {'source':<14} {'status':<9} {'prompt':>6} {'cached':>6} "
-            f"{'generated':>11} {'constraint':<11} {'spec':>5} {'age':>8}  finish")  # fmt: skip
+    head = (
+        f"{'id':<18} {'source':<14} {'status':<9} {'prompt':>6} {'cached':>6} "
+        f"{'generated':>11} {'constraint':<11} {'spec':>5} {'age':>8}  finish"
+    )
     out = ["", f"requests: {len(live)} live, {len(done)} recently finished", head]
     for r in (live + done)[: max(limit - 3, 1)]:
         acc = "-" if r.get("spec_acceptance") is None else f"{r['spec_acceptance'] * 100:.0f}%"
         gen = f"{r['generated_tokens']}/{r['max_new_tokens']}"
-        out.append(f"{r['rid'][:18]:<18} {r['label'][:14]:<14} {r['status']:<9} {r['prompt_tokens']:>6} "
-                   f"{r['cached_tokens']:>6} {gen:>11} {(r['constraint'] or '-'):<11} {acc:>5} "
-                   f"{_sec(r['age_s']):>8}  {r.get('finish_reason') or ''}")  # fmt: skip
+        out.append(
+            f"{r['rid'][:18]:<18} {r['label'][:14]:<14} {r['status']:<9} {r['prompt_tokens']:>6} "
+            f"{r['cached_tokens']:>6} {gen:>11} {(r['constraint'] or '-'):<11} {acc:>5} "
+            f"{_sec(r['age_s']):>8}  {r.get('finish_reason') or ''}"
+        )
     return out
 
 

@@ -96,13 +96,20 @@ def _write_tiny_gemma3_vision(
     import transformers
 
     text = transformers.Gemma3TextConfig(
-        vocab_size=tokenizer.vocab_size, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+        vocab_size=tokenizer.vocab_size,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
         **{**TINY_SHAPES, **overrides},
-    )  # fmt: skip
+    )
     vision = transformers.SiglipVisionConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        image_size=28, patch_size=14,
-    )  # fmt: skip
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+    )
     config = transformers.Gemma3Config(
         text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4
     )

@@ -29,8 +29,13 @@ from plait.server.errors import APIError, install_error_handlers, read_object
 from plait.server.proxy import forward_headers, stream_error
 
 _REPLICA_DIED = (RayActorError, ActorUnavailableError)
-_ROUTER_KEYS = ("cache_threshold", "balance_abs_threshold", "balance_rel_threshold",
-                "max_tree_chars", "max_sessions")  # fmt: skip
+_ROUTER_KEYS = (
+    "cache_threshold",
+    "balance_abs_threshold",
+    "balance_rel_threshold",
+    "max_tree_chars",
+    "max_sessions",
+)
 _PASS_GET = ("/get_model_info", "/v1/models", "/programs", "/get_server_info", "/health_generate")
 
 
@@ -43,14 +48,19 @@ class PlaitReplica:
         self.server = serve_in_thread(self.engine, programs=tuple(programs))
         self.client = httpx.AsyncClient(base_url=self.server.url, timeout=httpx.Timeout(None))
 
-    async def call(self, method: str, path: str, key: str, body: bytes,
-                   headers: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+    async def call(
+        self, method: str, path: str, key: str, body: bytes, headers: dict[str, str]
+    ) -> dict[str, Any]:
         r = await self.client.request(method, path, content=body, headers=headers)
-        return {"status": r.status_code, "content_type": r.headers.get("content-type"),
-                "body": r.content}  # fmt: skip
+        return {
+            "status": r.status_code,
+            "content_type": r.headers.get("content-type"),
+            "body": r.content,
+        }
 
-    async def stream(self, method: str, path: str, key: str, body: bytes,
-                     headers: dict[str, str]) -> AsyncIterator[Any]:  # fmt: skip
+    async def stream(
+        self, method: str, path: str, key: str, body: bytes, headers: dict[str, str]
+    ) -> AsyncIterator[Any]:
         """Yields the status first, then the body's chunks."""
         async with self.client.stream(method, path, content=body, headers=headers) as r:
             yield {"status": r.status_code, "content_type": r.headers.get("content-type")}
@@ -76,8 +86,12 @@ async def _relay(first: bytes, chunks: Any, path: str) -> AsyncIterator[bytes]:
 
 
 def _unavailable(errors: list[str]) -> APIError:
-    return APIError(503, "ray: no replica could serve the request: " + "; ".join(errors),
-                    type="replica_error", headers={"Retry-After": "1"})  # fmt: skip
+    return APIError(
+        503,
+        "ray: no replica could serve the request: " + "; ".join(errors),
+        type="replica_error",
+        headers={"Retry-After": "1"},
+    )
 
 
 app = FastAPI(title="plait on Ray Serve", docs_url=None, redoc_url=None)
@@ -113,17 +127,25 @@ class PlaitIngress:
     @app.get("/{path:path}")
     async def get(self, path: str, request: Request) -> Response:
         """The read-only routes every replica answers alike (model info, program lists)."""
-        if not any(request.url.path == p or request.url.path.startswith(p + "/") for p in _PASS_GET):
+        if not any(
+            request.url.path == p or request.url.path.startswith(p + "/") for p in _PASS_GET
+        ):
             raise APIError(404, f"{request.url.path}: no such route")
-        out = await self.replica.call.remote("GET", request.url.path, "", b"",
-                                             forward_headers(request.headers))  # fmt: skip
+        out = await self.replica.call.remote(
+            "GET", request.url.path, "", b"", forward_headers(request.headers)
+        )
         return Response(out["body"], status_code=out["status"], media_type=out["content_type"])
 
     async def _forward(self, request: Request, key_of: Any) -> Response:
         raw = await request.body()
         body = await read_object(request)
-        args = (request.method, request.url.path, key_of(body), raw,
-                forward_headers(request.headers))  # fmt: skip
+        args = (
+            request.method,
+            request.url.path,
+            key_of(body),
+            raw,
+            forward_headers(request.headers),
+        )
         if body.get("stream") is True:
             return await self._stream(args)
         return await self._call(args)
@@ -151,10 +173,14 @@ class PlaitIngress:
                 continue
             if head["status"] != 200:
                 rest = [first] + [c async for c in chunks]
-                return Response(b"".join(rest), status_code=head["status"],
-                                media_type=head["content_type"])  # fmt: skip
-            return StreamingResponse(_relay(first, chunks, args[1]), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})  # fmt: skip
+                return Response(
+                    b"".join(rest), status_code=head["status"], media_type=head["content_type"]
+                )
+            return StreamingResponse(
+                _relay(first, chunks, args[1]),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
         raise _unavailable(errors)
 
 
@@ -169,16 +195,20 @@ def build_app(args: dict[str, Any] | None = None) -> Any:
     router = dict(args.pop("router", {}) or {})
     unknown = sorted(set(router) - set(_ROUTER_KEYS))
     if unknown:
-        raise ValueError(f"router.{unknown[0]}: unknown; the router takes {', '.join(_ROUTER_KEYS)}")
+        raise ValueError(
+            f"router.{unknown[0]}: unknown; the router takes {', '.join(_ROUTER_KEYS)}"
+        )
     options: dict[str, Any] = {
-        "ray_actor_options": {"num_cpus": args.pop("replica_cpus", 1),
-                              "num_gpus": args.pop("replica_gpus", 0)},
+        "ray_actor_options": {
+            "num_cpus": args.pop("replica_cpus", 1),
+            "num_gpus": args.pop("replica_gpus", 0),
+        },
         "max_ongoing_requests": args.pop("max_ongoing_requests", 64),
         "request_router_config": RequestRouterConfig(
             request_router_class="plait.deploy.ray_routing.PlaitRequestRouter",
             request_router_kwargs=router,
         ),
-    }  # fmt: skip
+    }
     if "autoscaling_config" in args:
         options["autoscaling_config"] = args.pop("autoscaling_config")
     else:
@@ -187,6 +217,7 @@ def build_app(args: dict[str, Any] | None = None) -> Any:
 
     EngineConfig.from_kwargs(**args)  # a bad engine argument fails here, not in every replica
     replica = serve.deployment(PlaitReplica, name="PlaitReplica", **options)
-    ingress = serve.deployment(PlaitIngress, name="PlaitIngress", num_replicas=1,
-                               ray_actor_options={"num_cpus": 0})  # fmt: skip
+    ingress = serve.deployment(
+        PlaitIngress, name="PlaitIngress", num_replicas=1, ray_actor_options={"num_cpus": 0}
+    )
     return ingress.bind(replica.bind(args, programs))

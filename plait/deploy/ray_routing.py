@@ -21,7 +21,9 @@ class PlaitRequestRouter(RequestRouter):
         self.policy = Router(RouterConfig(**config), [])
 
     async def choose_replicas(
-        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []

@@ -56,7 +56,6 @@ class GrammarKey:
     prefix: str = ""  # text the output starts with before the pattern (token healing)
 
 
-
 class Grammar(ABC):
     """The automaton state of one request's constrained output.
 

@@ -31,9 +31,13 @@ class GrammarBurst:
     forced_text_min_chars = 1
 
     def __init__(
-        self, grammars: Sequence[Grammar | None], stop_ids: Sequence[Collection[int]], out: torch.Tensor,
-        vocab_size: int, end_at_forced_text: bool = True,
-    ) -> None:  # fmt: skip
+        self,
+        grammars: Sequence[Grammar | None],
+        stop_ids: Sequence[Collection[int]],
+        out: torch.Tensor,
+        vocab_size: int,
+        end_at_forced_text: bool = True,
+    ) -> None:
         rows = len(grammars)
         self._grammars = [g.copy() if g is not None else None for g in grammars]
         self._stop_ids = [frozenset(s) for s in stop_ids]

@@ -29,12 +29,18 @@ class GrammarCacheStats:
 
 class GrammarCache:
     def __init__(
-        self, backend: GrammarBackend, *, max_workers: int = 2, max_entries: int = 64,
+        self,
+        backend: GrammarBackend,
+        *,
+        max_workers: int = 2,
+        max_entries: int = 64,
         max_bytes: int = MAX_CACHED_BYTES,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if max_workers < 1 or max_entries < 1 or max_bytes < 1:
-            raise ValueError(f"GrammarCache: max_workers={max_workers}, max_entries={max_entries}, "
-                             f"max_bytes={max_bytes}")  # fmt: skip
+            raise ValueError(
+                f"GrammarCache: max_workers={max_workers}, max_entries={max_entries}, "
+                f"max_bytes={max_bytes}"
+            )
         self.backend = backend
         self.max_entries = max_entries
         self.max_bytes = max_bytes

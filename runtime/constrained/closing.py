@@ -69,7 +69,11 @@ class ClosingSearch:
                     size = _RANK_STRIDE - 1  # an empty string in one token, before `"]}`
                 if rank == _OTHER:  # separators in their listed order: `@` before `-`
                     at = _SEPARATORS.index(spelled) if spelled in _SEPARATORS else None
-                    size = _RANK_STRIDE - 1 - at if at is not None else _RANK_STRIDE - 1 - len(_SEPARATORS) - size
+                    size = (
+                        _RANK_STRIDE - 1 - at
+                        if at is not None
+                        else _RANK_STRIDE - 1 - len(_SEPARATORS) - size
+                    )
                 order[token_id] = rank * _RANK_STRIDE - size
         self.order = order
         # each rank's tokens, best first, with where their bits sit in a mask row
@@ -81,7 +85,9 @@ class ClosingSearch:
         self._by_rank_short: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         for rank in range(_NUM_RANKS):
             ids = listed[ranks == rank]
-            short = order[ids] if rank == _OTHER else lengths[ranks == rank]  # punctuation: already so
+            short = (
+                order[ids] if rank == _OTHER else lengths[ranks == rank]
+            )  # punctuation: already so
             for lists, key in ((self._by_rank, order[ids]), (self._by_rank_short, short)):
                 picked = ids[np.argsort(key, kind="stable")]
                 lists.append((picked, picked >> 5, (picked & 31).astype(np.uint32)))
@@ -125,9 +131,15 @@ class ClosingSearch:
         return None
 
     def _walk(
-        self, probe: Grammar, max_tokens: int, deadline: float, row: np.ndarray, short: bool,
-        ranks: tuple[int, ...], repeats: int,
-    ) -> list[int] | None:  # fmt: skip
+        self,
+        probe: Grammar,
+        max_tokens: int,
+        deadline: float,
+        row: np.ndarray,
+        short: bool,
+        ranks: tuple[int, ...],
+        repeats: int,
+    ) -> list[int] | None:
         """One path without backtracking: the first allowed candidate each time (`short`: each
         rank's shortest token, not its best; `ranks`: the ranks in the order tried; `repeats`:
         as `_candidates`)."""
@@ -168,9 +180,14 @@ class ClosingSearch:
         return None
 
     def _candidates(
-        self, grammar: Grammar, path: list[int], row: np.ndarray, short: bool = False,
-        ranks: tuple[int, ...] = _IN_ORDER, repeats: int = _REPEATS,
-    ) -> list[int]:  # fmt: skip
+        self,
+        grammar: Grammar,
+        path: list[int],
+        row: np.ndarray,
+        short: bool = False,
+        ranks: tuple[int, ...] = _IN_ORDER,
+        repeats: int = _REPEATS,
+    ) -> list[int]:
         """The best allowed token of each rank, best rank first. A rank used `repeats` times
         among the last `_WINDOW` tokens of `path` goes last, with another token than the last
         one (more digits rarely bring the end closer; where only digits may follow, another
@@ -200,7 +217,9 @@ class ClosingSearch:
                     break
         return found
 
-    def _best_allowed(self, words: np.ndarray, rank: int, avoid: Collection[int], short: bool = False) -> int:
+    def _best_allowed(
+        self, words: np.ndarray, rank: int, avoid: Collection[int], short: bool = False
+    ) -> int:
         """The first token of `rank`'s best-first list that the mask allows, other than those in
         `avoid` unless only they are; -1 if none. Looked for in growing slices: in a string
         nearly everything is allowed, elsewhere a few tokens are."""

@@ -46,9 +46,11 @@ _ANY = ((0, 0x10FFFF),)
 
 
 def check_regex(
-    pattern: str, name: str = "regex", limits: GrammarLimits = DEFAULT_LIMITS,
+    pattern: str,
+    name: str = "regex",
+    limits: GrammarLimits = DEFAULT_LIMITS,
     generated: bool = False,
-) -> None:  # fmt: skip
+) -> None:
     """Raises `GrammarError` naming `name` when `pattern` is past a limit. `generated`: built
     from a schema (its length and nesting follow from the schema's, checked there)."""
     if not generated:
@@ -159,7 +161,9 @@ class _Walk:
         return total
 
     def item_cost(self, op: Any, av: Any) -> int:
-        if op in (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT) or op == getattr(sre_c, "POSSESSIVE_REPEAT", None):
+        if op in (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT) or op == getattr(
+            sre_c, "POSSESSIVE_REPEAT", None
+        ):
             low, high, body = av
             for bound in (low, high):
                 if bound != sre_c.MAXREPEAT and bound > self.limits.max_repeat:

@@ -252,9 +252,13 @@ def _shown(text: str) -> str:
 
 class LLGuidanceCompiledGrammar(CompiledGrammar):
     def __init__(
-        self, key: GrammarKey, grammar: str, matcher: LLMatcher, backend: LLGuidanceBackend,
+        self,
+        key: GrammarKey,
+        grammar: str,
+        matcher: LLMatcher,
+        backend: LLGuidanceBackend,
         bounded: bool,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.key = key
         self.regex = key.pattern if key.kind == "regex" else ""
         self.grammar = grammar
@@ -326,10 +330,12 @@ class LLGuidanceGrammar(Grammar):
         backend = items[0][0]._compiled.backend if items else None  # type: ignore[attr-defined]
         words = bitmask.numpy() if hasattr(bitmask, "numpy") else bitmask
         if (
-            backend is None or len(items) < 2 or words.shape[1] != backend.num_words
+            backend is None
+            or len(items) < 2
+            or words.shape[1] != backend.num_words
             or not words.flags.c_contiguous
             or any(g._compiled.backend is not backend for g, _ in items)  # type: ignore[attr-defined]
-        ):  # fmt: skip
+        ):
             super().fill_many(items, bitmask)
             return
         live = []
@@ -341,9 +347,11 @@ class LLGuidanceGrammar(Grammar):
                 live.append((g, row))
         if live:
             backend.executor().unsafe_compute_mask_ptr(
-                [(g._matcher, row) for g, row in live], words.ctypes.data, 4 * words.shape[1],
+                [(g._matcher, row) for g, row in live],
+                words.ctypes.data,
+                4 * words.shape[1],
                 words.shape[0],
-            )  # fmt: skip
+            )
         for g, row in live:
             target = words[row]
             if not target.any():

@@ -143,7 +143,6 @@ class OutlinesBackend(GrammarBackend):
             )
         return compiled
 
-
     def close(self) -> None:
         if self.sandbox is not None:
             self.sandbox.close()

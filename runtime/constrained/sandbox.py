@@ -86,9 +86,11 @@ class IndexSandbox:
             return child
         child = subprocess.Popen(
             [sys.executable, "-m", __name__, str(self.memory_mb)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
             start_new_session=True,
-        )  # fmt: skip
+        )
         _write(child.stdin, self.vocabulary)
         self._local.child = child
         with self._lock:

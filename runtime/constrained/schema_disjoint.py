@@ -36,7 +36,11 @@ def relax_disjoint_one_of(schema: Any) -> Any:
         if not isinstance(node, dict):
             continue
         branches = node.get("oneOf")
-        if isinstance(branches, list) and "anyOf" not in node and _pairwise_disjoint(schema, branches):
+        if (
+            isinstance(branches, list)
+            and "anyOf" not in node
+            and _pairwise_disjoint(schema, branches)
+        ):
             node["anyOf"] = node.pop("oneOf")
         stack.extend(v for v in node.values() if isinstance(v, (dict, list)))
     return schema
@@ -46,9 +50,7 @@ def _pairwise_disjoint(root: Any, branches: list[Any]) -> bool:
     if len(branches) < 2:
         return True
     return all(
-        disjoint(root, a, b, _DEPTH)
-        for i, a in enumerate(branches)
-        for b in branches[i + 1 :]
+        disjoint(root, a, b, _DEPTH) for i, a in enumerate(branches) for b in branches[i + 1 :]
     )
 
 
@@ -63,8 +65,10 @@ def disjoint(root: Any, a: Any, b: Any, depth: int) -> bool:
         return False
     for side, other in ((a, b), (b, a)):  # a union is apart from `other` if every member is
         members = side.get("anyOf") or side.get("oneOf")
-        if isinstance(members, list) and members and all(
-            disjoint(root, m, other, depth - 1) for m in members
+        if (
+            isinstance(members, list)
+            and members
+            and all(disjoint(root, m, other, depth - 1) for m in members)
         ):
             return True
         for conjunct in side.get("allOf", []) if isinstance(side.get("allOf"), list) else []:
@@ -152,7 +156,11 @@ def _canonical(value: Any) -> str:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, dict):
-        return "{" + ",".join(f"{json.dumps(k)}:{_canonical(v)}" for k, v in sorted(value.items())) + "}"
+        return (
+            "{"
+            + ",".join(f"{json.dumps(k)}:{_canonical(v)}" for k, v in sorted(value.items()))
+            + "}"
+        )
     if isinstance(value, list):
         return "[" + ",".join(_canonical(v) for v in value) + "]"
     return json.dumps(value)

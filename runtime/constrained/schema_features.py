@@ -37,8 +37,19 @@ from .patterns import ascii_classes
 from .schema_disjoint import relax_disjoint_one_of
 
 # Keywords whose value is a schema, a list of schemas, or a map of names to schemas.
-_SCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
-           "propertyNames", "unevaluatedItems", "unevaluatedProperties", "additionalItems")  # fmt: skip
+_SCHEMA = (
+    "items",
+    "additionalProperties",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "additionalItems",
+)
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _COMBINED = ("allOf", "anyOf", "oneOf")
@@ -160,8 +171,10 @@ class _Preparer:
         if "type" in out:
             pointer = local_pointer(out["$ref"])
             target = resolve(self.root, pointer) if pointer else MISSING
-            mine, theirs = _type_set(out["type"]), _type_set(target.get("type")) if isinstance(
-                target, dict) else None  # fmt: skip
+            mine, theirs = (
+                _type_set(out["type"]),
+                _type_set(target.get("type")) if isinstance(target, dict) else None,
+            )
             if mine is not None and theirs is not None and theirs <= mine:
                 del out["type"]
 
@@ -244,8 +257,11 @@ def _local_rewrites(node: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Dependencies and the `not` forms as plainer keywords (a shallow copy), with the names
     of the properties that must not appear."""
     out = dict(node)
-    required = [r for r in out.get("required", []) if isinstance(r, str)] if isinstance(
-        out.get("required"), list) else []  # fmt: skip
+    required = (
+        [r for r in out.get("required", []) if isinstance(r, str)]
+        if isinstance(out.get("required"), list)
+        else []
+    )
     forbidden: list[str] = []
     for keyword in ("dependentRequired", "dependencies", "dependentSchemas"):
         value = out.get(keyword)
@@ -309,8 +325,13 @@ def _every_name_excluded(negated: dict) -> bool:
 
 
 def _remaining_types(declared: Any, excluded: Any) -> list[str] | None:
-    excluded_set = {excluded} if isinstance(excluded, str) else set(excluded) if isinstance(
-        excluded, list) else None  # fmt: skip
+    excluded_set = (
+        {excluded}
+        if isinstance(excluded, str)
+        else set(excluded)
+        if isinstance(excluded, list)
+        else None
+    )
     if excluded_set is None or not excluded_set <= set(_TYPES):
         return None
     if declared is None:
@@ -346,9 +367,10 @@ def _is_nothing(node: dict) -> bool:
 def _open_ended(node: dict) -> bool:
     additional = node.get("additionalProperties")
     return (
-        "patternProperties" in node or "unevaluatedProperties" in node
+        "patternProperties" in node
+        or "unevaluatedProperties" in node
         or ("additionalProperties" in node and additional is not False)
-    )  # fmt: skip
+    )
 
 
 def _declared(node: dict) -> list[str]:

@@ -78,7 +78,9 @@ _TYPE_KEYWORDS = {
 class SchemaRewriter:
     """Walks a schema, returning a copy the builder handles exactly, with regex placeholders."""
 
-    def __init__(self, whitespace: str = "", value_regex: Callable[[Any], str] | None = None) -> None:
+    def __init__(
+        self, whitespace: str = "", value_regex: Callable[[Any], str] | None = None
+    ) -> None:
         """`whitespace`: the builder's regex between JSON tokens; `value_regex`: a schema's
         regex through the builder (for the values of a map whose size is bounded)."""
         self.substitutions: dict[str, str] = {}

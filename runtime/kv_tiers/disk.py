@@ -100,8 +100,10 @@ class DiskTier(KVTier):
                 self.stats.add("full")
                 logger.warning(
                     "kv disk: %s is full (%s); KV blocks are no longer written to disk, the "
-                    "engine caches in memory only", self.directory, exc,
-                )  # fmt: skip
+                    "engine caches in memory only",
+                    self.directory,
+                    exc,
+                )
             else:
                 self.stats.add("io")
                 logger.warning("kv disk: writing block %s failed: %s", name.hex(), exc)

@@ -266,9 +266,16 @@ class KVHandoff:
             c = Counter(self.counts)
         out: dict[str, Any] = {
             f"kv_handoff_{k}": c[k]
-            for k in ("exports", "exported_tokens", "exported_bytes", "imports",
-                      "imported_tokens", "imported_bytes", "expired_holds")
-        }  # fmt: skip
+            for k in (
+                "exports",
+                "exported_tokens",
+                "exported_bytes",
+                "imports",
+                "imported_tokens",
+                "imported_bytes",
+                "expired_holds",
+            )
+        }
         out["kv_handoff_holds"] = len(self._holds)
         out["kv_handoff_failures"] = sum(c[k] for k in FAILURE_KINDS)
         out.update({f"kv_handoff_failures_{k}": c[k] for k in FAILURE_KINDS})

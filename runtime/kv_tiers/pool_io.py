@@ -39,10 +39,15 @@ class PoolBlockIO:
         k = pool.k[0]
         _, page_size, num_kv_heads, head_dim = k.shape
         self.layout = BlockLayout(
-            num_layers=len(pool.k), num_kv_heads=num_kv_heads, head_dim=head_dim,
-            dtype=str(k.dtype).removeprefix("torch."), itemsize=k.dtype.itemsize,
-            page_size=page_size, block_pages=block_pages, scales=bool(pool.k_scale),
-        )  # fmt: skip
+            num_layers=len(pool.k),
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype=str(k.dtype).removeprefix("torch."),
+            itemsize=k.dtype.itemsize,
+            page_size=page_size,
+            block_pages=block_pages,
+            scales=bool(pool.k_scale),
+        )
 
     def gather(self, pages: list[int]) -> Snapshot:
         """Copies `pages` (whole blocks, block after block) out of the pool."""

@@ -38,9 +38,10 @@ class RedisTier(KVTier):
         self._timeouts = (redis.TimeoutError, TimeoutError)
         self.url = url
         self._client = redis.Redis.from_url(
-            url, socket_timeout=COMMAND_TIMEOUT_SECONDS,
+            url,
+            socket_timeout=COMMAND_TIMEOUT_SECONDS,
             socket_connect_timeout=COMMAND_TIMEOUT_SECONDS,
-        )  # fmt: skip
+        )
         self._lock = threading.Lock()
         self._down_until = 0.0
         self._blocks = 0
@@ -106,8 +107,11 @@ class RedisTier(KVTier):
             if was_up:
                 logger.warning(
                     "kv redis: %s failed (%s: %s); its blocks are misses for %.0f s",
-                    self.url, type(exc).__name__, exc, RETRY_SECONDS,
-                )  # fmt: skip
+                    self.url,
+                    type(exc).__name__,
+                    exc,
+                    RETRY_SECONDS,
+                )
             return miss
 
     def __repr__(self) -> str:

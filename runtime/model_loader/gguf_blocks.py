@@ -70,9 +70,12 @@ def quantized_blocks(kind: str, raw: np.ndarray, n: int, k: int) -> QuantizedWei
             low = (scale * np.float16(-8.0)).astype(np.float16)
             packed = blocks[:, 2:18]
         return QuantizedWeight(
-            "int4", torch.from_numpy(packed.reshape(n, k // 2).copy()), torch.from_numpy(scale),
-            torch.from_numpy(np.ascontiguousarray(low)), 32,
-        )  # fmt: skip
+            "int4",
+            torch.from_numpy(packed.reshape(n, k // 2).copy()),
+            torch.from_numpy(scale),
+            torch.from_numpy(np.ascontiguousarray(low)),
+            32,
+        )
     if kind == "Q5_0":  # w = (q - 16) * d, q = low nibble | high bit << 4
         scale = _f16(blocks[:, 0:2]).reshape(n, k // 32)
         qh = np.ascontiguousarray(blocks[:, 2:6]).view(np.uint32)  # [B, 1]
@@ -90,9 +93,12 @@ def quantized_blocks(kind: str, raw: np.ndarray, n: int, k: int) -> QuantizedWei
             (qs & 0x0F).reshape(n, k)
         )  # sub-block j: chunk j // 2's low or high nibbles
         return QuantizedWeight(
-            "int4", pack_int4(q, 32), torch.from_numpy(scale.reshape(n, k // 32)),
-            torch.from_numpy(np.ascontiguousarray(low.reshape(n, k // 32))), 32,
-        )  # fmt: skip
+            "int4",
+            pack_int4(q, 32),
+            torch.from_numpy(scale.reshape(n, k // 32)),
+            torch.from_numpy(np.ascontiguousarray(low.reshape(n, k // 32))),
+            32,
+        )
     if kind == "Q5_K":
         scale, low = _k_scales(blocks)
         qh = blocks[:, 16:48].reshape(nb, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
@@ -101,9 +107,12 @@ def quantized_blocks(kind: str, raw: np.ndarray, n: int, k: int) -> QuantizedWei
         )
         q = ((ql & 0x0F).reshape(nb, 8, 32) | ((qh & 1) << 4)).astype(np.int8).reshape(n, k)
         return QuantizedWeight(
-            "int8", torch.from_numpy(q), torch.from_numpy(scale.reshape(n, k // 32)),
-            torch.from_numpy(np.ascontiguousarray(low.reshape(n, k // 32))), 32,
-        )  # fmt: skip
+            "int8",
+            torch.from_numpy(q),
+            torch.from_numpy(scale.reshape(n, k // 32)),
+            torch.from_numpy(np.ascontiguousarray(low.reshape(n, k // 32))),
+            32,
+        )
     if kind == "Q6_K":
         ql = blocks[:, 0:128].reshape(nb, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(
             1, 1, 2, 1

@@ -42,9 +42,14 @@ _SCALARS: dict[int, tuple[str, str]] = {
 }
 _BOOL = 7
 _TYPED = {
-    "F32": np.float32, "F16": np.float16, "F64": np.float64,
-    "I8": np.int8, "I16": np.int16, "I32": np.int32, "I64": np.int64,
-}  # fmt: skip
+    "F32": np.float32,
+    "F16": np.float16,
+    "F64": np.float64,
+    "I8": np.int8,
+    "I16": np.int16,
+    "I32": np.int32,
+    "I64": np.int64,
+}
 # blocks per task when dequantizing: large enough that numpy's per-call cost vanishes, small
 # enough that the temporaries stay in cache-sized chunks
 _DEQUANT_BLOCKS = 1 << 14

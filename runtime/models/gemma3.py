@@ -195,8 +195,12 @@ def _plus_one_norms(name: str, tensor: torch.Tensor) -> torch.Tensor:
 # (as transformers >= 4.52 builds the model); the vision tower and its projector are not read.
 MULTIMODAL = "Gemma3ForConditionalGeneration"
 _TEXT_PREFIXES = ("language_model.model.", "model.language_model.")
-_NOT_TEXT = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
-             "model.multi_modal_projector.")  # fmt: skip
+_NOT_TEXT = (
+    "vision_tower.",
+    "multi_modal_projector.",
+    "model.vision_tower.",
+    "model.multi_modal_projector.",
+)
 
 
 def _text_model_name(name: str) -> str | None:
@@ -219,14 +223,16 @@ GEMMA3_GGUF_LAYERS = {
     "post_ffw_norm": "post_feedforward_layernorm",
 }
 
-GEMMA3 = register(Family(
-    name="gemma3",
-    hf_architectures=("Gemma3ForCausalLM", MULTIMODAL),
-    gguf_architectures=("gemma3",),
-    args_from_hf=gemma3_args_from_hf,
-    args_from_gguf=gemma3_args_from_gguf,
-    build=Gemma3ForCausalLM,
-    gguf_layers=GEMMA3_GGUF_LAYERS,
-    hf_name=_text_model_name,
-    hf_tensor=_plus_one_norms,
-))  # fmt: skip
+GEMMA3 = register(
+    Family(
+        name="gemma3",
+        hf_architectures=("Gemma3ForCausalLM", MULTIMODAL),
+        gguf_architectures=("gemma3",),
+        args_from_hf=gemma3_args_from_hf,
+        args_from_gguf=gemma3_args_from_gguf,
+        build=Gemma3ForCausalLM,
+        gguf_layers=GEMMA3_GGUF_LAYERS,
+        hf_name=_text_model_name,
+        hf_tensor=_plus_one_norms,
+    )
+)

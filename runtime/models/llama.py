@@ -129,22 +129,30 @@ def mistral_args_from_hf(config: dict[str, Any], architecture: str) -> ModelArgs
     )
 
 
-LLAMA = register(Family(
-    name="llama",
-    hf_architectures=("LlamaForCausalLM",),
-    gguf_architectures=("llama",),
-    args_from_hf=llama_args_from_hf,
-    args_from_gguf=lambda meta: ModelArgs(**common_from_gguf(meta, "LlamaForCausalLM", "llama")),
-    build=LlamaForCausalLM,
-    gguf_layers=MOE_GGUF_LAYERS,  # Mixtral's GGUFs are `llama` ones with experts
-    gguf_rope_permuted=True,
-))  # fmt: skip
-MISTRAL = register(Family(
-    name="mistral",
-    hf_architectures=("MistralForCausalLM",),
-    gguf_architectures=("mistral",),
-    args_from_hf=mistral_args_from_hf,
-    args_from_gguf=lambda meta: ModelArgs(**common_from_gguf(meta, "MistralForCausalLM", "mistral")),
-    build=LlamaForCausalLM,
-    gguf_rope_permuted=True,
-))  # fmt: skip
+LLAMA = register(
+    Family(
+        name="llama",
+        hf_architectures=("LlamaForCausalLM",),
+        gguf_architectures=("llama",),
+        args_from_hf=llama_args_from_hf,
+        args_from_gguf=lambda meta: ModelArgs(
+            **common_from_gguf(meta, "LlamaForCausalLM", "llama")
+        ),
+        build=LlamaForCausalLM,
+        gguf_layers=MOE_GGUF_LAYERS,  # Mixtral's GGUFs are `llama` ones with experts
+        gguf_rope_permuted=True,
+    )
+)
+MISTRAL = register(
+    Family(
+        name="mistral",
+        hf_architectures=("MistralForCausalLM",),
+        gguf_architectures=("mistral",),
+        args_from_hf=mistral_args_from_hf,
+        args_from_gguf=lambda meta: ModelArgs(
+            **common_from_gguf(meta, "MistralForCausalLM", "mistral")
+        ),
+        build=LlamaForCausalLM,
+        gguf_rope_permuted=True,
+    )
+)

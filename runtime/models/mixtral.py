@@ -42,15 +42,17 @@ def mixtral_args_from_gguf(meta: dict[str, Any]) -> ModelArgs:
     raise ValueError("GGUF: Mixtral files are `llama` ones; the llama family reads them")
 
 
-MIXTRAL = register(Family(
-    name="mixtral",
-    hf_architectures=("MixtralForCausalLM",),
-    gguf_architectures=(),
-    args_from_hf=mixtral_args_from_hf,
-    args_from_gguf=mixtral_args_from_gguf,
-    build=LlamaForCausalLM,
-    gguf_layers=MOE_GGUF_LAYERS,
-    gguf_rope_permuted=True,
-    hf_name=mixtral_name,
-    tensor_parallel=False,
-))  # fmt: skip
+MIXTRAL = register(
+    Family(
+        name="mixtral",
+        hf_architectures=("MixtralForCausalLM",),
+        gguf_architectures=(),
+        args_from_hf=mixtral_args_from_hf,
+        args_from_gguf=mixtral_args_from_gguf,
+        build=LlamaForCausalLM,
+        gguf_layers=MOE_GGUF_LAYERS,
+        gguf_rope_permuted=True,
+        hf_name=mixtral_name,
+        tensor_parallel=False,
+    )
+)

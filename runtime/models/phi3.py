@@ -45,12 +45,14 @@ PHI3_GGUF_LAYERS = {
     "ffn_up": "mlp.gate_up_proj",
 }
 
-PHI3 = register(Family(
-    name="phi3",
-    hf_architectures=("Phi3ForCausalLM",),
-    gguf_architectures=("phi3",),
-    args_from_hf=phi3_args_from_hf,
-    args_from_gguf=phi3_args_from_gguf,
-    build=LlamaForCausalLM,
-    gguf_layers=PHI3_GGUF_LAYERS,
-))  # fmt: skip
+PHI3 = register(
+    Family(
+        name="phi3",
+        hf_architectures=("Phi3ForCausalLM",),
+        gguf_architectures=("phi3",),
+        args_from_hf=phi3_args_from_hf,
+        args_from_gguf=phi3_args_from_gguf,
+        build=LlamaForCausalLM,
+        gguf_layers=PHI3_GGUF_LAYERS,
+    )
+)

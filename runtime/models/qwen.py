@@ -55,33 +55,43 @@ def qwen3_args_from_gguf(meta: dict[str, Any]) -> ModelArgs:
     return ModelArgs(**common_from_gguf(meta, "Qwen3ForCausalLM", "qwen3"), qk_norm=True)
 
 
-QWEN2 = register(Family(
-    name="qwen2",
-    hf_architectures=("Qwen2ForCausalLM",),
-    gguf_architectures=("qwen2",),
-    args_from_hf=qwen2_args_from_hf,
-    args_from_gguf=qwen2_args_from_gguf,
-    build=LlamaForCausalLM,
-))  # fmt: skip
-QWEN3 = register(Family(
-    name="qwen3",
-    hf_architectures=("Qwen3ForCausalLM",),
-    gguf_architectures=("qwen3",),
-    args_from_hf=qwen3_args_from_hf,
-    args_from_gguf=qwen3_args_from_gguf,
-    build=LlamaForCausalLM,
-    gguf_layers={**LLAMA_GGUF_LAYERS, "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
-))  # fmt: skip
+QWEN2 = register(
+    Family(
+        name="qwen2",
+        hf_architectures=("Qwen2ForCausalLM",),
+        gguf_architectures=("qwen2",),
+        args_from_hf=qwen2_args_from_hf,
+        args_from_gguf=qwen2_args_from_gguf,
+        build=LlamaForCausalLM,
+    )
+)
+QWEN3 = register(
+    Family(
+        name="qwen3",
+        hf_architectures=("Qwen3ForCausalLM",),
+        gguf_architectures=("qwen3",),
+        args_from_hf=qwen3_args_from_hf,
+        args_from_gguf=qwen3_args_from_gguf,
+        build=LlamaForCausalLM,
+        gguf_layers={
+            **LLAMA_GGUF_LAYERS,
+            "attn_q_norm": "self_attn.q_norm",
+            "attn_k_norm": "self_attn.k_norm",
+        },
+    )
+)
 _QWEN3_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
-QWEN3_MOE = register(Family(
-    name="qwen3moe",
-    hf_architectures=("Qwen3MoeForCausalLM",),
-    gguf_architectures=("qwen3moe",),
-    args_from_hf=qwen3_moe_args_from_hf,
-    args_from_gguf=lambda meta: ModelArgs(
-        **common_from_gguf(meta, "Qwen3MoeForCausalLM", "qwen3moe"), qk_norm=True
-    ),
-    build=LlamaForCausalLM,
-    gguf_layers={**MOE_GGUF_LAYERS, **_QWEN3_NORMS},
-    tensor_parallel=False,
-))  # fmt: skip
+QWEN3_MOE = register(
+    Family(
+        name="qwen3moe",
+        hf_architectures=("Qwen3MoeForCausalLM",),
+        gguf_architectures=("qwen3moe",),
+        args_from_hf=qwen3_moe_args_from_hf,
+        args_from_gguf=lambda meta: ModelArgs(
+            **common_from_gguf(meta, "Qwen3MoeForCausalLM", "qwen3moe"), qk_norm=True
+        ),
+        build=LlamaForCausalLM,
+        gguf_layers={**MOE_GGUF_LAYERS, **_QWEN3_NORMS},
+        tensor_parallel=False,
+    )
+)

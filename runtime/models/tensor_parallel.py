@@ -38,8 +38,9 @@ class RowParallelLinear(nn.Linear):
     column-parallel layer; the bias is added once, after the sum."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: Any) -> None:
-        super().__init__(weight.shape[1], weight.shape[0], bias=False,
-                         device=weight.device, dtype=weight.dtype)  # fmt: skip
+        super().__init__(
+            weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype
+        )
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.full_bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.group = group
@@ -55,8 +56,13 @@ def _column(rows: list[tuple[int, int]], linear: nn.Linear) -> nn.Linear:
     index = torch.cat([torch.arange(a, b) for a, b in rows])
     weight = linear.weight.detach()[index].contiguous()
     bias = None if linear.bias is None else linear.bias.detach()[index].contiguous()
-    out = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
-                    device=weight.device, dtype=weight.dtype)  # fmt: skip
+    out = nn.Linear(
+        weight.shape[1],
+        weight.shape[0],
+        bias=bias is not None,
+        device=weight.device,
+        dtype=weight.dtype,
+    )
     out.weight = nn.Parameter(weight, requires_grad=False)
     if bias is not None:
         out.bias = nn.Parameter(bias, requires_grad=False)
@@ -101,8 +107,9 @@ def shard_llama(model: LlamaForCausalLM, rank: int, tp_size: int, group: Any) ->
         mlp.gate_up_proj = _column([(i0, i1), (inter + i0, inter + i1)], mlp.gate_up_proj)
         mlp.down_proj = _row(mlp.down_proj, (i0, i1), group)
         mlp.intermediate_size = i1 - i0
-    local = replace(args, num_heads=(k1 - k0) * group_size, num_kv_heads=k1 - k0,
-                    intermediate_size=i1 - i0)  # fmt: skip
+    local = replace(
+        args, num_heads=(k1 - k0) * group_size, num_kv_heads=k1 - k0, intermediate_size=i1 - i0
+    )
     model.args = local
     return local
 

@@ -43,14 +43,18 @@ class SpeculationGovernor(Governor):
     def speculate(self, batch_size: int) -> bool:
         """Whether this step's decodes should draft."""
         k, b = self.bucket(batch_size), self.rates(batch_size)
-        if b.first is None:  # no draft verified yet: look for one, for a while, then while re-measuring
+        if (
+            b.first is None
+        ):  # no draft verified yet: look for one, for a while, then while re-measuring
             return self._steps.get(k, 0) < EXPLORE_EVERY or self._explore(k)
         if b.second is None:
             return False
         better = b.first >= b.second
         return not better if self._explore(k) else better
 
-    def record(self, batch_size: int, verified: bool, tokens: float, seconds: float, steps: int = 1) -> None:
+    def record(
+        self, batch_size: int, verified: bool, tokens: float, seconds: float, steps: int = 1
+    ) -> None:
         """A pure decode step (no prefill chunk) of `steps` decode steps that delivered `tokens` in
         `seconds`, `verified` drafts or not."""
         super().record(batch_size, verified, tokens, seconds)

@@ -45,10 +45,17 @@ class ModelDrafter(Drafter):
             )
         a = loaded.args
         pool = KVPool(
-            engine.kv_pool.num_pages, engine.page_size, a.num_layers, a.num_kv_heads, a.head_dim,
-            engine.dtype, engine.device,
+            engine.kv_pool.num_pages,
+            engine.page_size,
+            a.num_layers,
+            a.num_kv_heads,
+            a.head_dim,
+            engine.dtype,
+            engine.device,
         )
-        return ModelRunner(loaded.model, pool, engine.device, engine.tokenizer.eos_token_ids, engine.generator)
+        return ModelRunner(
+            loaded.model, pool, engine.device, engine.tokenizer.eos_token_ids, engine.generator
+        )
 
     def propose(self, reqs: list[Request], num_tokens: int) -> list[list[int]]:
         kv = self.engine.scheduler.kv

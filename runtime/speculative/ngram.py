@@ -23,7 +23,11 @@ class NgramIndex:
         (a step's cost stays with its new tokens, not the whole context)."""
         have, total = len(self.ids), len(prompt) + len(output)
         if have > total or (have and self._token(prompt, output, have - 1) != self.ids[-1]):
-            self.table, self.indexed, self.ids = {}, 0, []  # the tokens changed under us: start over
+            self.table, self.indexed, self.ids = (
+                {},
+                0,
+                [],
+            )  # the tokens changed under us: start over
             have = 0
         if have < len(prompt):
             self.ids.extend(prompt[have:])

@@ -29,7 +29,10 @@ def target_probs(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
     else:
         probs = torch.softmax(logits / p.temperature, dim=-1)[None]
         top_k = torch.tensor([vocab if p.top_k < 0 else min(p.top_k, vocab)], device=logits.device)
-        top_p, min_p = torch.tensor([p.top_p], device=logits.device), torch.tensor([p.min_p], device=logits.device)
+        top_p, min_p = (
+            torch.tensor([p.top_p], device=logits.device),
+            torch.tensor([p.min_p], device=logits.device),
+        )
         probs = filter_probs(probs, top_k, top_p, min_p)[0]
         if not bool(torch.isfinite(probs).all()) or not float(probs.sum()) > 0:
             probs = None

@@ -23,11 +23,15 @@ def chat(engine, text: str) -> str:
 def test_greedy_corpus_on_the_real_model(default_engine):
     prompts, params = [], []
     for r in REGEXES:
-        prompts.append(chat(default_engine, f"Write one example of: {r['name'].replace('_', ' ')}."))
+        prompts.append(
+            chat(default_engine, f"Write one example of: {r['name'].replace('_', ' ')}.")
+        )
         params.append({"max_new_tokens": 48, "temperature": 0, "regex": r["regex"]})
     for s in SCHEMAS:
         prompts.append(chat(default_engine, f"Reply with JSON for: {s['name'].replace('_', ' ')}."))
-        params.append({"max_new_tokens": 128, "temperature": 0, "json_schema": json.dumps(s["schema"])})
+        params.append(
+            {"max_new_tokens": 128, "temperature": 0, "json_schema": json.dumps(s["schema"])}
+        )
     outs = default_engine.generate(prompts, params)
     finished = 0
     for spec, out in zip(REGEXES + SCHEMAS, outs):
@@ -52,7 +56,9 @@ def test_extraction_with_and_without_jump_forward(default_engine):
         "required": ["name", "age", "city"],
     }
     prompt = chat(default_engine, "Extract the person as JSON: Maria Lopez, 34, lives in Madrid.")
-    out = default_engine.generate(prompt, {"max_new_tokens": 64, "temperature": 0, "json_schema": json.dumps(schema)})
+    out = default_engine.generate(
+        prompt, {"max_new_tokens": 64, "temperature": 0, "json_schema": json.dumps(schema)}
+    )
     person = json.loads(out["text"])
     jsonschema.validate(person, schema)
     assert person["age"] == 34 and "Madrid" in person["city"]
@@ -70,7 +76,9 @@ def test_a_date_that_fits_its_budget_is_the_models_own(default_engine):
     assert own["meta_info"]["finish_reason"]["type"] == "stop"
     needed = own["meta_info"]["completion_tokens"]
     budgets = list(range(needed, needed + 17))
-    outs = default_engine.generate([prompt] * len(budgets), [{**params, "max_new_tokens": b} for b in budgets])
+    outs = default_engine.generate(
+        [prompt] * len(budgets), [{**params, "max_new_tokens": b} for b in budgets]
+    )
     for budget, out in zip(budgets, outs):
         assert out["text"] == own["text"], (budget, out["text"], own["text"])
         assert not out["meta_info"]["closed_early"]

@@ -15,7 +15,21 @@ def python_blocks(path: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/engine.md", "docs/models.md", "docs/language.md", "docs/constrained.md", "docs/speculative.md", "docs/cpu.md", "docs/scaling.md", "docs/reliability.md", "docs/kv_tiers.md"])
+@pytest.mark.parametrize(
+    "doc",
+    [
+        "README.md",
+        "docs/engine.md",
+        "docs/models.md",
+        "docs/language.md",
+        "docs/constrained.md",
+        "docs/speculative.md",
+        "docs/cpu.md",
+        "docs/scaling.md",
+        "docs/reliability.md",
+        "docs/kv_tiers.md",
+    ],
+)
 def test_doc_examples_run(doc):
     blocks = python_blocks(ROOT / doc)
     assert blocks, f"{doc} has no python examples"

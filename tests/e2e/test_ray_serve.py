@@ -37,15 +37,17 @@ def test_openai_requests_through_ray_serve(ray_url):
 
     client = OpenAI(base_url=ray_url + "/v1", api_key="none")
     reply = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}],
-        max_tokens=12, temperature=0,
-    )  # fmt: skip
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=12,
+        temperature=0,
+    )
     assert "Paris" in reply.choices[0].message.content
     streamed = "".join(
         c.choices[0].text
         for c in client.completions.create(
             model=MODEL, prompt="1, 2, 3,", max_tokens=6, temperature=0, stream=True
-        )  # fmt: skip
+        )
         if c.choices
     )
     whole = client.completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=6, temperature=0)
@@ -56,8 +58,10 @@ def test_shared_prefix_stays_on_one_replica_and_errors_pass_through(ray_url):
     prefix = "You are a museum guide. " * 20
     metas = []
     for i in range(4):
-        body = {"text": f"{prefix}Question {i}: what is on the wall?",
-                "sampling_params": {"max_new_tokens": 2, "temperature": 0}}  # fmt: skip
+        body = {
+            "text": f"{prefix}Question {i}: what is on the wall?",
+            "sampling_params": {"max_new_tokens": 2, "temperature": 0},
+        }
         metas.append(httpx.post(ray_url + "/generate", json=body, timeout=120).json()["meta_info"])
     # the router sends every request after the first to the replica that holds the prefix
     assert all(m["cached_tokens"] >= 0.8 * m["prompt_tokens"] for m in metas[1:]), metas

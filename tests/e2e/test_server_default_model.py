@@ -46,28 +46,59 @@ def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
-          "city": {"type": "string"}}, "required": ["name", "age", "city"], "additionalProperties": False}  # fmt: skip
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "city": {"type": "string"},
+    },
+    "required": ["name", "age", "city"],
+    "additionalProperties": False,
+}
 
 
 def test_json_schema_chat(client):
     resp = client.chat.completions.create(
-        model=MODEL, n=2, seed=0, max_tokens=64,
-        messages=[{"role": "user", "content": "Maria is a 34-year-old architect in Lisbon. Give her as JSON."}],
-        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
-    )  # fmt: skip
+        model=MODEL,
+        n=2,
+        seed=0,
+        max_tokens=64,
+        messages=[
+            {
+                "role": "user",
+                "content": "Maria is a 34-year-old architect in Lisbon. Give her as JSON.",
+            }
+        ],
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": PERSON},
+        },
+    )
     for choice in resp.choices:
         jsonschema.validate(json.loads(choice.message.content), PERSON)
     obj = client.chat.completions.create(
-        model=MODEL, max_tokens=64, temperature=0, response_format={"type": "json_object"},
+        model=MODEL,
+        max_tokens=64,
+        temperature=0,
+        response_format={"type": "json_object"},
         messages=[{"role": "user", "content": "A JSON object with your name."}],
-    )  # fmt: skip
+    )
     assert isinstance(json.loads(obj.choices[0].message.content), dict)
 
 
 def test_tool_call_round_trip(client):
-    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
     messages = [{"role": "user", "content": "What's the weather in Paris?"}]
     for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
         resp = client.chat.completions.create(

@@ -19,9 +19,16 @@ from typing import Any
 BROWSERS = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
 DRIVERS = ("/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver")
 APT_PACKAGES = ("chromium", "chromium-driver")
-FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run",
-         "--disable-dev-shm-usage")  # fmt: skip
+FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+)
 
 
 @dataclass(frozen=True)

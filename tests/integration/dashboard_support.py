@@ -14,10 +14,15 @@ WORDS = "alpha beta gamma delta river stone cloud maple ember quartz violet harb
 
 
 def shared_prefix_prompts(num_prefixes: int = 2, per_prefix: int = 3) -> list[str]:
-    prefixes = [f"System {p}: " + " ".join(WORDS[(p + i) % len(WORDS)] for i in range(60))
-                for p in range(num_prefixes)]  # fmt: skip
-    return [f"{pre}\nQuestion {q}: what is {WORDS[q % len(WORDS)]}?"
-            for pre in prefixes for q in range(per_prefix)]  # fmt: skip
+    prefixes = [
+        f"System {p}: " + " ".join(WORDS[(p + i) % len(WORDS)] for i in range(60))
+        for p in range(num_prefixes)
+    ]
+    return [
+        f"{pre}\nQuestion {q}: what is {WORDS[q % len(WORDS)]}?"
+        for pre in prefixes
+        for q in range(per_prefix)
+    ]
 
 
 def send(
@@ -25,8 +30,10 @@ def send(
 ) -> None:
     with httpx.Client(base_url=url, timeout=120, headers=headers or {}) as http:
         for prompt in prompts:
-            body = {"text": prompt, "sampling_params": {"max_new_tokens": max_new_tokens,
-                                                        "temperature": 0}}  # fmt: skip
+            body = {
+                "text": prompt,
+                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0},
+            }
             r = http.post("/generate", json=body)
             assert r.status_code == 200, r.text
 
@@ -40,8 +47,11 @@ def long_streams(
     stop = threading.Event()
 
     def one(i: int) -> None:
-        body = {"text": f"Stream {i}: " + " ".join(WORDS), "stream": True,
-                "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True}}  # fmt: skip
+        body = {
+            "text": f"Stream {i}: " + " ".join(WORDS),
+            "stream": True,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True},
+        }
         with httpx.Client(base_url=url, timeout=300, headers=headers or {}) as http:
             with http.stream("POST", "/generate", json=body) as r:
                 for _ in r.iter_lines():

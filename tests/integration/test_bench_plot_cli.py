@@ -16,9 +16,26 @@ def test_bench_serving_writes_plots(tiny_llama_dir, tmp_path, capsys):
 
     out, plots = tmp_path / "serving.json", tmp_path / "plots"
     with tiny_server(tiny_llama_dir) as srv:
-        argv = ["bench", "serving", "--url", srv.url, "--num-prompts", "6", "--input-len", "8",
-                "--output-len", "4", "--concurrency", "1,3", "--max-duration", "30",
-                "--output", str(out), "--plot", str(plots)]  # fmt: skip
+        argv = [
+            "bench",
+            "serving",
+            "--url",
+            srv.url,
+            "--num-prompts",
+            "6",
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+            "--concurrency",
+            "1,3",
+            "--max-duration",
+            "30",
+            "--output",
+            str(out),
+            "--plot",
+            str(plots),
+        ]
         assert main(argv) == 0
     (entry,) = json.loads(out.read_text())
     assert all(len(r["samples"]["ttft_ms"]) == 6 for r in entry["runs"])

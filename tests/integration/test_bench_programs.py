@@ -81,8 +81,21 @@ def restore_torch_threads():
 def test_bench_programs_smoke(tiny_llama_dir, tmp_path, capsys, restore_torch_threads):
     out = tmp_path / "programs.json"
     items = "fewshot=4,tot=2,agent=2"
-    args = parse(["--model", str(tiny_llama_dir), "--num-items", items, "--no-transformers",
-                  "--torch-threads", "1", "--max-total-tokens", "8192", "--output", str(out)])  # fmt: skip
+    args = parse(
+        [
+            "--model",
+            str(tiny_llama_dir),
+            "--num-items",
+            items,
+            "--no-transformers",
+            "--torch-threads",
+            "1",
+            "--max-total-tokens",
+            "8192",
+            "--output",
+            str(out),
+        ]
+    )
     assert run_programs_bench(args) == 0
     assert "x cache off" in capsys.readouterr().out
     data = json.loads(out.read_text())

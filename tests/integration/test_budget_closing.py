@@ -13,15 +13,40 @@ FIXED_AND_BOUNDED = [
     {"regex": r"\d{4}-\d{2}-\d{2}"},
     {"regex": r"[a-z]{1,6}( [a-z]{1,6}){0,3}"},
     {"regex": r"(yes|no|maybe)\. [A-Z][a-z]{0,8}"},
-    {"json_schema": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
-                     "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-                     "required": ["name", "age"], "additionalProperties": False}},
-    {"json_schema": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "minItems": 1,
-                     "maxItems": 4}},
-    {"json_schema": {"type": "object", "properties": {"ok": {"type": "boolean"},
-                     "tags": {"type": "array", "items": {"type": "string", "maxLength": 5},
-                              "maxItems": 2}}, "required": ["ok"]}},
-]  # fmt: skip
+    {
+        "json_schema": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 10},
+                "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            },
+            "required": ["name", "age"],
+            "additionalProperties": False,
+        }
+    },
+    {
+        "json_schema": {
+            "type": "array",
+            "items": {"enum": ["red", "green", "blue"]},
+            "minItems": 1,
+            "maxItems": 4,
+        }
+    },
+    {
+        "json_schema": {
+            "type": "object",
+            "properties": {
+                "ok": {"type": "boolean"},
+                "tags": {
+                    "type": "array",
+                    "items": {"type": "string", "maxLength": 5},
+                    "maxItems": 2,
+                },
+            },
+            "required": ["ok"],
+        }
+    },
+]
 
 
 def _params(constraint: dict, budget: int) -> dict:

@@ -249,8 +249,20 @@ def test_bench_overhead_compares_a_skinny_twin(tiny_llama_dir, tmp_path):
     import json
 
     out_path = tmp_path / "overhead.json"
-    out = run("bench", "overhead", "--model", str(tiny_llama_dir), "--formats", "int4", "--decode-len", "8",
-              "--repeats", "1", "--output", str(out_path))  # fmt: skip
+    out = run(
+        "bench",
+        "overhead",
+        "--model",
+        str(tiny_llama_dir),
+        "--formats",
+        "int4",
+        "--decode-len",
+        "8",
+        "--repeats",
+        "1",
+        "--output",
+        str(out_path),
+    )
     assert out.returncode == 0, out.stderr
     assert "overhead share" in out.stdout and "python share" in out.stdout
     result = json.loads(out_path.read_text())["results"]["int4"]
@@ -329,8 +341,7 @@ def test_help_shows_defaults_choices_and_aliases():
     assert "--port PORT the port to listen on (0-65535) (default: 30000)" in text
     assert (
         "--page-size PAGE_SIZE, --block-size PAGE_SIZE KV cache tokens per page (1-1024) "
-        "(default: 1)"
-        in text
+        "(default: 1)" in text
     )
     assert "--closed-finish-reason {length,stop}" in text and "(default: length)" in text
     assert "--max-queued-requests N, --max-queue N" in text
@@ -354,9 +365,13 @@ BAD_VALUES = [
     (["generate", "hi", "--max-total-tokens", "0"], "--max-total-tokens", "at least page_size"),
     (["generate", "hi", "--dtype", "float64"], "--dtype", "invalid choice"),
     (["generate", "hi", "--mem-fraction-static", "1.5"], "--mem-fraction-static", "(0, 1)"),
-    (["bench", "latency", "--max-num-seqs", "0"], "--max-running-requests/--max-num-seqs", "positive"),
+    (
+        ["bench", "latency", "--max-num-seqs", "0"],
+        "--max-running-requests/--max-num-seqs",
+        "positive",
+    ),
     (["bench", "json", "--mask-batch", "x"], "--mask-batch", "invalid int value"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(
@@ -456,11 +471,31 @@ def test_bench_kv_tiers_smoke(tiny_llama_dir, tmp_path):
 
     out_file = tmp_path / "kv.json"
     out = run(
-        "bench", "kv-tiers", "--model", str(tiny_llama_dir), "--quantization", "int8",
-        "--page-size", "4", "--prefix-len", "200", "--num-prefixes", "4", "--shared-len", "160",
-        "--requests", "8", "--pool-prefixes", "2", "--output-len", "2", "--concurrency", "2",
-        "--output", str(out_file),
-    )  # fmt: skip
+        "bench",
+        "kv-tiers",
+        "--model",
+        str(tiny_llama_dir),
+        "--quantization",
+        "int8",
+        "--page-size",
+        "4",
+        "--prefix-len",
+        "200",
+        "--num-prefixes",
+        "4",
+        "--shared-len",
+        "160",
+        "--requests",
+        "8",
+        "--pool-prefixes",
+        "2",
+        "--output-len",
+        "2",
+        "--concurrency",
+        "2",
+        "--output",
+        str(out_file),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads(out_file.read_text())
     # the tiers hold whole blocks (64 tokens here) that end before the prompt's last token
@@ -482,11 +517,35 @@ def test_bench_pd_smoke(tiny_llama_dir, tmp_path):
 
     out_file = tmp_path / "pd.json"
     out = run(
-        "bench", "pd", "--model", str(tiny_llama_dir), "--quantization", "int8", "--page-size", "4",
-        "--streams", "2", "--short-len", "8", "--output-len", "4", "--long-len", "120",
-        "--long-output", "2", "--num-long", "1", "--long-interval", "0.5",
-        "--max-total-tokens", "2048", "--setups", "colocated,pd", "--output", str(out_file),
-    )  # fmt: skip
+        "bench",
+        "pd",
+        "--model",
+        str(tiny_llama_dir),
+        "--quantization",
+        "int8",
+        "--page-size",
+        "4",
+        "--streams",
+        "2",
+        "--short-len",
+        "8",
+        "--output-len",
+        "4",
+        "--long-len",
+        "120",
+        "--long-output",
+        "2",
+        "--num-long",
+        "1",
+        "--long-interval",
+        "0.5",
+        "--max-total-tokens",
+        "2048",
+        "--setups",
+        "colocated,pd",
+        "--output",
+        str(out_file),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     runs = json.loads(out_file.read_text())["runs"]
     assert set(runs) == {"colocated", "pd"}

@@ -15,11 +15,16 @@ from plait.kernels import decode_stack
 from plait.runtime.model_runner import ModelRunner
 from tests.conftest import write_tiny_checkpoint
 
-pytestmark = pytest.mark.skipif(not decode_stack.burst_available(), reason="native CPU kernels did not build")
+pytestmark = pytest.mark.skipif(
+    not decode_stack.burst_available(), reason="native CPU kernels did not build"
+)
 
 SCHEMA = {
     "type": "object",
-    "properties": {"identifier": {"type": "integer"}, "description": {"type": "string", "maxLength": 40}},
+    "properties": {
+        "identifier": {"type": "integer"},
+        "description": {"type": "string", "maxLength": 40},
+    },
     "required": ["identifier", "description"],
     "additionalProperties": False,
 }
@@ -27,8 +32,12 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory, smollm_tokenizer):
-    path = write_tiny_checkpoint(tmp_path_factory.mktemp("cburst"), "llama", smollm_tokenizer, seed=3)
-    common = dict(model_path=str(path), max_total_tokens=8192, check_invariants=True, quantization="int4")
+    path = write_tiny_checkpoint(
+        tmp_path_factory.mktemp("cburst"), "llama", smollm_tokenizer, seed=3
+    )
+    common = dict(
+        model_path=str(path), max_total_tokens=8192, check_invariants=True, quantization="int4"
+    )
     with Engine(num_continuous_decode_steps=1, **common) as single, Engine(**common) as burst:
         yield single, burst
 
@@ -41,7 +50,9 @@ def bursts(monkeypatch):
 
     def record(self, batch, steps, *args, **kwargs):
         results = real(self, batch, steps, *args, **kwargs)
-        seen.append(([r.grammar is not None for r in batch.decodes], [len(r.tokens) for r in results]))
+        seen.append(
+            ([r.grammar is not None for r in batch.decodes], [len(r.tokens) for r in results])
+        )
         return results
 
     monkeypatch.setattr(ModelRunner, "decode_burst", record)
@@ -50,8 +61,15 @@ def bursts(monkeypatch):
 
 def _run(engine: Engine, prompts, params) -> list[tuple]:
     outs = engine.generate(prompts, sampling_params=params)
-    return [(o["output_ids"], o["text"], o["meta_info"]["finish_reason"], o["meta_info"].get("closed_early"))
-            for o in outs]  # fmt: skip
+    return [
+        (
+            o["output_ids"],
+            o["text"],
+            o["meta_info"]["finish_reason"],
+            o["meta_info"].get("closed_early"),
+        )
+        for o in outs
+    ]
 
 
 def _pool_is_whole(engine: Engine) -> bool:
@@ -75,15 +93,29 @@ def test_regex_rows_burst_and_give_the_tokens_of_single_steps(engines, bursts):
     got = _run(burst, prompts, params)
     assert got == expected
     assert max(_constrained_bursts(bursts), default=0) > 1, bursts
-    assert any(all(rows) is False and any(rows) for rows, _ in bursts), "constrained and free rows share a burst"
+    assert any(all(rows) is False and any(rows) for rows, _ in bursts), (
+        "constrained and free rows share a burst"
+    )
     assert _pool_is_whole(burst)
 
 
 def test_seeded_sampled_constrained_rows_give_the_tokens_of_single_steps(engines, bursts):
     single, burst = engines
     params = [
-        {"max_new_tokens": 40, "temperature": 0.9, "top_p": 0.95, "seed": 11, "regex": "[a-z]+( [a-z]+){3,12}"},
-        {"max_new_tokens": 40, "temperature": 1.1, "top_k": 30, "seed": 12, "json_schema": json.dumps(SCHEMA)},
+        {
+            "max_new_tokens": 40,
+            "temperature": 0.9,
+            "top_p": 0.95,
+            "seed": 11,
+            "regex": "[a-z]+( [a-z]+){3,12}",
+        },
+        {
+            "max_new_tokens": 40,
+            "temperature": 1.1,
+            "top_k": 30,
+            "seed": 12,
+            "json_schema": json.dumps(SCHEMA),
+        },
     ]
     prompts = ["Words:", "JSON:"]
     expected = _run(single, prompts, params)
@@ -112,8 +144,11 @@ def test_closing_near_the_budget_matches_single_steps(engines, bursts):
     """A budget the model's free text would overrun: the burst stops where closing looks, and the
     request closes exactly as with one step at a time."""
     single, burst = engines
-    schema = {"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "string"}}},
-              "required": ["notes"]}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"notes": {"type": "array", "items": {"type": "string"}}},
+        "required": ["notes"],
+    }
     for budget in (24, 48, 90):
         params = {"max_new_tokens": budget, "temperature": 0, "json_schema": json.dumps(schema)}
         expected = _run(single, ["Notes:"], [params])

@@ -20,11 +20,18 @@ def corpus_requests(seed: int) -> tuple[list[str], list[dict]]:
     prompts, params = [], []
     for i, r in enumerate(REGEXES):
         prompts.append(f"Pattern {r['name']}:")
-        params.append({"max_new_tokens": 96, "temperature": 1.0, "seed": seed + i, "regex": r["regex"]})
+        params.append(
+            {"max_new_tokens": 96, "temperature": 1.0, "seed": seed + i, "regex": r["regex"]}
+        )
     for i, s in enumerate(SCHEMAS):
         prompts.append(f"Schema {s['name']}:")
         params.append(
-            {"max_new_tokens": 96, "temperature": 1.0, "seed": seed + i, "json_schema": json.dumps(s["schema"])}
+            {
+                "max_new_tokens": 96,
+                "temperature": 1.0,
+                "seed": seed + i,
+                "json_schema": json.dumps(s["schema"]),
+            }
         )
     return prompts, params
 
@@ -52,7 +59,9 @@ def test_sampled_corpus_outputs_comply(tiny_engine):
 def test_compliance_without_jump_forward(tiny_llama_dir):
     from plait import Engine
 
-    engine = Engine(model_path=str(tiny_llama_dir), max_total_tokens=16384, disable_jump_forward=True)
+    engine = Engine(
+        model_path=str(tiny_llama_dir), max_total_tokens=16384, disable_jump_forward=True
+    )
     try:
         prompts, params = corpus_requests(seed=100)
         outs = engine.generate(prompts, params)
@@ -63,7 +72,13 @@ def test_compliance_without_jump_forward(tiny_llama_dir):
 
 
 def test_mixed_batch_rows_equal_running_alone(tiny_engine):
-    schema = json.dumps({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 999}}, "required": ["a"]})
+    schema = json.dumps(
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 999}},
+            "required": ["a"],
+        }
+    )
     greedy = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
     items = [
         ("free one", greedy),
@@ -94,9 +109,14 @@ def test_jump_forward_ids_are_the_tokenizers_encoding(tiny_engine):
         out = tiny_engine.generate(
             f"Person {seed}:",
             # compact: every space is forced, none is the sampler's own (which it may split)
-            {"max_new_tokens": 64, "temperature": 1.0, "seed": seed, "json_schema": json.dumps(schema),
-             "json_whitespace": "compact"},
-        )  # fmt: skip
+            {
+                "max_new_tokens": 64,
+                "temperature": 1.0,
+                "seed": seed,
+                "json_schema": json.dumps(schema),
+                "json_whitespace": "compact",
+            },
+        )
         assert out["meta_info"]["finish_reason"]["type"] == "stop"
         jsonschema.validate(json.loads(out["text"]), schema)
         ids = [t for t in out["output_ids"] if t not in tok.eos_token_ids]
@@ -111,7 +131,11 @@ def test_jump_forward_ids_are_the_tokenizers_encoding(tiny_engine):
         ({"regex": "(unclosed"}, "regex"),
         ({"json_schema": "{not json"}, "json_schema"),
         (
-            {"json_schema": json.dumps({"type": "object", "properties": {"x": {"not": {"pattern": "^a"}}}})},
+            {
+                "json_schema": json.dumps(
+                    {"type": "object", "properties": {"x": {"not": {"pattern": "^a"}}}}
+                )
+            },
             "'not' at #/properties/x is not supported",
         ),
         ({"regex": "a", "json_schema": "{}"}, "at most one"),
@@ -121,7 +145,12 @@ def test_jump_forward_ids_are_the_tokenizers_encoding(tiny_engine):
 def test_bad_constraints_are_named_and_engine_survives(tiny_engine, params, match):
     with pytest.raises(ValueError, match=match):
         tiny_engine.generate("x", {"max_new_tokens": 4, **params})
-    assert tiny_engine.generate("x", {"max_new_tokens": 2, "regex": "[ab]+"})["meta_info"]["completion_tokens"] >= 1
+    assert (
+        tiny_engine.generate("x", {"max_new_tokens": 2, "regex": "[ab]+"})["meta_info"][
+            "completion_tokens"
+        ]
+        >= 1
+    )
     assert tiny_engine.stats()["kv_pages_in_use"] == 0
 
 
@@ -141,12 +170,23 @@ def test_closing_searches_are_few_per_request(tiny_engine, monkeypatch):
 
     monkeypatch.setattr(closing.ClosingSearch, "shortest_completion", counted)
     tail = {f"closing_property_number_{i}": {"type": "string"} for i in range(4)}
-    schema = {"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "string"}}, **tail},
-              "required": ["notes", *tail]}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"notes": {"type": "array", "items": {"type": "string"}}, **tail},
+        "required": ["notes", *tail],
+    }
     budget = 160
     outs = tiny_engine.generate(
         ["Notes:"] * 3,
-        [{"max_new_tokens": budget, "temperature": 1.0, "seed": s, "json_schema": json.dumps(schema)} for s in range(3)],
+        [
+            {
+                "max_new_tokens": budget,
+                "temperature": 1.0,
+                "seed": s,
+                "json_schema": json.dumps(schema),
+            }
+            for s in range(3)
+        ],
     )
     for out in outs:
         jsonschema.validate(json.loads(out["text"]), schema)
@@ -169,7 +209,9 @@ def test_budget_below_a_long_shortest_instance_is_refused(tiny_engine):
     with pytest.raises(ValueError, match="max_new_tokens"):
         tiny_engine.generate("x", {"max_new_tokens": 100, "json_schema": schema})
     assert tiny_engine.stats()["kv_pages_in_use"] == 0
-    out = tiny_engine.generate("x", {"max_new_tokens": 400, "temperature": 1.0, "seed": 1, "json_schema": schema})
+    out = tiny_engine.generate(
+        "x", {"max_new_tokens": 400, "temperature": 1.0, "seed": 1, "json_schema": schema}
+    )
     jsonschema.validate(json.loads(out["text"]), json.loads(schema))
 
 
@@ -177,15 +219,23 @@ def test_tight_budgets_with_optional_properties_close_valid(tiny_engine):
     """A budget a little above the shortest instance, optional properties the sampler may open
     (and jump-forward may run through): every output parses and validates."""
     optional = {f"optionalField{i}": {"type": ["string", "null"]} for i in range(8)}
-    required = {f"requiredField{i}": {"type": "string"} for i in range(8)}  # a closing looked for off the loop
-    schema = {"type": "object", "properties": {**optional, **required}, "required": list(required),
-              "additionalProperties": False}  # fmt: skip
+    required = {
+        f"requiredField{i}": {"type": "string"} for i in range(8)
+    }  # a closing looked for off the loop
+    schema = {
+        "type": "object",
+        "properties": {**optional, **required},
+        "required": list(required),
+        "additionalProperties": False,
+    }
     text = json.dumps(schema)
     outs = tiny_engine.generate(
         ["Device:"] * 8,
-        [{"max_new_tokens": 72, "temperature": 1.0, "seed": s, "json_schema": text} for s in range(8)],
+        [
+            {"max_new_tokens": 72, "temperature": 1.0, "seed": s, "json_schema": text}
+            for s in range(8)
+        ],
     )
     for out in outs:
         jsonschema.validate(json.loads(out["text"]), schema)
     assert tiny_engine.stats()["kv_pages_in_use"] == 0
-

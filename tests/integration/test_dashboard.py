@@ -55,12 +55,20 @@ def _watched(engine) -> set[str]:
 def test_snapshot_after_shared_prefix_traffic(server):
     url, engine = server.url, server.engine
     _snap(url)  # someone starts watching: the probe goes on
-    assert _watched(engine) == {"StepFinished", "RequestFinished", "RequestRetracted",
-                                "CacheEvicted", "CacheMatched"}  # fmt: skip
+    assert _watched(engine) == {
+        "StepFinished",
+        "RequestFinished",
+        "RequestRetracted",
+        "CacheEvicted",
+        "CacheMatched",
+    }
     prompts = shared_prefix_prompts(num_prefixes=2, per_prefix=3)
     send(url, prompts)
-    httpx.post(url + "/v1/chat/completions", timeout=60,
-               json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})  # fmt: skip
+    httpx.post(
+        url + "/v1/chat/completions",
+        timeout=60,
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+    )
     httpx.post(url + "/v1/completions", json={"prompt": prompts[0], "max_tokens": 3}, timeout=60)
     assert httpx.post(
         url + "/programs/qa", json={"arguments": {"question": "Why?"}}, timeout=60
@@ -88,8 +96,13 @@ def test_snapshot_after_shared_prefix_traffic(server):
     assert cached and all(r["finish_reason"] == "length" for r in cached)
 
     rows = _snap(url, since=0)["history"]
-    assert rows and {"window_hit_rate", "output_tokens_per_s", "prefill_tokens_per_step",
-                     "ttft_p50_s", "kv_pages_free"} <= set(rows[-1])  # fmt: skip
+    assert rows and {
+        "window_hit_rate",
+        "output_tokens_per_s",
+        "prefill_tokens_per_step",
+        "ttft_p50_s",
+        "kv_pages_free",
+    } <= set(rows[-1])
     assert any(r["prefill_tokens"] for r in rows) and any(r["decode_tokens"] for r in rows)
     assert any(r["ttft_p50_s"] for r in rows)
     last = rows[-1]["seq"]
@@ -156,8 +169,12 @@ def test_snapshot_obeys_the_api_key(tiny_llama_dir):
                 srv.url + "/openapi.json", headers={"Authorization": "Bearer sk-dash"}
             ).json()["paths"]
         )
-        assert httpx.get(srv.url + "/dashboard/snapshot?nodes=0",
-                         headers={"Authorization": "Bearer sk-dash"}).status_code == 400  # fmt: skip
+        assert (
+            httpx.get(
+                srv.url + "/dashboard/snapshot?nodes=0", headers={"Authorization": "Bearer sk-dash"}
+            ).status_code
+            == 400
+        )
 
 
 def test_router_has_a_view_per_replica(tiny_llama_dir):

@@ -48,8 +48,11 @@ def long_context_dir(tmp_path_factory, smollm_tokenizer):
 
 @pytest.fixture(scope="module")
 def server(long_context_dir):
-    engine_args = {"max_total_tokens": 40000, "max_running_requests": 2,
-                   "num_continuous_decode_steps": 1}  # fmt: skip
+    engine_args = {
+        "max_total_tokens": 40000,
+        "max_running_requests": 2,
+        "num_continuous_decode_steps": 1,
+    }
     name = "tiny-llama-16k (random weights)"
     with tiny_server(long_context_dir, engine_args, api_key=KEY, served_model_name=name) as srv:
         yield srv
@@ -76,8 +79,14 @@ def test_page_matches_the_snapshot_and_follows_the_server(server, browser):
         wait_until_idle(server.engine)
         wait_for(lambda: _page(driver)["updates"] >= 3, what="the page's next snapshots")
         page = _page(driver)
-        assert set(page["panels"]) >= {"summary", "radix-tree", "kv-pool", "batches", "latency",
-                                       "requests"}  # fmt: skip
+        assert set(page["panels"]) >= {
+            "summary",
+            "radix-tree",
+            "kv-pool",
+            "batches",
+            "latency",
+            "requests",
+        }
         assert {"kv_pages_free", "num_running", "ttft_p50_s", "prefill_tokens_per_step"} <= set(
             page["series"]
         )
@@ -97,8 +106,14 @@ def test_page_matches_the_snapshot_and_follows_the_server(server, browser):
         metrics = page["metrics"]
         assert stats["cache_hit_rate"] > 0.3
         assert float(metrics["cache_hit_rate"]) == pytest.approx(stats["cache_hit_rate"])
-        for key in ("kv_pages_cached", "kv_pages_evictable", "kv_pages_free", "num_running",
-                    "num_waiting", "kv_pages_in_use"):  # fmt: skip
+        for key in (
+            "kv_pages_cached",
+            "kv_pages_evictable",
+            "kv_pages_free",
+            "num_running",
+            "num_waiting",
+            "kv_pages_in_use",
+        ):
             assert int(metrics[key]) == stats[key], key
         assert int(metrics["tree_nodes"]) == snap["tree"]["num_nodes"]
         assert sorted(page["ids"]) == sorted(n["id"] for n in snap["tree"]["nodes"])
@@ -113,15 +128,21 @@ def test_page_matches_the_snapshot_and_follows_the_server(server, browser):
 
         def caught_up() -> bool:
             now = _page(driver)
-            return (float(now["metrics"]["cache_hit_rate"]) == pytest.approx(after["stats"]["cache_hit_rate"])
-                    and sorted(now["ids"]) == sorted(n["id"] for n in after["tree"]["nodes"]))  # fmt: skip
+            return float(now["metrics"]["cache_hit_rate"]) == pytest.approx(
+                after["stats"]["cache_hit_rate"]
+            ) and sorted(now["ids"]) == sorted(n["id"] for n in after["tree"]["nodes"])
 
         wait_for(caught_up, what="the page to show the new tree and hit rate")
 
         # four long streams, two running at a time: the page shows two running and two waiting
         with long_streams(server.url, 4, max_new_tokens=15000, headers=auth):
-            wait_for(lambda: _snapshot(server.url)["stats"]["num_running"] == 2
-                     and _snapshot(server.url)["stats"]["num_waiting"] == 2, what="2 running, 2 waiting")  # fmt: skip
+            wait_for(
+                lambda: (
+                    _snapshot(server.url)["stats"]["num_running"] == 2
+                    and _snapshot(server.url)["stats"]["num_waiting"] == 2
+                ),
+                what="2 running, 2 waiting",
+            )
 
             def shows_load() -> bool:
                 m = _page(driver)["metrics"]
@@ -159,8 +180,12 @@ def test_page_asks_for_the_key_and_data_needs_it(server, browser):
     assert httpx.get(server.url + "/dashboard").status_code == 200  # the static page, no data
     with headless_chromium(browser) as driver:
         driver.get(server.url + "/dashboard")
-        wait_for(lambda: driver.execute_script(
-            'return !document.querySelector(\'[data-field="auth"]\').hidden'), what="the key form")  # fmt: skip
+        wait_for(
+            lambda: driver.execute_script(
+                "return !document.querySelector('[data-field=\"auth\"]').hidden"
+            ),
+            what="the key form",
+        )
         assert _page(driver)["updates"] == 0
         field = driver.find_element("css selector", '[data-field="auth"] input[name="key"]')
         field.send_keys(KEY)
@@ -188,11 +213,18 @@ def test_router_page_has_a_view_per_replica(tiny_llama_dir, browser):
                 assert buttons[0].get_attribute("aria-pressed") == "true"
                 cached = a.engine.stats()["kv_pages_cached"]
                 assert cached > 0 and b.engine.stats()["kv_pages_cached"] == 0
-                wait_for(lambda: _page(driver)["metrics"]["kv_pages_cached"] == str(cached),
-                         what="replica 0's cache on the page")  # fmt: skip
+                wait_for(
+                    lambda: _page(driver)["metrics"]["kv_pages_cached"] == str(cached),
+                    what="replica 0's cache on the page",
+                )
                 buttons[1].click()
-                wait_for(lambda: _page(driver)["metrics"]["kv_pages_cached"] == "0"
-                         and not _page(driver)["ids"][1:], what="replica 1's empty tree")  # fmt: skip
+                wait_for(
+                    lambda: (
+                        _page(driver)["metrics"]["kv_pages_cached"] == "0"
+                        and not _page(driver)["ids"][1:]
+                    ),
+                    what="replica 1's empty tree",
+                )
                 pressed = driver.find_element(
                     "css selector", '[data-panel="replicas"] button[aria-pressed="true"]'
                 )

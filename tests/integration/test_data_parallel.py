@@ -33,8 +33,10 @@ def cluster(tiny_llama_dir, tmp_path_factory):
 
     path = tmp_path_factory.mktemp("dp-programs") / "dp_programs.py"
     path.write_text(textwrap.dedent(PROGRAMS))
-    with tiny_server(tiny_llama_dir, programs=(str(path),)) as a, \
-            tiny_server(tiny_llama_dir, programs=(str(path),)) as b:  # fmt: skip
+    with (
+        tiny_server(tiny_llama_dir, programs=(str(path),)) as a,
+        tiny_server(tiny_llama_dir, programs=(str(path),)) as b,
+    ):
         app = create_router_app([a.url, b.url], RouterConfig(health_interval=0.2))
         with ServerThread(app) as router:
             router.replicas = (a, b)
@@ -55,8 +57,11 @@ def _workload(num_prefixes: int = 4, per_prefix: int = 6) -> list[str]:
         f"System {p}: " + " ".join(rng.choice(words) for _ in range(40))
         for p in range(num_prefixes)
     ]
-    prompts = [f"{pre}\nQuestion {q}: what is {rng.choice(words)}?" for q in range(per_prefix)
-               for pre in prefixes]  # fmt: skip
+    prompts = [
+        f"{pre}\nQuestion {q}: what is {rng.choice(words)}?"
+        for q in range(per_prefix)
+        for pre in prefixes
+    ]
     return prompts
 
 
@@ -104,24 +109,33 @@ def test_openai_streaming_and_chat_through_the_router(cluster):
         c.choices[0].text
         for c in oai.completions.create(
             model=model, prompt="Once upon", max_tokens=6, temperature=0, stream=True
-        )  # fmt: skip
+        )
         if c.choices
     )
-    direct = httpx.post(cluster.replicas[1].url + "/v1/completions", json={
-        "model": model, "prompt": "Once upon", "max_tokens": 6, "temperature": 0}).json()  # fmt: skip
+    direct = httpx.post(
+        cluster.replicas[1].url + "/v1/completions",
+        json={"model": model, "prompt": "Once upon", "max_tokens": 6, "temperature": 0},
+    ).json()
     assert text == direct["choices"][0]["text"]
 
 
 def test_native_stream_and_programs(client):
-    with client.stream("POST", "/generate", json={
-        "text": "1, 2, 3,", "stream": True, "sampling_params": {"max_new_tokens": 5},
-    }) as r:  # fmt: skip
+    with client.stream(
+        "POST",
+        "/generate",
+        json={
+            "text": "1, 2, 3,",
+            "stream": True,
+            "sampling_params": {"max_new_tokens": 5},
+        },
+    ) as r:
         events = sse_events(r.iter_lines())
     assert events[-1] == "[DONE]" and events[-2]["meta_info"]["completion_tokens"] == 5
     out = client.post("/programs/qa", json={"arguments": {"question": "Why?"}}).json()
     assert "answer" in out["variables"]
-    with client.stream("POST", "/programs/qa", json={
-        "arguments": {"question": "Why?"}, "stream": True}) as r:  # fmt: skip
+    with client.stream(
+        "POST", "/programs/qa", json={"arguments": {"question": "Why?"}, "stream": True}
+    ) as r:
         events = sse_events(r.iter_lines())
     assert events[-2]["event"] == "done" and events[-2]["variables"] == out["variables"]
     assert [p["name"] for p in client.get("/programs").json()["programs"]] == ["qa"]

@@ -21,8 +21,16 @@ pytestmark = pytest.mark.slow
 
 
 def _argv(model_dir) -> list[str]:
-    return ["--model", str(model_dir), "--max-total-tokens", "8192", "--page-size", "4",
-            "--log-level", "warning"]  # fmt: skip
+    return [
+        "--model",
+        str(model_dir),
+        "--max-total-tokens",
+        "8192",
+        "--page-size",
+        "4",
+        "--log-level",
+        "warning",
+    ]
 
 
 @pytest.fixture
@@ -48,8 +56,10 @@ def cluster(tiny_llama_dir):
 
 
 def _generate(url: str, i: int) -> httpx.Response:
-    body = {"text": f"Request {i}: count slowly", "sampling_params": {
-        "max_new_tokens": 96, "ignore_eos": True, "temperature": 0}}  # fmt: skip
+    body = {
+        "text": f"Request {i}: count slowly",
+        "sampling_params": {"max_new_tokens": 96, "ignore_eos": True, "temperature": 0},
+    }
     return httpx.post(url + "/generate", json=body, timeout=120)
 
 
@@ -66,8 +76,11 @@ def test_killing_a_replica_loses_no_request_that_had_not_streamed(cluster):
     first_chunk = threading.Event()
 
     def stream() -> None:
-        body = {"text": "A long story:", "stream": True,
-                "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}  # fmt: skip
+        body = {
+            "text": "A long story:",
+            "stream": True,
+            "sampling_params": {"max_new_tokens": 900, "ignore_eos": True},
+        }
         with httpx.stream("POST", cluster.url + "/generate", json=body, timeout=120) as r:
             for line in r.iter_lines():
                 stream_events.append(line)
@@ -98,11 +111,13 @@ def test_killing_a_replica_loses_no_request_that_had_not_streamed(cluster):
     assert gone["healthy"] is False and gone["last_error"]
     metrics = httpx.get(cluster.url + "/metrics").text
     assert f'plait_router_replica_up{{replica="{victim.url}"}} 0.0' in metrics
-    retried = [line for line in metrics.splitlines()
-               if line.startswith(f'plait_router_retries_total{{replica="{victim.url}"}}')]  # fmt: skip
+    retried = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith(f'plait_router_retries_total{{replica="{victim.url}"}}')
+    ]
     assert retried and float(retried[0].split()[-1]) >= 2
     assert _generate(cluster.url, 99).status_code == 200  # the survivor keeps serving
-
 
 
 def _replica_metric(url: str, name: str, replica: str) -> float:

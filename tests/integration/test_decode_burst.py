@@ -17,15 +17,29 @@ from plait.kernels import decode_stack
 from plait.runtime.model_runner import ModelRunner
 from tests.conftest import write_tiny_checkpoint
 
-pytestmark = pytest.mark.skipif(not decode_stack.burst_available(), reason="native CPU kernels did not build")
+pytestmark = pytest.mark.skipif(
+    not decode_stack.burst_available(), reason="native CPU kernels did not build"
+)
 
 CASES = {
     "llama-f32-tied": ("llama", {"tie_word_embeddings": True}, {}),
     "llama-int4": ("llama", {}, {"quantization": "int4"}),
-    "qwen2-int8-kv8-pages": ("qwen2", {}, {"quantization": "int8", "kv_cache_dtype": "int8", "page_size": 4}),
-    "mistral-int4-kvbf16": ("mistral", {"sliding_window": 16}, {"quantization": "int4", "kv_cache_dtype": "bfloat16"}),
+    "qwen2-int8-kv8-pages": (
+        "qwen2",
+        {},
+        {"quantization": "int8", "kv_cache_dtype": "int8", "page_size": 4},
+    ),
+    "mistral-int4-kvbf16": (
+        "mistral",
+        {"sliding_window": 16},
+        {"quantization": "int4", "kv_cache_dtype": "bfloat16"},
+    ),
 }
-PROMPTS = [[5, 17, 300, 4000, 12, 9, 81] * 3, list(range(40, 90)), [7, 8, 9, 7, 8, 9, 7, 8, 9, 7, 8]]
+PROMPTS = [
+    [5, 17, 300, 4000, 12, 9, 81] * 3,
+    list(range(40, 90)),
+    [7, 8, 9, 7, 8, 9, 7, 8, 9, 7, 8],
+]
 MAX_NEW = [40, 13, 27]  # bursts shrink to the tokens a request has left
 
 
@@ -36,7 +50,9 @@ def _pool_is_whole(engine: Engine) -> bool:
 @pytest.fixture(scope="module", params=list(CASES))
 def engines(request, tmp_path_factory, smollm_tokenizer):
     arch, shapes, kwargs = CASES[request.param]
-    path = write_tiny_checkpoint(tmp_path_factory.mktemp(request.param), arch, smollm_tokenizer, seed=2, **shapes)
+    path = write_tiny_checkpoint(
+        tmp_path_factory.mktemp(request.param), arch, smollm_tokenizer, seed=2, **shapes
+    )
     common = dict(model_path=str(path), max_total_tokens=4096, check_invariants=True, **kwargs)
     with Engine(num_continuous_decode_steps=1, **common) as single, Engine(**common) as burst:
         yield single, burst
@@ -71,17 +87,26 @@ def test_bursts_give_the_tokens_of_single_steps(engines, bursts):
     assert got == expected
     assert bursts and 1 < max(len(row) for b in bursts for row in b) <= 16, bursts
     assert [len(ids) for ids, _, _ in got] == MAX_NEW
-    assert sum(len(row) for b in bursts for row in b) <= sum(MAX_NEW), "a burst ran past a request's last token"
+    assert sum(len(row) for b in bursts for row in b) <= sum(MAX_NEW), (
+        "a burst ran past a request's last token"
+    )
     assert _pool_is_whole(burst)
 
 
 def test_stop_tokens_and_strings_end_requests_inside_a_burst(engines, bursts):
     single, burst = engines
-    reference = _run(single, PROMPTS[:1], {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True})[0]
+    reference = _run(
+        single, PROMPTS[:1], {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
+    )[0]
     ids, text = reference[0], reference[1]
     # the first token that appears once, late enough to fall inside a burst
     index = next(i for i in range(6, 40) if ids.index(ids[i]) == i)
-    by_token = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True, "stop_token_ids": [ids[index]]}
+    by_token = {
+        "max_new_tokens": 40,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stop_token_ids": [ids[index]],
+    }
     assert _run(single, PROMPTS[:1], by_token) == _run(burst, PROMPTS[:1], by_token)
     got = _run(burst, PROMPTS[:1], by_token)[0]
     assert got[0] == ids[: index + 1] and got[2]["matched"] == ids[index]
@@ -125,19 +150,32 @@ def test_a_posted_message_ends_a_burst_after_one_step(engines, monkeypatch):
     def check_pages(batch):
         after_step(batch)
         kv = burst.scheduler.kv
-        held.extend((len(r.pages), max(kv.pages_for(r.num_tokens), r.num_cached_pages)) for r in batch.decodes if not r.finished)
+        held.extend(
+            (len(r.pages), max(kv.pages_for(r.num_tokens), r.num_cached_pages))
+            for r in batch.decodes
+            if not r.finished
+        )
 
     monkeypatch.setattr(burst.scheduler, "after_step", check_pages)
     params = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
     assert _run(burst, PROMPTS[:1], params) == _run(single, PROMPTS[:1], params)
     assert seen and set(seen) == {1}
-    assert held and all(have == need for have, need in held), "pages grown for a cut-short burst stay held"
+    assert held and all(have == need for have, need in held), (
+        "pages grown for a cut-short burst stay held"
+    )
 
 
 SAMPLED = [
     {"max_new_tokens": 40, "temperature": 0.8, "top_p": 0.9, "seed": 5, "ignore_eos": True},
     {"max_new_tokens": 13, "temperature": 0, "ignore_eos": True},
-    {"max_new_tokens": 27, "temperature": 1.2, "top_k": 20, "min_p": 0.02, "seed": 6, "ignore_eos": True},
+    {
+        "max_new_tokens": 27,
+        "temperature": 1.2,
+        "top_k": 20,
+        "min_p": 0.02,
+        "seed": 6,
+        "ignore_eos": True,
+    },
 ]
 
 
@@ -147,7 +185,9 @@ def test_seeded_sampled_requests_burst_and_give_the_tokens_of_single_steps(engin
     got = _run(burst, PROMPTS, SAMPLED)
     assert got == expected
     assert bursts and 1 < max(len(row) for b in bursts for row in b)
-    assert got[0][0] != _run(single, PROMPTS[:1], [{**SAMPLED[0], "seed": 50}])[0][0], "the seed is used"
+    assert got[0][0] != _run(single, PROMPTS[:1], [{**SAMPLED[0], "seed": 50}])[0][0], (
+        "the seed is used"
+    )
     # n samples of one prompt: each has its own generator (seed + i)
     n2 = {**SAMPLED[0], "n": 2, "max_new_tokens": 20}
     assert _run(burst, [PROMPTS[1]], [n2]) == _run(single, [PROMPTS[1]], [n2])
@@ -155,7 +195,9 @@ def test_seeded_sampled_requests_burst_and_give_the_tokens_of_single_steps(engin
     ids = expected[0][0]
     index = next(i for i in range(6, 40) if ids.index(ids[i]) == i)
     stopped = [{**SAMPLED[0], "stop_token_ids": [ids[index]]}, SAMPLED[2]]
-    assert _run(burst, [PROMPTS[0], PROMPTS[2]], stopped) == _run(single, [PROMPTS[0], PROMPTS[2]], stopped)
+    assert _run(burst, [PROMPTS[0], PROMPTS[2]], stopped) == _run(
+        single, [PROMPTS[0], PROMPTS[2]], stopped
+    )
     assert _pool_is_whole(burst)
 
 
@@ -184,12 +226,24 @@ def test_unseeded_sampled_requests_burst(engines, bursts):
 
 def test_penalized_and_logprob_requests_step_one_at_a_time(engines, bursts):
     _, burst = engines
-    burst.generate(input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 12, "temperature": 0.7,
-                                                          "frequency_penalty": 0.5, "ignore_eos": True})  # fmt: skip
-    burst.generate(input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
-                   return_logprob=True)  # fmt: skip
-    burst.generate(input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 12, "temperature": 0.7,
-                                                          "min_new_tokens": 12, "seed": 1})  # fmt: skip
+    burst.generate(
+        input_ids=PROMPTS[0],
+        sampling_params={
+            "max_new_tokens": 12,
+            "temperature": 0.7,
+            "frequency_penalty": 0.5,
+            "ignore_eos": True,
+        },
+    )
+    burst.generate(
+        input_ids=PROMPTS[0],
+        sampling_params={"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
+        return_logprob=True,
+    )
+    burst.generate(
+        input_ids=PROMPTS[0],
+        sampling_params={"max_new_tokens": 12, "temperature": 0.7, "min_new_tokens": 12, "seed": 1},
+    )
     assert not bursts
 
 
@@ -205,16 +259,26 @@ def _zero_layer_burst(vocab: int = 50, hidden: int = 16, num_slots: int = 64, st
     embed, head, norm = torch.randn(vocab, hidden), torch.randn(vocab, hidden), torch.ones(hidden)
     shape = decode_stack.DecodeShape(len(stops), hidden, 2, 1, 8, 32, 1e-5, 0.35, 0, num_slots)
     flat = torch.tensor([t for s in stops for t in s] or [0], dtype=torch.long)
-    offsets = torch.tensor([0, *torch.tensor([len(s) for s in stops]).cumsum(0).tolist()], dtype=torch.long)
+    offsets = torch.tensor(
+        [0, *torch.tensor([len(s) for s in stops]).cumsum(0).tolist()], dtype=torch.long
+    )
     return embed, head, norm, shape, flat, offsets
 
 
 def _burst(embed, head, norm, shape, flat, offsets, tables, lens, interrupt=None):
     burst = decode_stack.DecodeBurst(
-        embed.data_ptr(), embed.shape[0], norm.data_ptr(), decode_stack.dense_linear(head, None),
-        tables.data_ptr(), tables.shape[1], lens.data_ptr(), flat.data_ptr(), offsets.data_ptr(), 0,
+        embed.data_ptr(),
+        embed.shape[0],
+        norm.data_ptr(),
+        decode_stack.dense_linear(head, None),
+        tables.data_ptr(),
+        tables.shape[1],
+        lens.data_ptr(),
+        flat.data_ptr(),
+        offsets.data_ptr(),
+        0,
         None if interrupt is None else ctypes.addressof(interrupt),
-    )  # fmt: skip
+    )
     return burst
 
 
@@ -234,23 +298,33 @@ def test_the_native_burst_feeds_each_pick_to_the_next_step_and_stops():
     ids, steps = torch.tensor([7]), 10
     scratch = torch.empty(decode_stack.burst_scratch_floats(1, shape, 50))
     burst = _burst(embed, head, norm, shape, flat, offsets, tables, lens)
-    out = decode_stack.run_burst((decode_stack.DecodeLayer * 0)(), 0, shape, burst, ids, steps, torch.ones(4), scratch)
+    out = decode_stack.run_burst(
+        (decode_stack.DecodeLayer * 0)(), 0, shape, burst, ids, steps, torch.ones(4), scratch
+    )
     chain = _reference_chain(embed, head, norm, 7, steps)
     assert out[0].tolist() == chain
     stop_at = chain[2]
     embed, head, norm, shape, flat, offsets = _zero_layer_burst(stops=((stop_at,),))
     burst = _burst(embed, head, norm, shape, flat, offsets, tables, lens)
-    out = decode_stack.run_burst((decode_stack.DecodeLayer * 0)(), 0, shape, burst, ids, steps, torch.ones(4), scratch)
+    out = decode_stack.run_burst(
+        (decode_stack.DecodeLayer * 0)(), 0, shape, burst, ids, steps, torch.ones(4), scratch
+    )
     assert out[0].tolist() == chain[: chain.index(stop_at) + 1]
     flag = ctypes.c_int32(1)
     burst = _burst(embed, head, norm, shape, flat, offsets, tables, lens, interrupt=flag)
-    out = decode_stack.run_burst((decode_stack.DecodeLayer * 0)(), 0, shape, burst, ids, steps, torch.ones(4), scratch)
+    out = decode_stack.run_burst(
+        (decode_stack.DecodeLayer * 0)(), 0, shape, burst, ids, steps, torch.ones(4), scratch
+    )
     assert out.shape == (1, 1) and out[0, 0] == chain[0]
 
 
 @pytest.mark.parametrize(
     "case, table_end, token",
-    [("slot outside the pool", 64, 7), ("table shorter than the burst", None, 7), ("token outside the vocabulary", 20, 50)],
+    [
+        ("slot outside the pool", 64, 7),
+        ("table shorter than the burst", None, 7),
+        ("token outside the vocabulary", 20, 50),
+    ],
 )
 def test_a_bad_burst_raises_before_any_step(case, table_end, token):
     embed, head, norm, shape, flat, offsets = _zero_layer_burst()
@@ -263,8 +337,16 @@ def test_a_bad_burst_raises_before_any_step(case, table_end, token):
     burst = _burst(embed, head, norm, shape, flat, offsets, tables, lens)
     scratch = torch.empty(decode_stack.burst_scratch_floats(1, shape, 50))
     with pytest.raises(IndexError, match="row 0"):
-        decode_stack.run_burst((decode_stack.DecodeLayer * 0)(), 0, shape, burst, torch.tensor([token]), 10,
-                                torch.ones(4), scratch)  # fmt: skip
+        decode_stack.run_burst(
+            (decode_stack.DecodeLayer * 0)(),
+            0,
+            shape,
+            burst,
+            torch.tensor([token]),
+            10,
+            torch.ones(4),
+            scratch,
+        )
 
 
 @pytest.mark.parametrize("winners", [(11, 29), (45, 49), (49,), (0, 3), (47, 48)])
@@ -278,8 +360,16 @@ def test_the_native_argmax_picks_the_first_maximum(winners):
     tables, lens = torch.arange(20, dtype=torch.long)[None], torch.tensor([3])
     burst = _burst(embed, head, norm, shape, flat, offsets, tables, lens)
     scratch = torch.empty(decode_stack.burst_scratch_floats(1, shape, 50))
-    out = decode_stack.run_burst((decode_stack.DecodeLayer * 0)(), 0, shape, burst, torch.tensor([7]), 1,
-                                  torch.ones(4), scratch)  # fmt: skip
+    out = decode_stack.run_burst(
+        (decode_stack.DecodeLayer * 0)(),
+        0,
+        shape,
+        burst,
+        torch.tensor([7]),
+        1,
+        torch.ones(4),
+        scratch,
+    )
     assert out[0, 0] == min(winners) == int((head @ (x * norm)).argmax())
 
 
@@ -293,26 +383,48 @@ def test_the_native_burst_draws_sampled_rows_with_their_uniforms():
     steps = 8
     uniforms = torch.rand(2, steps, generator=torch.Generator().manual_seed(3))
     sampling = decode_stack.BurstSampling(
-        temperature=torch.tensor([0.9, 0.0]), top_k=torch.tensor([5, 50]), top_p=torch.tensor([1.0, 1.0]),
-        min_p=torch.tensor([0.0, 0.0]), uniforms=uniforms,
+        temperature=torch.tensor([0.9, 0.0]),
+        top_k=torch.tensor([5, 50]),
+        top_p=torch.tensor([1.0, 1.0]),
+        min_p=torch.tensor([0.0, 0.0]),
+        uniforms=uniforms,
     )
     burst = _burst(embed, head, norm, shape, flat, offsets, tables, lens)
-    burst.temperature, burst.top_k, burst.top_p, burst.min_p, burst.uniforms = sampling.pointers(2, steps)
+    burst.temperature, burst.top_k, burst.top_p, burst.min_p, burst.uniforms = sampling.pointers(
+        2, steps
+    )
     scratch = torch.empty(decode_stack.burst_scratch_floats(2, shape, 50))
-    out = decode_stack.run_burst((decode_stack.DecodeLayer * 0)(), 0, shape, burst, torch.tensor([7, 7]), steps,
-                                 torch.ones(4), scratch)  # fmt: skip
+    out = decode_stack.run_burst(
+        (decode_stack.DecodeLayer * 0)(),
+        0,
+        shape,
+        burst,
+        torch.tensor([7, 7]),
+        steps,
+        torch.ones(4),
+        scratch,
+    )
     token = 7
     for s in range(steps):
         x = embed[token]
         logits = (head @ (x * torch.rsqrt(x.pow(2).mean() + 1e-5) * norm))[None]
-        token = int(sampling_cpu.sample_rows(logits, torch.tensor([0.9]), torch.tensor([5]), torch.ones(1),
-                                             torch.zeros(1), uniforms[0, s : s + 1]))  # fmt: skip
+        token = int(
+            sampling_cpu.sample_rows(
+                logits,
+                torch.tensor([0.9]),
+                torch.tensor([5]),
+                torch.ones(1),
+                torch.zeros(1),
+                uniforms[0, s : s + 1],
+            )
+        )
         assert out[0, s] == token
     assert out[1].tolist() == _reference_chain(embed, head, norm, 7, steps)
     assert len(set(out[0].tolist())) > 1
     with pytest.raises(ValueError, match="uniforms"):
-        decode_stack.BurstSampling(sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p,
-                                   uniforms[:, :3]).pointers(2, steps)  # fmt: skip
+        decode_stack.BurstSampling(
+            sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, uniforms[:, :3]
+        ).pointers(2, steps)
 
 
 def test_the_native_burst_applies_the_masks_its_callback_fills_and_ends_when_told():
@@ -344,8 +456,17 @@ def test_the_native_burst_applies_the_masks_its_callback_fills_and_ends_when_tol
         callback, bitmask, masked
     ).pointers(1)
     scratch = torch.empty(decode_stack.burst_scratch_floats(1, shape, 50))
-    got = decode_stack.run_burst((decode_stack.DecodeLayer * 0)(), 0, shape, burst, torch.tensor([7]), steps,
-                                 torch.ones(4), scratch, out)  # fmt: skip
+    got = decode_stack.run_burst(
+        (decode_stack.DecodeLayer * 0)(),
+        0,
+        shape,
+        burst,
+        torch.tensor([7]),
+        steps,
+        torch.ones(4),
+        scratch,
+        out,
+    )
     assert got.shape == (1, 6), "the callback ended the burst before step 6"
     token = 7
     for s in range(6):

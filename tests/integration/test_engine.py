@@ -147,7 +147,9 @@ def test_stop_string_across_token_boundary(tiny_engine):
     ref = tiny_engine.generate("Stop me", GREEDY)
     pieces = [tok.decode([t]) for t in ref["output_ids"]]
     # pick a stop string that starts inside token 5 and ends inside token 6
-    i = next(k for k in range(3, len(pieces) - 1) if len(pieces[k]) >= 2 and len(pieces[k + 1]) >= 1)
+    i = next(
+        k for k in range(3, len(pieces) - 1) if len(pieces[k]) >= 2 and len(pieces[k + 1]) >= 1
+    )
     prefix = "".join(pieces[:i])
     stop = pieces[i][-1:] + pieces[i + 1][:1]
     first = (prefix + pieces[i] + pieces[i + 1]).find(stop)
@@ -174,8 +176,12 @@ def test_stop_token_ids_and_min_new_tokens(tiny_engine):
 def test_async_generate(tiny_engine):
     async def main():
         single = await tiny_engine.async_generate("async one", GREEDY)
-        many = await asyncio.gather(*(tiny_engine.async_generate(f"async {i}", GREEDY) for i in range(4)))
-        chunks = [c async for c in await tiny_engine.async_generate("async one", GREEDY, stream=True)]
+        many = await asyncio.gather(
+            *(tiny_engine.async_generate(f"async {i}", GREEDY) for i in range(4))
+        )
+        chunks = [
+            c async for c in await tiny_engine.async_generate("async one", GREEDY, stream=True)
+        ]
         return single, many, chunks
 
     single, many, chunks = asyncio.run(main())
@@ -197,7 +203,10 @@ def test_async_generate(tiny_engine):
 def test_bad_input_raises_named_error_and_engine_survives(tiny_engine, kwargs, match):
     with pytest.raises(ValueError, match=match):
         tiny_engine.generate(**kwargs)
-    assert tiny_engine.generate("still alive", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+    assert (
+        tiny_engine.generate("still alive", {"max_new_tokens": 2})["meta_info"]["completion_tokens"]
+        == 2
+    )
     assert_all_pages_free(tiny_engine)
 
 
@@ -221,7 +230,9 @@ def test_failing_forward_aborts_its_batch_frees_pages_and_keeps_serving(tiny_eng
     assert "boom" in out["meta_info"]["finish_reason"]["message"]
     wait_idle(tiny_engine)
     monkeypatch.undo()
-    assert tiny_engine.generate("fine again", GREEDY)["meta_info"]["finish_reason"]["type"] == "length"
+    assert (
+        tiny_engine.generate("fine again", GREEDY)["meta_info"]["finish_reason"]["type"] == "length"
+    )
     assert_all_pages_free(tiny_engine)
 
 
@@ -246,7 +257,9 @@ def test_thread_governor_gives_the_thread_count_back(tiny_llama_dir):
     engine = Engine(model_path=str(tiny_llama_dir), max_total_tokens=512)
     if engine.thread_governor is not None:
         engine.thread_governor.choose = lambda num_tokens: 1  # as under a busy machine
-    out = engine.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 3, "ignore_eos": True})
+    out = engine.generate(
+        input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 3, "ignore_eos": True}
+    )
     assert len(out["output_ids"]) == 3
     engine.shutdown()
     assert torch.get_num_threads() == before
@@ -259,5 +272,7 @@ def test_fixed_cpu_threads_run_every_step_on_them(tiny_llama_dir, tiny_engine):
     expected = tiny_engine.generate(input_ids=[5, 6, 7], sampling_params=params)["output_ids"]
     with Engine(model_path=str(tiny_llama_dir), max_total_tokens=512, cpu_threads=1) as engine:
         assert engine.thread_governor is None
-        assert engine.generate(input_ids=[5, 6, 7], sampling_params=params)["output_ids"] == expected
+        assert (
+            engine.generate(input_ids=[5, 6, 7], sampling_params=params)["output_ids"] == expected
+        )
         assert engine.stats()["cpu_threads"] == 1

@@ -112,8 +112,10 @@ def test_a_raising_subscriber_does_not_break_generation(tiny_engine, caplog):
     rec = Recorder()
     with caplog.at_level(logging.ERROR, logger="plait.engine"):
         with tiny_engine.events.subscribe(broken) as bad, tiny_engine.events.subscribe(rec):
-            outs = [tiny_engine.generate("The subscriber fails, the engine does not.", GREEDY)
-                    for _ in range(2)]  # fmt: skip
+            outs = [
+                tiny_engine.generate("The subscriber fails, the engine does not.", GREEDY)
+                for _ in range(2)
+            ]
     assert [o["text"] for o in outs] == [expected["text"]] * 2
     assert bad.errors > 2 and tiny_engine.events.num_errors - errors_before == bad.errors
     assert sum("event subscriber" in r.getMessage() for r in caplog.records) == 1
@@ -125,8 +127,9 @@ def test_cache_events(tiny_llama_dir):
     from plait import Engine
 
     # 64 pages of 4 tokens: the third long prompt needs pages the first two left in the cache
-    engine = Engine(model_path=str(tiny_llama_dir), max_total_tokens=256, page_size=4,
-                    check_invariants=True)  # fmt: skip
+    engine = Engine(
+        model_path=str(tiny_llama_dir), max_total_tokens=256, page_size=4, check_invariants=True
+    )
     try:
         rec = Recorder()
         prompts = [f"Prompt {i}: " + " ".join(f"w{i}x{j}" for j in range(30)) for i in range(3)]

@@ -30,8 +30,9 @@ def test_fair_order_round_robins_clients_least_loaded_first():
 def engine(tiny_llama_dir):
     from plait import Engine
 
-    eng = Engine(model_path=str(tiny_llama_dir), max_total_tokens=4096, page_size=4,
-                 max_running_requests=2)  # fmt: skip
+    eng = Engine(
+        model_path=str(tiny_llama_dir), max_total_tokens=4096, page_size=4, max_running_requests=2
+    )
     yield eng
     eng.shutdown()
 
@@ -51,8 +52,12 @@ def test_a_flood_does_not_starve_another_client(engine):
     lock = threading.Lock()
 
     def run(rid: str, client: str, tokens: int) -> None:
-        engine.generate(text=f"{rid} says", rid=rid, client_id=client,
-                        sampling_params={"max_new_tokens": tokens, "ignore_eos": True})  # fmt: skip
+        engine.generate(
+            text=f"{rid} says",
+            rid=rid,
+            client_id=client,
+            sampling_params={"max_new_tokens": tokens, "ignore_eos": True},
+        )
         with lock:
             finished.append(rid)
 
@@ -75,8 +80,9 @@ def test_a_flood_does_not_starve_another_client(engine):
 
 
 def test_deadline_aborts_and_frees_pages(engine):
-    out = engine.generate(text="x", timeout=0.2,
-                          sampling_params={"max_new_tokens": 900, "ignore_eos": True})  # fmt: skip
+    out = engine.generate(
+        text="x", timeout=0.2, sampling_params={"max_new_tokens": 900, "ignore_eos": True}
+    )
     reason = out["meta_info"]["finish_reason"]
     assert reason["type"] == "abort" and reason["status_code"] == 504
     with pytest.raises(ValueError, match="timeout"):
@@ -106,8 +112,11 @@ def test_shutdown_answers_every_request(engine):
     results: list[dict] = []
 
     def run(i: int) -> None:
-        results.append(engine.generate(text=f"{i}", sampling_params={"max_new_tokens": 900,
-                                                                      "ignore_eos": True}))  # fmt: skip
+        results.append(
+            engine.generate(
+                text=f"{i}", sampling_params={"max_new_tokens": 900, "ignore_eos": True}
+            )
+        )
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
     for t in threads:

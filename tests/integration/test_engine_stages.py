@@ -16,9 +16,14 @@ STAGES = ("plan", "execute", "apply")
 @pytest.fixture(scope="module")
 def engine(tiny_llama_dir):
     engine = Engine(
-        model_path=str(tiny_llama_dir), max_total_tokens=4096, page_size=4, check_invariants=True,
-        speculative_algorithm="ngram", num_draft_tokens=4, speculation="always",
-    )  # fmt: skip
+        model_path=str(tiny_llama_dir),
+        max_total_tokens=4096,
+        page_size=4,
+        check_invariants=True,
+        speculative_algorithm="ngram",
+        num_draft_tokens=4,
+        speculation="always",
+    )
     yield engine
     engine.shutdown()
 

@@ -9,19 +9,27 @@ from plait import Engine
 from plait.kernels import decode_stack
 from plait.runtime.execution import Layers
 
-native = pytest.mark.skipif(not decode_stack.burst_available(), reason="native CPU kernels did not build")
+native = pytest.mark.skipif(
+    not decode_stack.burst_available(), reason="native CPU kernels did not build"
+)
 
 
 @native
 def test_a_float32_cpu_model_gets_the_native_stack_and_bursts(tiny_llama_dir) -> None:
     with Engine(model_path=str(tiny_llama_dir), max_total_tokens=1024) as engine:
         execution = engine.runner.execution
-        assert execution.native_stack is not None and execution.bursts and execution.attention == "native"
+        assert (
+            execution.native_stack is not None
+            and execution.bursts
+            and execution.attention == "native"
+        )
         assert execution.layers_for(1, 0) is Layers.NATIVE_STACK
         assert execution.layers_for(47, 16) is Layers.NATIVE_STACK
         assert execution.layers_for(48, 0) is Layers.LAYERWISE  # a matmul's GEMM takes over
         assert execution.layers_for(20, 17) is Layers.LAYERWISE  # a prefill chunk
-        assert execution.can_burst(47) and not execution.can_burst(48) and not execution.can_burst(0)
+        assert (
+            execution.can_burst(47) and not execution.can_burst(48) and not execution.can_burst(0)
+        )
         stats = engine.stats()
         assert stats["execution_layers"] == "native stack for small steps"
         assert stats["execution_bursts"] == "native" and stats["execution_attention"] == "native"
@@ -37,7 +45,9 @@ def test_a_bfloat16_model_runs_layer_by_layer_and_never_bursts(tiny_llama_dir) -
 
 @native
 def test_each_step_is_planned_from_its_shape(tiny_llama_dir) -> None:
-    with Engine(model_path=str(tiny_llama_dir), max_total_tokens=1024, num_continuous_decode_steps=1) as engine:
+    with Engine(
+        model_path=str(tiny_llama_dir), max_total_tokens=1024, num_continuous_decode_steps=1
+    ) as engine:
         runner = engine.runner
         real_execute, real_prepare, plans = runner.execute, runner.prepare, []
 
@@ -52,7 +62,11 @@ def test_each_step_is_planned_from_its_shape(tiny_llama_dir) -> None:
             return prepared
 
         runner.execute, runner.prepare = execute, prepare
-        engine.generate(input_ids=list(range(10, 50)), sampling_params={"max_new_tokens": 3, "ignore_eos": True})
-    assert tuple(plans[0][:2]) == (40, Layers.LAYERWISE) and plans[0][2] is None  # the 40-token prefill
+        engine.generate(
+            input_ids=list(range(10, 50)), sampling_params={"max_new_tokens": 3, "ignore_eos": True}
+        )
+    assert (
+        tuple(plans[0][:2]) == (40, Layers.LAYERWISE) and plans[0][2] is None
+    )  # the 40-token prefill
     assert [tuple(p[:2]) for p in plans[1:]] == [(1, Layers.NATIVE_STACK)] * 2
     assert all(p[2] is runner.execution.native_stack for p in plans[1:])

@@ -226,9 +226,13 @@ def test_gguf_types_match_transformers(
 
 
 LLAMA3_ROPE = {
-    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 32, "rope_theta": 10000.0,
-}  # fmt: skip
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+    "rope_theta": 10000.0,
+}
 FAMILIES = {  # GGUF architecture, family of the transformers checkpoint, its config overrides
     "llama3-rope": ("llama", "llama", {"rope_parameters": LLAMA3_ROPE}),
     "qwen3": ("qwen3", "qwen3", {"head_dim": 16}),

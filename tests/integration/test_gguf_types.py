@@ -84,10 +84,14 @@ def write_tiny_gguf(
         "blk.0.attn_v.bias": np.zeros(KV_HEADS * HEAD_DIM, np.float32),
     }
     shapes = {
-        "attn_q": (HEADS * HEAD_DIM, HIDDEN), "attn_k": (KV_HEADS * HEAD_DIM, HIDDEN),
-        "attn_v": (KV_HEADS * HEAD_DIM, HIDDEN), "attn_output": (HIDDEN, HEADS * HEAD_DIM),
-        "ffn_gate": (FFN, HIDDEN), "ffn_up": (FFN, HIDDEN), "ffn_down": (HIDDEN, FFN),
-    }  # fmt: skip
+        "attn_q": (HEADS * HEAD_DIM, HIDDEN),
+        "attn_k": (KV_HEADS * HEAD_DIM, HIDDEN),
+        "attn_v": (KV_HEADS * HEAD_DIM, HIDDEN),
+        "attn_output": (HIDDEN, HEADS * HEAD_DIM),
+        "ffn_gate": (FFN, HIDDEN),
+        "ffn_up": (FFN, HIDDEN),
+        "ffn_down": (HIDDEN, FFN),
+    }
     quantized: dict[str, np.ndarray] = {}
     for i, (kind_name, shape) in enumerate(shapes.items()):
         quantized[f"blk.0.{kind_name}.weight"] = blocks(shape, qtype, seed=i)
@@ -259,8 +263,11 @@ def test_the_header_reads_as_the_gguf_package_reads_it(gguf_path):
     assert len(ours.tensors) == len(theirs.tensors) == 272
     for a, b in zip(ours.tensors, theirs.tensors):
         assert (a.name, a.tensor_type, a.data.dtype, a.data.shape) == (
-            b.name, b.tensor_type, b.data.dtype, b.data.shape,
-        )  # fmt: skip
+            b.name,
+            b.tensor_type,
+            b.data.dtype,
+            b.data.shape,
+        )
         assert a.dims == tuple(reversed(b.shape.tolist()))
         assert np.array_equal(a.data, b.data)
 

@@ -22,8 +22,15 @@ class RecordingRuntime(Runtime):
         self.calls: list[MockCall] = []
 
     def generate(self, text, sampling_params, **kwargs):
-        self.calls.append(MockCall(text, sampling_params, kwargs.get("return_logprob", False),
-                                   kwargs.get("logprob_start_len", -1), kwargs.get("rid")))  # fmt: skip
+        self.calls.append(
+            MockCall(
+                text,
+                sampling_params,
+                kwargs.get("return_logprob", False),
+                kwargs.get("logprob_start_len", -1),
+                kwargs.get("rid"),
+            )
+        )
         return super().generate(text, sampling_params, **kwargs)
 
 
@@ -75,9 +82,12 @@ def test_select_matches_an_independent_scoring(runtime, tiny_engine):
     expected = []
     for choice in choices:  # score each choice alone, with logprobs for the whole prompt
         out = tiny_engine.generate(
-            "My favourite colour is" + choice, {"max_new_tokens": 0},
-            return_logprob=True, logprob_start_len=0, return_text_in_logprobs=True,
-        )  # fmt: skip
+            "My favourite colour is" + choice,
+            {"max_new_tokens": 0},
+            return_logprob=True,
+            logprob_start_len=0,
+            return_text_in_logprobs=True,
+        )
         lps = [e[0] for e in choice_entries(out["meta_info"]["input_token_logprobs"], choice)]
         expected.append(sum(lps) / len(lps))
     assert meta["normalized_prompt_logprobs"] == pytest.approx(expected, abs=1e-4)
@@ -166,7 +176,9 @@ def test_typed_gens_parse_under_constraints(runtime):
 
 @program
 def nested(s):
-    s += "Nest: " + gen("nest", grammar='root ::= "(" root ")" | "x"', max_tokens=32, temperature=1.0, seed=5)
+    s += "Nest: " + gen(
+        "nest", grammar='root ::= "(" root ")" | "x"', max_tokens=32, temperature=1.0, seed=5
+    )
 
 
 def test_gen_with_a_grammar(runtime):
@@ -182,17 +194,25 @@ def test_gen_with_a_grammar(runtime):
 
 @program
 def spaced_record(s, spacing):
-    s += "Record: " + gen("record", json_schema=SPACED_RECORD, max_tokens=48, temperature=0, json_whitespace=spacing)
+    s += "Record: " + gen(
+        "record", json_schema=SPACED_RECORD, max_tokens=48, temperature=0, json_whitespace=spacing
+    )
 
 
-SPACED_RECORD = {"type": "object", "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}},
-                 "required": ["n", "ok"], "additionalProperties": False}  # fmt: skip
+SPACED_RECORD = {
+    "type": "object",
+    "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}},
+    "required": ["n", "ok"],
+    "additionalProperties": False,
+}
 
 
 def test_gen_takes_the_json_spacing(tiny_engine):
     runtime = Runtime(engine=tiny_engine)
     spaced = spaced_record.run(spacing="conventional", backend=runtime)
     compact = spaced_record.run(spacing="compact", backend=runtime)
-    assert re.fullmatch(r'\{"n": -?\d+, "ok": (true|false)\}', spaced.text().split("Record: ", 1)[1])
+    assert re.fullmatch(
+        r'\{"n": -?\d+, "ok": (true|false)\}', spaced.text().split("Record: ", 1)[1]
+    )
     assert re.fullmatch(r'\{"n":-?\d+,"ok":(true|false)\}', compact.text().split("Record: ", 1)[1])
     assert isinstance(spaced["record"], dict) and isinstance(compact["record"], dict)

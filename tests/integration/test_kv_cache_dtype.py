@@ -14,8 +14,11 @@ from tests.integration.test_quantized_engine import PROMPTS, prompt_logprobs
 def engines(tiny_llama_dir):
     made = {
         kv: Engine(
-            model_path=str(tiny_llama_dir), kv_cache_dtype=kv, mem_fraction_static=0.0001,
-            page_size=4, check_invariants=True,
+            model_path=str(tiny_llama_dir),
+            kv_cache_dtype=kv,
+            mem_fraction_static=0.0001,
+            page_size=4,
+            check_invariants=True,
         )
         for kv in ("float32", "bfloat16", "int8")
     }
@@ -46,8 +49,13 @@ def test_compact_cache_logprobs_and_greedy_stay_close(engines, kv):
         ours, ref = prompt_logprobs(engines[kv], ids), prompt_logprobs(engines["float32"], ids)
         assert max(abs(a - b) for a, b in zip(ours, ref)) < 0.05
     params = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
-    ref = [o["output_ids"] for o in engines["float32"].generate(input_ids=PROMPTS, sampling_params=params)]
-    ours = [o["output_ids"] for o in engines[kv].generate(input_ids=PROMPTS, sampling_params=params)]
+    ref = [
+        o["output_ids"]
+        for o in engines["float32"].generate(input_ids=PROMPTS, sampling_params=params)
+    ]
+    ours = [
+        o["output_ids"] for o in engines[kv].generate(input_ids=PROMPTS, sampling_params=params)
+    ]
     same = sum(a == b for x, y in zip(ours, ref) for a, b in zip(x, y))
     assert same / sum(map(len, ref)) >= 0.9, (ours, ref)
 
@@ -69,12 +77,18 @@ def test_unknown_kv_cache_dtype_is_named(tiny_llama_dir):
 
 
 def test_auto_cache_is_bfloat16_for_quantized_weights_on_the_cpu(tiny_llama_dir):
-    """"auto" is the model's dtype (float32 on the CPU), but int8 / int4 weights get a bfloat16
+    """ "auto" is the model's dtype (float32 on the CPU), but int8 / int4 weights get a bfloat16
     cache, as llama.cpp keeps a quantized GGUF's in float16; an explicit dtype always wins."""
-    cases = [({}, "float32"), ({"quantization": "int4"}, "bfloat16"), ({"quantization": "int8"}, "bfloat16"),
-             ({"quantization": "int4", "kv_cache_dtype": "float32"}, "float32")]  # fmt: skip
+    cases = [
+        ({}, "float32"),
+        ({"quantization": "int4"}, "bfloat16"),
+        ({"quantization": "int8"}, "bfloat16"),
+        ({"quantization": "int4", "kv_cache_dtype": "float32"}, "float32"),
+    ]
     for kwargs, expected in cases:
         with Engine(model_path=str(tiny_llama_dir), max_total_tokens=256, **kwargs) as engine:
             assert engine.stats()["kv_cache_dtype"] == expected, kwargs
-            out = engine.generate(input_ids=list(range(40, 70)), sampling_params={"max_new_tokens": 4})
+            out = engine.generate(
+                input_ids=list(range(40, 70)), sampling_params={"max_new_tokens": 4}
+            )
             assert len(out["output_ids"]) == 4

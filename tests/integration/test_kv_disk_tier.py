@@ -184,8 +184,9 @@ CHILD = textwrap.dedent(
 def test_killed_while_writing_restarts_clean(tiny_llama_dir, tmp_path, cold):
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(tiny_llama_dir), str(tmp_path), "serve"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         for _ in range(3):  # a few prompts served: their blocks are being written
             assert child.stdout.readline().startswith("served")
@@ -213,8 +214,10 @@ def test_killed_while_writing_restarts_clean(tiny_llama_dir, tmp_path, cold):
 def test_full_disk_serves_from_memory_with_a_warning(tiny_llama_dir, tmp_path, cold):
     done = subprocess.run(
         [sys.executable, "-c", CHILD, str(tiny_llama_dir), str(tmp_path), "full"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["outputs"] == [cold[0], cold[0]]

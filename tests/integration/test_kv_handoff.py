@@ -24,8 +24,13 @@ def prompt(seed: int, n: int) -> list[int]:
 
 
 def kwargs(model_dir, **extra) -> dict:
-    return dict(model_path=str(model_dir), page_size=4, check_invariants=True,
-                max_total_tokens=4096, **extra)  # fmt: skip
+    return dict(
+        model_path=str(model_dir),
+        page_size=4,
+        check_invariants=True,
+        max_total_tokens=4096,
+        **extra,
+    )
 
 
 def idle(engine: Engine, timeout: float = 10.0) -> dict:
@@ -41,8 +46,10 @@ def idle(engine: Engine, timeout: float = 10.0) -> dict:
 @pytest.fixture(scope="module")
 def colocated(tiny_llama_dir) -> dict[int, list[int]]:
     with Engine(**kwargs(tiny_llama_dir)) as engine:
-        return {n: engine.generate(input_ids=prompt(n, n), sampling_params=GREEDY)["output_ids"]
-                for n in LENGTHS}  # fmt: skip
+        return {
+            n: engine.generate(input_ids=prompt(n, n), sampling_params=GREEDY)["output_ids"]
+            for n in LENGTHS
+        }
 
 
 @pytest.fixture(scope="module")

@@ -58,5 +58,10 @@ def test_dashboard_shows_each_tier(server):
     assert not page["hidden"]
     tier, blocks, _, hit_rate, promotions, demotions, _, failures = page["cells"]
     assert (tier, blocks, hit_rate, promotions, demotions, failures) == (
-        "disk", "4", "50.0%", "4", "4", "0",
-    )  # fmt: skip
+        "disk",
+        "4",
+        "50.0%",
+        "4",
+        "4",
+        "0",
+    )

@@ -208,6 +208,8 @@ def test_multimodal_gemma3_names_map_to_its_text_model():
             == "model.layers.3.self_attn.q_norm.weight"
         )
     assert name("language_model.lm_head.weight") == "lm_head.weight"
-    for skipped in ("vision_tower.encoder.layers.0.mlp.fc1.weight",
-                    "model.multi_modal_projector.mm_input_projection_weight"):  # fmt: skip
+    for skipped in (
+        "vision_tower.encoder.layers.0.mlp.fc1.weight",
+        "model.multi_modal_projector.mm_input_projection_weight",
+    ):
         assert name(skipped) is None

@@ -20,7 +20,15 @@ TOL = 1e-4
 def make_runner(path: str, page_size: int) -> tuple[ModelRunner, object]:
     loaded = load_model(path, torch.float32, torch.device("cpu"))
     args = loaded.args
-    pool = KVPool(256, page_size, args.num_layers, args.num_kv_heads, args.head_dim, torch.float32, torch.device("cpu"))
+    pool = KVPool(
+        256,
+        page_size,
+        args.num_layers,
+        args.num_kv_heads,
+        args.head_dim,
+        torch.float32,
+        torch.device("cpu"),
+    )
     runner = ModelRunner(loaded.model, pool, torch.device("cpu"), frozenset([2]), torch.Generator())
     return runner, loaded
 
@@ -105,7 +113,9 @@ def test_ragged_mixed_batch_matches_transformers(checkpoint):
     # one forward: a fresh prompt, an extension of a cached prefix, and a decode token
     out = all_logits(
         runner,
-        ScheduleBatch(extends=[ExtendEntry(ra, 0, 30, True), ExtendEntry(rc, 4, 9, True)], decodes=[rb]),
+        ScheduleBatch(
+            extends=[ExtendEntry(ra, 0, 30, True), ExtendEntry(rc, 4, 9, True)], decodes=[rb]
+        ),
     )
     assert (out[:30] - ref_a).abs().max().item() < TOL
     assert (out[30:35] - ref_c[4:9]).abs().max().item() < TOL

@@ -14,19 +14,40 @@ from plait.runtime.execution import Execution, Layers
 from plait.runtime.models import native_decode
 from tests.conftest import write_tiny_checkpoint
 
-pytestmark = pytest.mark.skipif(not decode_stack.available(), reason="native CPU kernels did not build")
+pytestmark = pytest.mark.skipif(
+    not decode_stack.available(), reason="native CPU kernels did not build"
+)
 
 CASES = {
     "llama-f32": ("llama", {}, {}),
-    "llama-f32-tied-ngram": ("llama", {"tie_word_embeddings": True}, {"speculative_algorithm": "ngram"}),
+    "llama-f32-tied-ngram": (
+        "llama",
+        {"tie_word_embeddings": True},
+        {"speculative_algorithm": "ngram"},
+    ),
     "llama-int4": ("llama", {}, {"quantization": "int4"}),
-    "qwen2-int8-kv8": ("qwen2", {}, {"quantization": "int8", "kv_cache_dtype": "int8", "page_size": 4}),
-    "mistral-int4-kvbf16": ("mistral", {"sliding_window": 16}, {"quantization": "int4", "kv_cache_dtype": "bfloat16"}),
+    "qwen2-int8-kv8": (
+        "qwen2",
+        {},
+        {"quantization": "int8", "kv_cache_dtype": "int8", "page_size": 4},
+    ),
+    "mistral-int4-kvbf16": (
+        "mistral",
+        {"sliding_window": 16},
+        {"quantization": "int4", "kv_cache_dtype": "bfloat16"},
+    ),
     "llama-int4-ngram": ("llama", {}, {"quantization": "int4", "speculative_algorithm": "ngram"}),
-    "llama-int8-self": ("llama", {"num_hidden_layers": 3}, {"quantization": "int8", "speculative_algorithm": "self",
-                                                           "draft_layers": 1}),
+    "llama-int8-self": (
+        "llama",
+        {"num_hidden_layers": 3},
+        {"quantization": "int8", "speculative_algorithm": "self", "draft_layers": 1},
+    ),
 }
-PROMPTS = [[5, 17, 300, 4000, 12, 9, 81] * 3, list(range(40, 90)), [7, 8, 9, 7, 8, 9, 7, 8, 9, 7, 8]]
+PROMPTS = [
+    [5, 17, 300, 4000, 12, 9, 81] * 3,
+    list(range(40, 90)),
+    [7, 8, 9, 7, 8, 9, 7, 8, 9, 7, 8],
+]
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -37,8 +58,12 @@ def engine(request, tmp_path_factory, smollm_tokenizer):
         # matmul gets, and decode rows (at most 4) round activations to int8 where taller
         # batches do not.
         kwargs = {**kwargs, "speculation": "always"}
-    path = write_tiny_checkpoint(tmp_path_factory.mktemp(request.param), arch, smollm_tokenizer, seed=2, **shapes)
-    with Engine(model_path=str(path), max_total_tokens=4096, check_invariants=True, **kwargs) as made:
+    path = write_tiny_checkpoint(
+        tmp_path_factory.mktemp(request.param), arch, smollm_tokenizer, seed=2, **shapes
+    )
+    with Engine(
+        model_path=str(path), max_total_tokens=4096, check_invariants=True, **kwargs
+    ) as made:
         yield made
 
 
@@ -46,13 +71,17 @@ def outputs(engine: Engine) -> list[tuple[list[int], list[float]]]:
     engine.flush_cache()
     params = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
     outs = engine.generate(input_ids=PROMPTS, sampling_params=params, return_logprob=True)
-    return [(o["output_ids"], [e[0] for e in o["meta_info"]["output_token_logprobs"]]) for o in outs]
+    return [
+        (o["output_ids"], [e[0] for e in o["meta_info"]["output_token_logprobs"]]) for o in outs
+    ]
 
 
 def test_stack_matches_layer_by_layer(engine, monkeypatch):
     calls = []
     real = native_decode.NativeDecodeStack.run
-    monkeypatch.setattr(native_decode.NativeDecodeStack, "run", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(
+        native_decode.NativeDecodeStack, "run", lambda *a: calls.append(1) or real(*a)
+    )
     fused = outputs(engine)
     assert calls, "the native stack never ran"
     monkeypatch.setattr(Execution, "layers_for", lambda self, *a: Layers.LAYERWISE)
@@ -66,7 +95,9 @@ def test_bfloat16_models_keep_the_layer_path(tiny_llama_dir, monkeypatch):
     calls = []
     monkeypatch.setattr(native_decode.NativeDecodeStack, "run", lambda *a: calls.append(1))
     with Engine(model_path=str(tiny_llama_dir), dtype="bfloat16", max_total_tokens=512) as engine:
-        out = engine.generate(input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 4, "ignore_eos": True})
+        out = engine.generate(
+            input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 4, "ignore_eos": True}
+        )
     assert len(out["output_ids"]) == 4 and not calls
 
 
@@ -79,7 +110,17 @@ def test_a_slot_outside_the_pool_raises_before_any_layer_runs():
     x = torch.randn(2, 8)
     before = x.clone()
     with pytest.raises(IndexError, match=r"slots\[1\] = 10 is outside the KV pool's 10 slots"):
-        decode_stack.run_layers((decode_stack.DecodeLayer * 0)(), 0, shape, rows, torch.zeros(2, dtype=torch.long),
-                                torch.ones(2), torch.tensor([9, 10]), x, torch.empty(2, 8), False,
-                                torch.empty(decode_stack.scratch_floats(2, shape)))  # fmt: skip
+        decode_stack.run_layers(
+            (decode_stack.DecodeLayer * 0)(),
+            0,
+            shape,
+            rows,
+            torch.zeros(2, dtype=torch.long),
+            torch.ones(2),
+            torch.tensor([9, 10]),
+            x,
+            torch.empty(2, 8),
+            False,
+            torch.empty(decode_stack.scratch_floats(2, shape)),
+        )
     assert torch.equal(x, before)

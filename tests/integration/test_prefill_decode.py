@@ -32,9 +32,11 @@ def cluster(tiny_llama_dir):
     from plait.server.router_app import create_router_app
     from plait.server.routing import Router, RouterConfig
 
-    with tiny_server(tiny_llama_dir) as colocated, \
-            tiny_server(tiny_llama_dir, role="prefill") as prefill, \
-            tiny_server(tiny_llama_dir, role="decode") as decode:  # fmt: skip
+    with (
+        tiny_server(tiny_llama_dir) as colocated,
+        tiny_server(tiny_llama_dir, role="prefill") as prefill,
+        tiny_server(tiny_llama_dir, role="decode") as decode,
+    ):
         router = Router.for_urls([decode.url], RouterConfig(health_interval=0.2), [prefill.url])
         app = create_router_app(router)
         with ServerThread(app) as server:
@@ -78,8 +80,9 @@ def test_native_outputs_equal_the_colocated_servers(cluster):
         # all but the last token's page came from the prefill server
         assert got["meta_info"]["cached_tokens"] == (prompt_tokens - 1) // 4 * 4
     # a list of prompts, and a stream (the 3-word prompt has no whole page to hand off)
-    batch = httpx.post(cluster.url + "/generate", json={"text": PROMPTS, "sampling_params": GREEDY},
-                       timeout=60).json()  # fmt: skip
+    batch = httpx.post(
+        cluster.url + "/generate", json={"text": PROMPTS, "sampling_params": GREEDY}, timeout=60
+    ).json()
     assert [o["output_ids"] for o in batch] == [
         _generate(cluster.colocated.url, t)["output_ids"] for t in PROMPTS
     ]
@@ -106,11 +109,17 @@ def test_openai_routes_equal_the_colocated_servers(cluster):
         client = OpenAI(base_url=url + "/v1", api_key="none")
         model = client.models.list().data[0].id
         messages = [{"role": "system", "content": PROMPTS[2]}, {"role": "user", "content": "Hi"}]
-        chat = client.chat.completions.create(model=model, messages=messages, max_tokens=8,
-                                              temperature=0)  # fmt: skip
-        stream = client.chat.completions.create(model=model, messages=messages, max_tokens=8,
-                                                temperature=0, stream=True,
-                                                stream_options={"include_usage": True})  # fmt: skip
+        chat = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=8, temperature=0
+        )
+        stream = client.chat.completions.create(
+            model=model,
+            messages=messages,
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
         done = client.completions.create(
             model=model, prompt=PROMPTS[1], max_tokens=8, temperature=0
@@ -174,8 +183,10 @@ def test_a_prefill_server_that_is_gone_costs_a_prefill(tiny_llama_dir):
     from plait.server.routing import Router, RouterConfig
 
     gone = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    with tiny_server(tiny_llama_dir) as colocated, \
-            tiny_server(tiny_llama_dir, role="decode") as decode:  # fmt: skip
+    with (
+        tiny_server(tiny_llama_dir) as colocated,
+        tiny_server(tiny_llama_dir, role="decode") as decode,
+    ):
         router = Router.for_urls([decode.url], RouterConfig(health_interval=30), [gone])
         app = create_router_app(router)
         with ServerThread(app) as server:

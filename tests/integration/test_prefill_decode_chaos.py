@@ -43,8 +43,17 @@ def cluster(tiny_llama_dir):
     from plait.server.router_app import create_router_app
     from plait.server.routing import Router, RouterConfig
 
-    argv = ["--model", str(tiny_llama_dir), "--max-total-tokens", "8192", "--page-size", "4",
-            "--check-invariants", "--log-level", "warning"]  # fmt: skip
+    argv = [
+        "--model",
+        str(tiny_llama_dir),
+        "--max-total-tokens",
+        "8192",
+        "--page-size",
+        "4",
+        "--check-invariants",
+        "--log-level",
+        "warning",
+    ]
     procs = start_replicas(argv, 3, timeout=180, roles=["decode", "decode", "prefill"])
     urls = [p.url for p in procs]
     router = Router.for_urls(urls[:2], RouterConfig(health_interval=0.2), urls[2:])
@@ -105,8 +114,11 @@ def test_killed_replicas_cost_prefills_and_started_streams_not_requests(cluster,
     started, ended = threading.Event(), threading.Event()
 
     def stream() -> None:
-        body = {"input_ids": _prompt(0)[:8], "stream": True,
-                "sampling_params": {**GREEDY, "max_new_tokens": 1000}}  # fmt: skip
+        body = {
+            "input_ids": _prompt(0)[:8],
+            "stream": True,
+            "sampling_params": {**GREEDY, "max_new_tokens": 1000},
+        }
         with httpx.stream("POST", cluster.url + "/generate", json=body, timeout=120) as r:
             for line in r.iter_lines():
                 events.append(line)

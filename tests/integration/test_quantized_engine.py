@@ -19,7 +19,10 @@ PROMPTS = [[5, 17, 300, 4000, 12, 9, 81], [1000, 2000, 3000], list(range(40, 90)
 def engines(tiny_llama_dir):
     made = {
         mode: Engine(
-            model_path=str(tiny_llama_dir), quantization=mode, max_total_tokens=2048, page_size=4,
+            model_path=str(tiny_llama_dir),
+            quantization=mode,
+            max_total_tokens=2048,
+            page_size=4,
             check_invariants=True,
         )
         for mode in (None, "int8", "int4")
@@ -31,8 +34,10 @@ def engines(tiny_llama_dir):
 
 def prompt_logprobs(engine: Engine, ids: list[int]) -> list[float]:
     out = engine.generate(
-        input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0},
-        return_logprob=True, logprob_start_len=0,
+        input_ids=ids,
+        sampling_params={"max_new_tokens": 1, "temperature": 0},
+        return_logprob=True,
+        logprob_start_len=0,
     )
     return [entry[0] for entry in out["meta_info"]["input_token_logprobs"][1:]]
 
@@ -44,7 +49,9 @@ def test_quantized_prompt_logprobs_stay_close_to_float32(engines):
         worst[mode] = max(
             abs(a - b)
             for ids in PROMPTS
-            for a, b in zip(prompt_logprobs(engines[mode], ids), prompt_logprobs(engines[None], ids))
+            for a, b in zip(
+                prompt_logprobs(engines[mode], ids), prompt_logprobs(engines[None], ids)
+            )
         )
     assert worst["int8"] < 0.1 and worst["int4"] < 1.0, worst
     assert worst["int8"] < worst["int4"], worst
@@ -62,7 +69,8 @@ def test_quantized_engine_swaps_linears_and_reports_weight_bytes(engines, mode):
     full = engines[None].stats()["weight_bytes"]
     assert stats["weight_bytes"] < full * (0.3 if mode == "int8" else 0.2)
     outs = engine.generate(
-        input_ids=PROMPTS, sampling_params={"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+        input_ids=PROMPTS,
+        sampling_params={"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
     )
     assert [len(o["output_ids"]) for o in outs] == [12, 12, 12]
 
@@ -91,7 +99,9 @@ def test_weight_tensors_are_what_a_step_reads_and_read_back(engines, mode):
             read_seconds([tensors[0], torch.ones(4, 4).t()])
 
 
-def test_prefill_attends_in_bfloat16_where_quantized_matmuls_multiply_in_it(tiny_llama_dir, monkeypatch):
+def test_prefill_attends_in_bfloat16_where_quantized_matmuls_multiply_in_it(
+    tiny_llama_dir, monkeypatch
+):
     """Quantized models on a CPU whose GEMM has AMX (forced on here) prefill in bfloat16, attention
     included; float32 models do not. Prompt logprobs stay within bfloat16 rounding of the float32
     attention's."""
@@ -101,11 +111,15 @@ def test_prefill_attends_in_bfloat16_where_quantized_matmuls_multiply_in_it(tiny
     monkeypatch.setattr(quant_matmul, "bf16_gemm_min_rows", lambda: quant_matmul.BF16_GEMM_MIN_ROWS)
     monkeypatch.setattr(quant_matmul, "bf16_extends_enabled", lambda: True)
     with (
-        Engine(model_path=str(tiny_llama_dir), quantization="int4", max_total_tokens=1024) as quantized,
+        Engine(
+            model_path=str(tiny_llama_dir), quantization="int4", max_total_tokens=1024
+        ) as quantized,
         Engine(model_path=str(tiny_llama_dir), max_total_tokens=1024) as full,
     ):
         assert quantized.runner.bf16_extends and not full.runner.bf16_extends
-        ids = PROMPTS[2] * 4  # 200 tokens: one chunk with BF16_EXTEND_MIN_WORK (new tokens x keys) and more
+        ids = (
+            PROMPTS[2] * 4
+        )  # 200 tokens: one chunk with BF16_EXTEND_MIN_WORK (new tokens x keys) and more
         bf16 = prompt_logprobs(quantized, ids)
         quantized.flush_cache()
         runner = quantized.runner

@@ -18,7 +18,10 @@ def test_quick_soak_fuzz_and_replica_death(tiny_llama_dir):
     assert sum(t.fuzz_cases for t in tallies) > 500
     death = by_name["chaos-replica-death"]
     assert death.extra["in_flight_at_kill"] > 0, death.extra  # the kill landed under load
-    assert {"noticed_killed_under_load_s", "noticed_restarted_s",
-            "noticed_killed_while_idle_s"} <= set(death.extra)  # fmt: skip
+    assert {
+        "noticed_killed_under_load_s",
+        "noticed_restarted_s",
+        "noticed_killed_while_idle_s",
+    } <= set(death.extra)
     soak = by_name["soak"]
     assert soak.sent == soak.completed + soak.refused + soak.timed_out

@@ -20,10 +20,32 @@ def server(tiny_llama_dir):
 def test_bench_serving_shared_prefix(server, backend, tmp_path, capsys):
     out = tmp_path / "serving.json"
     # no --model-name: OpenAI requests name the model the server lists
-    argv = ["--url", server.url, "--backend", backend, "--dataset",
-            "shared-prefix", "--num-prompts", "8", "--prefix-len", "60", "--num-groups", "2",
-            "--input-len", "5", "--output-len", "4", "--concurrency", "1,4", "--max-duration", "30",
-            "--label", backend, "--output", str(out)]  # fmt: skip
+    argv = [
+        "--url",
+        server.url,
+        "--backend",
+        backend,
+        "--dataset",
+        "shared-prefix",
+        "--num-prompts",
+        "8",
+        "--prefix-len",
+        "60",
+        "--num-groups",
+        "2",
+        "--input-len",
+        "5",
+        "--output-len",
+        "4",
+        "--concurrency",
+        "1,4",
+        "--max-duration",
+        "30",
+        "--label",
+        backend,
+        "--output",
+        str(out),
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "TTFT" in printed and "cache hit" in printed
@@ -37,8 +59,20 @@ def test_bench_serving_shared_prefix(server, backend, tmp_path, capsys):
 
 
 def test_bench_is_bounded_in_time(server, tmp_path):
-    argv = ["--url", server.url, "--num-prompts", "500", "--output-len", "4", "--concurrency", "2",
-            "--max-duration", "0.5", "--output", str(tmp_path / "s.json")]  # fmt: skip
+    argv = [
+        "--url",
+        server.url,
+        "--num-prompts",
+        "500",
+        "--output-len",
+        "4",
+        "--concurrency",
+        "2",
+        "--max-duration",
+        "0.5",
+        "--output",
+        str(tmp_path / "s.json"),
+    ]
     assert main(argv) == 0
     (entry,) = json.loads((tmp_path / "s.json").read_text())
     assert 0 < entry["runs"][0]["completed"] < 500  # stopped by --max-duration, not the prompts
@@ -47,8 +81,16 @@ def test_bench_is_bounded_in_time(server, tmp_path):
 def test_random_dataset_lengths():
     import argparse
 
-    args = argparse.Namespace(seed=1, range_ratio=0.5, dataset="random", num_prompts=50, input_len=40,
-                              output_len=20, prefix_len=0, num_groups=1)  # fmt: skip
+    args = argparse.Namespace(
+        seed=1,
+        range_ratio=0.5,
+        dataset="random",
+        num_prompts=50,
+        input_len=40,
+        output_len=20,
+        prefix_len=0,
+        num_groups=1,
+    )
     prompts = make_dataset(args)
     assert all(20 <= len(p.text.split()) <= 40 and 10 <= p.output_len <= 20 for p in prompts)
     assert len({p.output_len for p in prompts}) > 3

@@ -50,7 +50,7 @@ NATIVE = [
     (
         {"text": "a", "sampling_params": {**SP, "stop_token_ids": [60000], "min_new_tokens": 1}},
         "stop_token_ids",
-    ),  # fmt: skip
+    ),
     ({"text": "a", "1 odd-key": 1}, "1 odd-key"),
     ({"text": "a", "": 1}, ""),
     ({"text": "a", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
@@ -137,10 +137,13 @@ def test_invalid_regex_message_shows_where(tiny_llama_dir, backend):
 
 def test_lone_surrogates_are_a_400_naming_the_string(client):
     # valid JSON, but no Unicode text: it could neither be tokenized nor echoed in an error
-    for raw, param in ((rb'{"text": "\ud800"}', "text"), (rb'{"text": ["a", "b\udfff"]}', "text.1"),
-                       (rb'{"text": "a", "sampling_params": {"stop": ["\udc00"]}}', "sampling_params.stop.0"),
-                       (rb'{"text": "a", "\ud800": 1}', "\\ud800"),
-                       (b'{"text": "\xed\xa0\x80"}', "text")):  # fmt: skip
+    for raw, param in (
+        (rb'{"text": "\ud800"}', "text"),
+        (rb'{"text": ["a", "b\udfff"]}', "text.1"),
+        (rb'{"text": "a", "sampling_params": {"stop": ["\udc00"]}}', "sampling_params.stop.0"),
+        (rb'{"text": "a", "\ud800": 1}', "\\ud800"),
+        (b'{"text": "\xed\xa0\x80"}', "text"),
+    ):
         r = client.post("/generate", content=raw, headers={"content-type": "application/json"})
         assert r.status_code == 400, (raw, r.text)
         assert r.json()["error"]["param"] == param, r.json()
@@ -177,7 +180,13 @@ OPENAI = [
     ({**CHAT, "messages": []}, "messages"),
     ({**CHAT, "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
     ({**CHAT, "messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
-    ({**CHAT, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages.0.content"),
+    (
+        {
+            **CHAT,
+            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}],
+        },
+        "messages.0.content",
+    ),
     ({**CHAT, "temperature": 5}, "temperature"),
     ({**CHAT, "top_p": 0}, "top_p"),
     ({**CHAT, "n": 0}, "n"),
@@ -186,18 +195,56 @@ OPENAI = [
     ({**CHAT, "messages": [{"role": "user", "content": "word " * 1100}]}, "messages"),
     ({**CHAT, "top_logprobs": 50, "logprobs": True}, "top_logprobs"),
     ({**CHAT, "frobnicate": True}, "frobnicate"),
-    ({**CHAT, "Model": "m"}, "Model"),  # an unknown field's name is kept even if it looks like a type
+    (
+        {**CHAT, "Model": "m"},
+        "Model",
+    ),  # an unknown field's name is kept even if it looks like a type
     ({**CHAT, "logit_bias": {"1": 5}}, "logit_bias"),
     ({**CHAT, "stop": [1]}, "stop"),
     ({**CHAT, "response_format": {"type": "xml"}}, "response_format.type"),
     ({**CHAT, "response_format": {"type": "json_schema"}}, "response_format.json_schema.schema"),
-    ({**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "if": {}}}}}, "response_format"),
+    (
+        {
+            **CHAT,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "object", "if": {}}},
+            },
+        },
+        "response_format",
+    ),
     ({**CHAT, "tool_choice": "required"}, "tool_choice"),
-    ({**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice.function.name"),
-    ({**CHAT, "tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name"),
-    ({**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({**CHAT, "tool_choice": "sometimes", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
-]  # fmt: skip
+    (
+        {
+            **CHAT,
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "g"}},
+        },
+        "tool_choice.function.name",
+    ),
+    (
+        {**CHAT, "tools": [{"type": "function", "function": {"name": "bad name!"}}]},
+        "tools.0.function.name",
+    ),
+    (
+        {
+            **CHAT,
+            "tools": [
+                {"type": "function", "function": {"name": "f"}},
+                {"type": "function", "function": {"name": "f"}},
+            ],
+        },
+        "tools",
+    ),
+    (
+        {
+            **CHAT,
+            "tool_choice": "sometimes",
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+        },
+        "tool_choice",
+    ),
+]
 
 
 @pytest.mark.parametrize(

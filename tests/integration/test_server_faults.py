@@ -39,7 +39,9 @@ def poisoned_forward(engine, marker: str = "poison"):
     real = engine.runner.forward
 
     def forward(batch, *args):
-        if any(marker in e.req.rid for e in batch.extends) or any(marker in r.rid for r in batch.decodes):
+        if any(marker in e.req.rid for e in batch.extends) or any(
+            marker in r.rid for r in batch.decodes
+        ):
             raise RuntimeError("injected fault")
         return real(batch, *args)
 
@@ -85,8 +87,12 @@ def test_stream_fault_ends_with_an_error_then_done(server, client):
             events = sse_events(r.iter_lines())
         assert events[-1] == "[DONE]"
         assert events[-2]["meta_info"]["finish_reason"]["status_code"] == 500
-        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True,
-                "rid": "poison-3"}  # fmt: skip
+        chat = {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 8,
+            "stream": True,
+            "rid": "poison-3",
+        }
         with client.stream("POST", "/v1/chat/completions", json=chat) as r:
             events = sse_events(r.iter_lines())
         assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == 500
@@ -124,8 +130,12 @@ def test_deadlines_are_504(server, client):
     with client.stream("POST", "/generate", json=body) as r:
         events = sse_events(r.iter_lines())
     assert events[-1] == "[DONE]" and events[-2]["meta_info"]["finish_reason"]["status_code"] == 504
-    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 900, "timeout": 0.05,
-            "ignore_eos": True}  # fmt: skip
+    chat = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 900,
+        "timeout": 0.05,
+        "ignore_eos": True,
+    }
     r = client.post("/v1/chat/completions", json=chat)
     assert r.status_code == 504
     assert generate(client, "x", timeout=-1).json()["error"]["param"] == "timeout"
@@ -167,16 +177,20 @@ def test_kv_pool_exhaustion_retracts_and_finishes_everything(tiny_llama_dir):
             together = c.post("/generate", json=body).json()
             assert srv.engine.stats()["num_retracted"] > 0
             for i in (0, 7):
-                alone = c.post("/generate", json={"text": f"request {i} of many",
-                                                  "sampling_params": sampling}).json()  # fmt: skip
+                alone = c.post(
+                    "/generate", json={"text": f"request {i} of many", "sampling_params": sampling}
+                ).json()
                 assert alone["output_ids"] == together[i]["output_ids"]
             healthy(srv, c)
 
 
 def test_a_batch_keeps_finished_results_when_one_fails(server, client):
     with poisoned_forward(server.engine):
-        body = {"text": ["fine prompt", "another fine one"], "sampling_params": GREEDY,
-                "rid": ["ok-a", "poison-4"]}  # fmt: skip
+        body = {
+            "text": ["fine prompt", "another fine one"],
+            "sampling_params": GREEDY,
+            "rid": ["ok-a", "poison-4"],
+        }
         r = client.post("/generate", json=body)
     assert r.status_code == 200
     ok, bad = r.json()

@@ -17,9 +17,12 @@ from tests.integration.server_support import tiny_server, wait_until_idle
 PAREN = 'root ::= "(" root ")" | "x"'
 SCHEMA = {
     "type": "object",
-    "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}},
+    "properties": {
+        "name": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+    },
     "required": ["name", "tags"],
-}  # fmt: skip
+}
 MESSAGES = [{"role": "user", "content": "Describe a person."}]
 
 
@@ -40,7 +43,10 @@ def balanced(text: str) -> bool:
 
 
 def test_generate_with_ebnf(server):
-    body = {"text": "Nest:", "sampling_params": {"max_new_tokens": 40, "temperature": 1.0, "seed": 3, "ebnf": PAREN}}
+    body = {
+        "text": "Nest:",
+        "sampling_params": {"max_new_tokens": 40, "temperature": 1.0, "seed": 3, "ebnf": PAREN},
+    }
     out = httpx.post(server.url + "/generate", json=body, timeout=60).json()
     assert balanced(out["text"]), out["text"]
     assert out["meta_info"]["finish_reason"]["type"] in ("stop", "length")
@@ -71,7 +77,10 @@ def test_openai_grammar_fields(client, extra):
         ({"guided_regex": "[0-9]{3}"}, lambda t: re.fullmatch("[0-9]{3}", t)),
         ({"structured_outputs": {"regex": "[a-c]{2}"}}, lambda t: re.fullmatch("[a-c]{2}", t)),
         ({"guided_json": SCHEMA}, lambda t: jsonschema.validate(json.loads(t), SCHEMA) is None),
-        ({"structured_outputs": {"json": SCHEMA}}, lambda t: jsonschema.validate(json.loads(t), SCHEMA) is None),
+        (
+            {"structured_outputs": {"json": SCHEMA}},
+            lambda t: jsonschema.validate(json.loads(t), SCHEMA) is None,
+        ),
     ],
 )
 def test_openai_vllm_fields(client, extra, check):
@@ -87,9 +96,13 @@ def test_budget_closed_json_parses_and_says_so(server, client):
     closed = 0
     for seed in range(4):
         resp = client.chat.completions.create(
-            model="tiny", messages=MESSAGES, max_tokens=24, temperature=1.0, seed=seed,
+            model="tiny",
+            messages=MESSAGES,
+            max_tokens=24,
+            temperature=1.0,
+            seed=seed,
             response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}},
-        )  # fmt: skip
+        )
         choice = resp.choices[0]
         jsonschema.validate(json.loads(choice.message.content), SCHEMA)
         if choice.model_extra.get("closed_early"):
@@ -97,8 +110,15 @@ def test_budget_closed_json_parses_and_says_so(server, client):
             closed += 1
         assert resp.usage.completion_tokens <= 24
     assert closed >= 1
-    body = {"text": "{", "sampling_params": {"max_new_tokens": 20, "temperature": 1.0, "seed": 0,
-            "json_schema": json.dumps({"type": "object"})}}  # fmt: skip
+    body = {
+        "text": "{",
+        "sampling_params": {
+            "max_new_tokens": 20,
+            "temperature": 1.0,
+            "seed": 0,
+            "json_schema": json.dumps({"type": "object"}),
+        },
+    }
     out = httpx.post(server.url + "/generate", json=body, timeout=60).json()
     assert isinstance(json.loads(out["text"]), dict)
     off = {**body, "sampling_params": {**body["sampling_params"], "budget_closing": False}}
@@ -125,9 +145,15 @@ def test_bad_fields_are_400s_naming_them(client, server, extra, param):
 
 
 def test_max_tokens_below_the_shortest_output_is_refused(server):
-    schema = {"type": "object", "properties": {"a_long_property_name": {"type": "integer"}},
-              "required": ["a_long_property_name"]}  # fmt: skip
-    body = {"text": "x", "sampling_params": {"max_new_tokens": 2, "json_schema": json.dumps(schema)}}
+    schema = {
+        "type": "object",
+        "properties": {"a_long_property_name": {"type": "integer"}},
+        "required": ["a_long_property_name"],
+    }
+    body = {
+        "text": "x",
+        "sampling_params": {"max_new_tokens": 2, "json_schema": json.dumps(schema)},
+    }
     resp = httpx.post(server.url + "/generate", json=body, timeout=60)
     assert resp.status_code == 400 and "max_new_tokens" in resp.json()["error"]["message"]
     wait_until_idle(server.engine)
@@ -135,19 +161,36 @@ def test_max_tokens_below_the_shortest_output_is_refused(server):
 
 def test_token_healing_flag(server, client):
     resp = client.completions.create(
-        model="tiny", prompt="The capital of France is ", max_tokens=4, temperature=0,
+        model="tiny",
+        prompt="The capital of France is ",
+        max_tokens=4,
+        temperature=0,
         extra_body={"token_healing": True, "regex": "Paris"},
-    )  # fmt: skip
+    )
     assert resp.choices[0].text == "Paris"
-    body = {"text": "The capital of France is ", "sampling_params": {"max_new_tokens": 4, "temperature": 0,
-            "token_healing": True, "regex": "Paris"}}  # fmt: skip
+    body = {
+        "text": "The capital of France is ",
+        "sampling_params": {
+            "max_new_tokens": 4,
+            "temperature": 0,
+            "token_healing": True,
+            "regex": "Paris",
+        },
+    }
     out = httpx.post(server.url + "/generate", json=body, timeout=60).json()
     assert out["text"] == "Paris" and out["meta_info"]["healed_text"] == " "
 
 
-SPACED = {"type": "object", "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"},
-          "xs": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2}},
-          "required": ["n", "ok", "xs"], "additionalProperties": False}  # fmt: skip
+SPACED = {
+    "type": "object",
+    "properties": {
+        "n": {"type": "integer"},
+        "ok": {"type": "boolean"},
+        "xs": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2},
+    },
+    "required": ["n", "ok", "xs"],
+    "additionalProperties": False,
+}
 SPACING = {
     "conventional": r'\{"n": -?\d+, "ok": (true|false), "xs": \[-?\d+, -?\d+\]\}',
     "compact": r'\{"n":-?\d+,"ok":(true|false),"xs":\[-?\d+,-?\d+\]\}',
@@ -162,22 +205,33 @@ def test_json_spacing_per_request(server, client, spacing):
     params = {"max_new_tokens": 64, "temperature": 0, "json_schema": json.dumps(SPACED)}
     if spacing:
         params["json_whitespace"] = spacing
-    out = httpx.post(f"{server.url}/generate", json={"text": "Data:", "sampling_params": params}, timeout=60)
+    out = httpx.post(
+        f"{server.url}/generate", json={"text": "Data:", "sampling_params": params}, timeout=60
+    )
     assert re.fullmatch(expected, out.json()["text"]), out.json()["text"]
     extra = {"json_whitespace": spacing} if spacing else {}
     chat = client.chat.completions.create(
-        model="tiny", messages=MESSAGES, max_tokens=64, temperature=0, extra_body=extra,
+        model="tiny",
+        messages=MESSAGES,
+        max_tokens=64,
+        temperature=0,
+        extra_body=extra,
         response_format={"type": "json_schema", "json_schema": {"name": "d", "schema": SPACED}},
-    )  # fmt: skip
+    )
     assert re.fullmatch(expected, chat.choices[0].message.content), chat.choices[0].message.content
 
 
 def test_bad_json_spacing_is_a_400_naming_it(server, client):
     params = {"max_new_tokens": 8, "json_schema": json.dumps(SPACED), "json_whitespace": "pretty"}
-    out = httpx.post(f"{server.url}/generate", json={"text": "Data:", "sampling_params": params}, timeout=60)
+    out = httpx.post(
+        f"{server.url}/generate", json={"text": "Data:", "sampling_params": params}, timeout=60
+    )
     assert out.status_code == 400 and "json_whitespace" in out.json()["error"]["message"]
     with pytest.raises(openai.BadRequestError, match="json_whitespace"):
         client.chat.completions.create(
-            model="tiny", messages=MESSAGES, max_tokens=8, extra_body={"json_whitespace": "pretty"},
+            model="tiny",
+            messages=MESSAGES,
+            max_tokens=8,
+            extra_body={"json_whitespace": "pretty"},
             response_format={"type": "json_schema", "json_schema": {"name": "d", "schema": SPACED}},
-        )  # fmt: skip
+        )

@@ -139,9 +139,17 @@ def test_pathological_schemas_are_answered(client, dfa_client):
     assert r.status_code == 400 and r.json()["error"]["param"] == "json_schema", r.text
     r = gen(client, json_schema=json.dumps(wide))  # a parser needs no unrolling: closed early
     assert r.status_code == 200 and json.loads(r.json()["text"]) == json.loads(r.json()["text"])
-    recursive = {"$defs": {"node": {"type": "object", "properties": {
-        "children": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}}}},
-        "$ref": "#/$defs/node"}  # fmt: skip
+    recursive = {
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {
+                    "children": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}
+                },
+            }
+        },
+        "$ref": "#/$defs/node",
+    }
     assert gen(client, json_schema=json.dumps(recursive)).status_code in (200, 400)
 
 

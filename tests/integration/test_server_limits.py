@@ -40,8 +40,14 @@ def wait_running(engine, count: int, timeout: float = 10.0) -> None:
 def test_api_key_required_except_health(server):
     with httpx.Client(base_url=server.url, timeout=30) as anon:
         assert anon.get("/health").status_code == 200
-        for method, path in [("GET", "/get_model_info"), ("POST", "/generate"), ("GET", "/v1/models"),
-                             ("GET", "/metrics"), ("GET", "/programs"), ("POST", "/flush_cache")]:  # fmt: skip
+        for method, path in [
+            ("GET", "/get_model_info"),
+            ("POST", "/generate"),
+            ("GET", "/v1/models"),
+            ("GET", "/metrics"),
+            ("GET", "/programs"),
+            ("POST", "/flush_cache"),
+        ]:
             r = anon.request(method, path, json={"text": "a"})
             assert r.status_code == 401, (path, r.text)
             assert r.json()["error"]["type"] == "authentication_error"
@@ -72,8 +78,11 @@ def test_non_streamed_disconnect_aborts(server):
     engine = server.engine
     before = engine.stats()["total_generated_tokens"]
     # 900 tokens of the tiny model take ~0.3 s here (continuous decode steps): leave well before
-    with httpx.Client(base_url=server.url, timeout=httpx.Timeout(30, read=0.05),
-                      headers={"Authorization": "Bearer sk-test"}) as impatient:  # fmt: skip
+    with httpx.Client(
+        base_url=server.url,
+        timeout=httpx.Timeout(30, read=0.05),
+        headers={"Authorization": "Bearer sk-test"},
+    ) as impatient:
         with pytest.raises(httpx.ReadTimeout):
             impatient.post("/generate", json={"text": "wait for me", "sampling_params": LONG})
     stats = wait_until_idle(engine)

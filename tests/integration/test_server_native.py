@@ -73,8 +73,10 @@ def test_prefill_only_with_prompt_logprobs(server, client):
     body = {
         "text": ["The cat sat", "The cat ran"],
         "sampling_params": {"max_new_tokens": 0, "temperature": 0},
-        "return_logprob": True, "return_text_in_logprobs": True, "logprob_start_len": 0,
-    }  # fmt: skip
+        "return_logprob": True,
+        "return_text_in_logprobs": True,
+        "logprob_start_len": 0,
+    }
     outs = client.post("/generate", json=body).json()
     for out, text in zip(outs, body["text"]):
         meta = out["meta_info"]
@@ -201,12 +203,19 @@ def test_repeated_prompt_reports_cached_tokens(client):
 def test_metrics(client):
     text = client.get("/metrics").text
     for name in (
-        "plait_requests_total", "plait_prompt_tokens_total", "plait_generation_tokens_total",
-        "plait_cached_tokens_total", "plait_cache_hit_rate", "plait_num_running_requests",
-        "plait_num_queued_requests", "plait_kv_cache_usage_ratio",
-        "plait_time_to_first_token_seconds_bucket", "plait_inter_token_latency_seconds_bucket",
-        "plait_e2e_request_latency_seconds_bucket", "plait_engine_kv_pages_total",
-    ):  # fmt: skip
+        "plait_requests_total",
+        "plait_prompt_tokens_total",
+        "plait_generation_tokens_total",
+        "plait_cached_tokens_total",
+        "plait_cache_hit_rate",
+        "plait_num_running_requests",
+        "plait_num_queued_requests",
+        "plait_kv_cache_usage_ratio",
+        "plait_time_to_first_token_seconds_bucket",
+        "plait_inter_token_latency_seconds_bucket",
+        "plait_e2e_request_latency_seconds_bucket",
+        "plait_engine_kv_pages_total",
+    ):
         assert name in text, name
     ttft = re.search(r"^plait_time_to_first_token_seconds_count (\S+)$", text, re.M)
     assert ttft and float(ttft.group(1)) >= 1  # streamed requests ran above

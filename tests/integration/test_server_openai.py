@@ -21,10 +21,13 @@ from tests.integration.server_support import (
 MESSAGES = [{"role": "user", "content": "Say something."}]
 PERSON = {
     "type": "object",
-    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
     "required": ["name", "age"],
     "additionalProperties": False,
-}  # fmt: skip
+}
 WEATHER = {
     "type": "function",
     "function": {
@@ -32,15 +35,27 @@ WEATHER = {
         "description": "Current weather in a city.",
         "parameters": {
             "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 16}, "unit": {"enum": ["c", "f"]}},
+            "properties": {
+                "city": {"type": "string", "maxLength": 16},
+                "unit": {"enum": ["c", "f"]},
+            },
             "required": ["city", "unit"],
             "additionalProperties": False,
         },
     },
-}  # fmt: skip
-TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
-    "type": "object", "properties": {"zone": {"type": "string", "maxLength": 8}}, "required": ["zone"],
-    "additionalProperties": False}}}  # fmt: skip
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "maxLength": 8}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -176,9 +191,13 @@ def test_json_schema_response_is_valid(client):
 )
 def test_forced_tool_call_gives_parseable_arguments(client, choice):
     resp = client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "What time is it in Paris?"}],
-        tools=[WEATHER, TIME], tool_choice=choice, max_tokens=80, seed=2,
-    )  # fmt: skip
+        model="tiny",
+        messages=[{"role": "user", "content": "What time is it in Paris?"}],
+        tools=[WEATHER, TIME],
+        tool_choice=choice,
+        max_tokens=80,
+        seed=2,
+    )
     calls = resp.choices[0].message.tool_calls
     assert resp.choices[0].finish_reason == "tool_calls" and len(calls) == 1
     call = calls[0]
@@ -190,22 +209,30 @@ def test_forced_tool_call_gives_parseable_arguments(client, choice):
         assert call.function.name == "get_time"
     # a conversation that carries the call and its result is accepted
     follow = client.chat.completions.create(
-        model="tiny", max_tokens=4, tools=[WEATHER, TIME],
+        model="tiny",
+        max_tokens=4,
+        tools=[WEATHER, TIME],
         messages=[
             {"role": "user", "content": "What time is it in Paris?"},
             {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
             {"role": "tool", "tool_call_id": call.id, "content": "12:00"},
         ],
-    )  # fmt: skip
+    )
     assert follow.choices[0].message.role == "assistant"
 
 
 @CONSTRAINTS_PENDING
 def test_forced_tool_call_streamed(client):
-    chunks = list(client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "Weather?"}], tools=[WEATHER],
-        tool_choice="required", max_tokens=80, stream=True,
-    ))  # fmt: skip
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "Weather?"}],
+            tools=[WEATHER],
+            tool_choice="required",
+            max_tokens=80,
+            stream=True,
+        )
+    )
     deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert deltas and deltas[0].function.name == "get_weather"
     args = "".join(d.function.arguments or "" for d in deltas)
@@ -218,10 +245,22 @@ def test_tool_messages_and_tool_prompt(server, client):
     messages = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather in Oslo?"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
-            "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\", \"unit\": \"c\"}"}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {
+                        "name": "get_weather",
+                        "arguments": '{"city": "Oslo", "unit": "c"}',
+                    },
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "-3 C"},
-    ]  # fmt: skip
+    ]
     resp = client.chat.completions.create(
         model="tiny", messages=messages, tools=[WEATHER], max_tokens=3
     )
@@ -297,9 +336,12 @@ class Person(BaseModel):
 
 
 CLOSED = dict(
-    model="tiny", messages=[{"role": "user", "content": "A person, as JSON."}], max_tokens=24,
-    temperature=0, response_format=Person,
-)  # fmt: skip
+    model="tiny",
+    messages=[{"role": "user", "content": "A person, as JSON."}],
+    max_tokens=24,
+    temperature=0,
+    response_format=Person,
+)
 
 
 def test_a_closed_output_parses_when_reported_as_stop(server, client):

@@ -18,9 +18,19 @@ from plait.server.tool_calls import (
     render_messages,
 )
 
-ADD = Tool.model_validate({"type": "function", "function": {"name": "add", "parameters": {
-    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-    "required": ["a", "b"]}}})  # fmt: skip
+ADD = Tool.model_validate(
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+)
 NOW = Tool.model_validate({"type": "function", "function": {"name": "now"}})
 
 
@@ -71,8 +81,12 @@ def test_parse_auto():
         parse_tool_calls('{"name": "now", "parameters": {}}', plan)[1][0]["function"]["name"]
         == "now"
     )
-    for not_a_call in ("plain text", '<tool_call>{"name": "rm", "arguments": {}}</tool_call>',
-                       "<tool_call>{broken</tool_call>", '{"name": "add", "arguments": [1]}'):  # fmt: skip
+    for not_a_call in (
+        "plain text",
+        '<tool_call>{"name": "rm", "arguments": {}}</tool_call>',
+        "<tool_call>{broken</tool_call>",
+        '{"name": "add", "arguments": [1]}',
+    ):
         assert parse_tool_calls(not_a_call, plan) == (not_a_call, [])
 
 
@@ -100,13 +114,25 @@ def test_stream_filter_holds_back_calls():
 
 def test_render_messages_without_tool_template():
     plan = plan_tools([ADD], "auto", False)
-    msgs = [ChatMessage.model_validate(m) for m in [
-        {"role": "developer", "content": "Be exact."},
-        {"role": "user", "content": [{"type": "text", "text": "1+2?"}]},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a":1,"b":2}'}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "3"},
-    ]]  # fmt: skip
+    msgs = [
+        ChatMessage.model_validate(m)
+        for m in [
+            {"role": "developer", "content": "Be exact."},
+            {"role": "user", "content": [{"type": "text", "text": "1+2?"}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "add", "arguments": '{"a":1,"b":2}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "3"},
+        ]
+    ]
     out = render_messages(msgs, plan, template_renders_tools=False)
     assert [m["role"] for m in out] == ["system", "user", "assistant", "user"]
     assert out[0]["content"].startswith("Be exact.") and '"name": "add"' in out[0]["content"]

@@ -104,7 +104,9 @@ def test_retraction_when_decode_outgrows_the_pool(tiny_llama_dir):
     finally:
         alone.shutdown()
     # 16 pages of 4: admission reserves only part of each request's 40 tokens, so decode runs short
-    engine = Engine(model_path=str(tiny_llama_dir), max_total_tokens=64, page_size=4, check_invariants=True)
+    engine = Engine(
+        model_path=str(tiny_llama_dir), max_total_tokens=64, page_size=4, check_invariants=True
+    )
     try:
         got = run_concurrently(engine, [(p, params) for p in prompts])
         assert [g["output_ids"] for g in got] == expected
@@ -131,8 +133,11 @@ def test_shared_prefix_is_computed_once(tiny_engine):
 
 def test_abort_mid_prefill_and_mid_decode(tiny_llama_dir, reference):
     engine = Engine(
-        model_path=str(tiny_llama_dir), max_total_tokens=4096, chunked_prefill_size=4,
-        max_prefill_tokens=8, check_invariants=True,
+        model_path=str(tiny_llama_dir),
+        max_total_tokens=4096,
+        chunked_prefill_size=4,
+        max_prefill_tokens=8,
+        check_invariants=True,
     )
     try:
         items = workload()[:6]
@@ -143,19 +148,30 @@ def test_abort_mid_prefill_and_mid_decode(tiny_llama_dir, reference):
         def call(key: str, prompt: str, params: dict, rid: str | None = None) -> None:
             results[key] = engine.generate(prompt, params, rid=rid)
 
-        threads = [threading.Thread(target=call, args=(f"ok{i}", p, sp)) for i, (p, sp) in enumerate(items)]
-        threads.append(threading.Thread(target=call, args=("prefill", long_prompt, long_params, "abort-prefill")))
+        threads = [
+            threading.Thread(target=call, args=(f"ok{i}", p, sp)) for i, (p, sp) in enumerate(items)
+        ]
+        threads.append(
+            threading.Thread(
+                target=call, args=("prefill", long_prompt, long_params, "abort-prefill")
+            )
+        )
         # long enough to be still decoding when it is aborted: a tiny model decodes 400 tokens in
         # a few tenths of a second
         decode_params = {**GREEDY, "max_new_tokens": 2000}
-        threads.append(threading.Thread(target=call, args=("decode", "short", decode_params, "abort-decode")))
+        threads.append(
+            threading.Thread(target=call, args=("decode", "short", decode_params, "abort-decode"))
+        )
         for t in threads:
             t.start()
         deadline = time.time() + 60
         sched = engine.scheduler
         # its 300-token prompt needs ~40 steps of 8 tokens: abort it part-way through (a tiny model
         # runs a step in well under a millisecond, so no fixed sleep lands there reliably)
-        while not any(r.rid == "abort-prefill" and r.num_computed > 0 for r in sched.prefilling + sched.running):
+        while not any(
+            r.rid == "abort-prefill" and r.num_computed > 0
+            for r in sched.prefilling + sched.running
+        ):
             assert "prefill" not in results, "the request finished before it could be aborted"
             assert time.time() < deadline
             time.sleep(0.001)
@@ -182,7 +198,9 @@ def test_request_larger_than_pool_is_rejected(tiny_llama_dir):
     try:
         with pytest.raises(ValueError, match="max_new_tokens"):
             engine.generate("hello", {"max_new_tokens": 100})
-        assert engine.generate("hello", {"max_new_tokens": 8})["meta_info"]["completion_tokens"] == 8
+        assert (
+            engine.generate("hello", {"max_new_tokens": 8})["meta_info"]["completion_tokens"] == 8
+        )
     finally:
         engine.shutdown()
 

@@ -24,8 +24,12 @@ GREEDY = {"temperature": 0.0, "max_new_tokens": 24, "ignore_eos": True}
 @pytest.fixture(scope="module")
 def spec_engine(tiny_llama_dir):
     engine = Engine(
-        model_path=str(tiny_llama_dir), max_total_tokens=4096, page_size=4,
-        speculative_algorithm="ngram", num_draft_tokens=4, check_invariants=True,
+        model_path=str(tiny_llama_dir),
+        max_total_tokens=4096,
+        page_size=4,
+        speculative_algorithm="ngram",
+        num_draft_tokens=4,
+        check_invariants=True,
         speculation="always",  # these tests check what drafts do, not whether they pay
     )
     yield engine
@@ -44,12 +48,18 @@ def test_stops_and_max_tokens_exact_with_several_tokens_per_step(tiny_engine, sp
     ref = tiny_engine.generate(PROMPTS[0], GREEDY)
     text = ref["text"]
     stop = text[len(text) // 2 : len(text) // 2 + 2]
-    for params in ({**GREEDY, "stop": [stop]}, {**GREEDY, "max_new_tokens": 7},
-                   {**GREEDY, "stop_token_ids": [ref["output_ids"][5]]}):
+    for params in (
+        {**GREEDY, "stop": [stop]},
+        {**GREEDY, "max_new_tokens": 7},
+        {**GREEDY, "stop_token_ids": [ref["output_ids"][5]]},
+    ):
         a = tiny_engine.generate(PROMPTS[0], params)
         b = spec_engine.generate(PROMPTS[0], params)
         assert (b["output_ids"], b["text"], b["meta_info"]["finish_reason"]) == (
-            a["output_ids"], a["text"], a["meta_info"]["finish_reason"])
+            a["output_ids"],
+            a["text"],
+            a["meta_info"]["finish_reason"],
+        )
 
 
 def test_constrained_requests_with_speculation(tiny_engine, spec_engine):
@@ -57,8 +67,12 @@ def test_constrained_requests_with_speculation(tiny_engine, spec_engine):
     a = tiny_engine.generate("ab cd ab cd ab", params)
     b = spec_engine.generate("ab cd ab cd ab", params)
     assert b["output_ids"] == a["output_ids"] and re.fullmatch(r"(ab|cd){2,6}", b["text"])
-    schema = json.dumps({"type": "object", "properties": {"k": {"enum": ["aa", "bb"]}}, "required": ["k"]})
-    b = spec_engine.generate('{"k":"aa"} {"k":"aa"}', {"temperature": 0.0, "max_new_tokens": 20, "json_schema": schema})
+    schema = json.dumps(
+        {"type": "object", "properties": {"k": {"enum": ["aa", "bb"]}}, "required": ["k"]}
+    )
+    b = spec_engine.generate(
+        '{"k":"aa"} {"k":"aa"}', {"temperature": 0.0, "max_new_tokens": 20, "json_schema": schema}
+    )
     assert json.loads(b["text"])["k"] in ("aa", "bb")
 
 
@@ -77,7 +91,10 @@ def test_sampling_with_speculation_and_concurrency_keeps_pages_exact(spec_engine
         t.join()
     assert all(r["meta_info"]["completion_tokens"] >= 1 for r in results.values())
     s = spec_engine.stats()
-    assert s["kv_pages_in_use"] == 0 and s["kv_pages_free"] + s["kv_pages_cached"] == s["kv_pages_total"]
+    assert (
+        s["kv_pages_in_use"] == 0
+        and s["kv_pages_free"] + s["kv_pages_cached"] == s["kv_pages_total"]
+    )
 
 
 def test_abort_while_speculating_frees_pages(spec_engine):
@@ -103,8 +120,13 @@ def test_unknown_algorithm_is_named(tiny_llama_dir):
 def test_model_drafters_keep_greedy_output(tiny_llama_dir, tiny_engine, algo):
     kwargs = {"draft_layers": 1} if algo == "self" else {"draft_model_path": str(tiny_llama_dir)}
     engine = Engine(
-        model_path=str(tiny_llama_dir), max_total_tokens=4096, page_size=4,
-        speculative_algorithm=algo, num_draft_tokens=3, check_invariants=True, **kwargs,
+        model_path=str(tiny_llama_dir),
+        max_total_tokens=4096,
+        page_size=4,
+        speculative_algorithm=algo,
+        num_draft_tokens=3,
+        check_invariants=True,
+        **kwargs,
     )
     try:
         expected = [tiny_engine.generate(p, GREEDY)["output_ids"] for p in PROMPTS]
@@ -145,8 +167,11 @@ def test_steps_without_drafts_run_as_bursts(tiny_engine, spec_engine, monkeypatc
 
 def test_speculation_never_keeps_the_drafter_but_verifies_nothing(tiny_llama_dir, tiny_engine):
     with Engine(
-        model_path=str(tiny_llama_dir), max_total_tokens=2048, speculative_algorithm="ngram", speculation="never",
-    ) as engine:  # fmt: skip
+        model_path=str(tiny_llama_dir),
+        max_total_tokens=2048,
+        speculative_algorithm="ngram",
+        speculation="never",
+    ) as engine:
         assert engine.drafter is not None
         expected = tiny_engine.generate(PROMPTS[0], GREEDY)["output_ids"]
         assert engine.generate(PROMPTS[0], GREEDY)["output_ids"] == expected

@@ -29,8 +29,11 @@ def stream(server, path: str, body: dict) -> list:
 
 
 def test_generate_streams_one_event_per_token(server):
-    body = {"text": "Once upon a time", "stream": True,
-            "sampling_params": {"max_new_tokens": TOKENS, "temperature": 0, "ignore_eos": True}}  # fmt: skip
+    body = {
+        "text": "Once upon a time",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": TOKENS, "temperature": 0, "ignore_eos": True},
+    }
     bursts = server.engine.stats()["total_burst_steps"]
     events = stream(server, "/generate", body)
     assert events[-1] == "[DONE]"
@@ -41,18 +44,31 @@ def test_generate_streams_one_event_per_token(server):
 
 def test_concurrent_streams_each_get_one_event_per_token(server):
     """Sixteen streams decoding in the same bursts: every token of each is its own event."""
-    body = {"text": "Once upon a time", "stream": True,
-            "sampling_params": {"max_new_tokens": TOKENS, "temperature": 0, "ignore_eos": True}}  # fmt: skip
+    body = {
+        "text": "Once upon a time",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": TOKENS, "temperature": 0, "ignore_eos": True},
+    }
     with ThreadPoolExecutor(16) as pool:
-        runs = list(pool.map(lambda i: stream(server, "/generate", {**body, "text": f"Story {i}:"}), range(16)))
+        runs = list(
+            pool.map(
+                lambda i: stream(server, "/generate", {**body, "text": f"Story {i}:"}), range(16)
+            )
+        )
     for events in runs:
         counts = [e["meta_info"]["completion_tokens"] for e in events[:-1]]
         assert counts == list(range(1, TOKENS + 1))
 
 
 def test_openai_completions_stream_one_chunk_per_token(server):
-    body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": TOKENS, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "model": "tiny",
+        "prompt": "Once upon a time",
+        "max_tokens": TOKENS,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     events = stream(server, "/v1/completions", body)
     assert events[-1] == "[DONE]"
     usage = events[-2]["usage"]

@@ -38,9 +38,15 @@ def _assert_same(reference: list[dict], parallel: list[dict]) -> None:
 
 @pytest.fixture(scope="module")
 def uneven_dir(tmp_path_factory, smollm_tokenizer):
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-gqa3"), "llama", smollm_tokenizer,
-                                 seed=1, hidden_size=96, num_attention_heads=6,
-                                 num_key_value_heads=3)  # fmt: skip
+    return write_tiny_checkpoint(
+        tmp_path_factory.mktemp("tiny-gqa3"),
+        "llama",
+        smollm_tokenizer,
+        seed=1,
+        hidden_size=96,
+        num_attention_heads=6,
+        num_key_value_heads=3,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +68,14 @@ def gemma3_dir(tmp_path_factory, smollm_tokenizer):
     """Sliding and global layers, a window the prompts and outputs outgrow: the window pages'
     layout goes to every rank beside the pool's."""
     return write_tiny_checkpoint(
-        tmp_path_factory.mktemp("tiny-gemma3"), "gemma3", smollm_tokenizer, seed=2,
-        head_dim=16, sliding_window=6, layer_types=["sliding_attention", "full_attention"],
-    )  # fmt: skip
+        tmp_path_factory.mktemp("tiny-gemma3"),
+        "gemma3",
+        smollm_tokenizer,
+        seed=2,
+        head_dim=16,
+        sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"],
+    )
 
 
 @pytest.mark.parametrize(
@@ -137,12 +148,24 @@ def test_plait_serve_tp_and_torchrun(tiny_llama_dir, tiny_engine, tmp_path):
         time.sleep(0.1)
     port = free_port()
     torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "plait.server.cli",
-           "--tp", "2", "--port", str(port), *flags]  # fmt: skip
+    cmd = [
+        str(torchrun),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "plait.server.cli",
+        "--tp",
+        "2",
+        "--port",
+        str(port),
+        *flags,
+    ]
     log = tmp_path / "torchrun.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                                stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         try:
             wait_for_health(f"http://127.0.0.1:{port}", 120, proc)

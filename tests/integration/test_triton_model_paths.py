@@ -18,8 +18,14 @@ PROMPTS = ["The capital of France is", "1, 2, 3,"]
 def _generate(model_dir, params):
     from plait import Engine
 
-    engine = Engine(model_path=str(model_dir), device="cpu", dtype="float32", max_total_tokens=1024, page_size=4,
-                    num_continuous_decode_steps=1)  # fmt: skip
+    engine = Engine(
+        model_path=str(model_dir),
+        device="cpu",
+        dtype="float32",
+        max_total_tokens=1024,
+        page_size=4,
+        num_continuous_decode_steps=1,
+    )
     try:
         return [o["output_ids"] for o in engine.generate(PROMPTS, sampling_params=params)]
     finally:

@@ -37,10 +37,21 @@ class Budget:
     replica_requests: int = 24  # non-streamed requests when one of two replicas is killed
 
 
-QUICK = Budget(soak_seconds=5, capacity_seconds=2, timeout=10, disconnects=40, aborts=8,
-               fault_rounds=2, fuzz_examples=6, body_examples=150, constraint_examples=10,
-               constraint_seconds=15, exhaustion_requests=6, fuzz_timeout=3,
-               replica_requests=8)  # fmt: skip
+QUICK = Budget(
+    soak_seconds=5,
+    capacity_seconds=2,
+    timeout=10,
+    disconnects=40,
+    aborts=8,
+    fault_rounds=2,
+    fuzz_examples=6,
+    body_examples=150,
+    constraint_examples=10,
+    constraint_seconds=15,
+    exhaustion_requests=6,
+    fuzz_timeout=3,
+    replica_requests=8,
+)
 
 
 def run(budget: Budget, model: Any, only: set[str], log: Any = print) -> list[Tally]:
@@ -51,10 +62,15 @@ def run(budget: Budget, model: Any, only: set[str], log: Any = print) -> list[Ta
         log(f"  {t.name}: {'ok' if t.ok else 'FAILED'} in {t.seconds:.0f} s {t.extra or ''}")
 
     if only & {"chaos", "fuzz"}:
-        engine_args = {"max_running_requests": 16, "context_length": 256,
-                       "grammar_compile_timeout": 10.0, "grammar_compile_memory_mb": 2048}
-        with running_server(model, engine_args, request_timeout=budget.fuzz_timeout,
-                            programs=(PROGRAMS,)) as server:  # fmt: skip
+        engine_args = {
+            "max_running_requests": 16,
+            "context_length": 256,
+            "grammar_compile_timeout": 10.0,
+            "grammar_compile_memory_mb": 2048,
+        }
+        with running_server(
+            model, engine_args, request_timeout=budget.fuzz_timeout, programs=(PROGRAMS,)
+        ) as server:
             if "chaos" in only:
                 done(chaos.disconnects(server, budget.disconnects))
                 done(chaos.aborts(server, budget.aborts))
@@ -62,8 +78,14 @@ def run(budget: Budget, model: Any, only: set[str], log: Any = print) -> list[Ta
             if "fuzz" in only:
                 done(fuzz.fuzz_http(server, budget.fuzz_examples))
                 done(fuzz.fuzz_bodies(server, budget.body_examples))
-                done(fuzz.fuzz_constraints(server.engine, budget.constraint_examples,
-                                           budget.constraint_seconds, budget.constraint_rss_mb))  # fmt: skip
+                done(
+                    fuzz.fuzz_constraints(
+                        server.engine,
+                        budget.constraint_examples,
+                        budget.constraint_seconds,
+                        budget.constraint_rss_mb,
+                    )
+                )
         if "chaos" in only:
             done(chaos.pool_exhaustion(model, budget.exhaustion_requests))
     if only & {"chaos", "replicas"} and budget.replica_requests:
@@ -102,8 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     for t in tallies:
         for note in t.notes:
             print(f"  {t.name}: {note}")
-    write_json(args.json, tallies, {"budget": budget.__dict__, "model": str(model),
-                                    "seconds": time.perf_counter() - started})  # fmt: skip
+    write_json(
+        args.json,
+        tallies,
+        {"budget": budget.__dict__, "model": str(model), "seconds": time.perf_counter() - started},
+    )
     print(f"\nwrote {args.json} ({time.perf_counter() - started:.0f} s)")
     return 0 if all(t.ok for t in tallies) else 1
 

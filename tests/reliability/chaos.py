@@ -35,8 +35,11 @@ def disconnects(server: Any, count: int, seed: int = 0) -> Tally:
 
     async def one(c: httpx.AsyncClient, i: int) -> None:
         stream = i % 3 != 0
-        body = {"text": f"story {i}", "sampling_params": {**LONG, "max_new_tokens": rng.randint(4, 400)},
-                "stream": stream}  # fmt: skip
+        body = {
+            "text": f"story {i}",
+            "sampling_params": {**LONG, "max_new_tokens": rng.randint(4, 400)},
+            "stream": stream,
+        }
         cut = rng.uniform(0.0, 3.0)
         tally.sent += 1
         try:
@@ -138,8 +141,10 @@ def faults(server: Any, rounds: int, width: int = 6) -> Tally:
     backend = engine._grammar_cache().backend
     with httpx.Client(base_url=server.url, timeout=120) as c:
         prompts = [f"fault round prompt {i}" for i in range(width)]
-        alone = [c.post("/generate", json={"text": p, "sampling_params": GREEDY}).json()["output_ids"]
-                 for p in prompts]  # fmt: skip
+        alone = [
+            c.post("/generate", json={"text": p, "sampling_params": GREEDY}).json()["output_ids"]
+            for p in prompts
+        ]
 
     async def round_(i: int) -> None:
         async with httpx.AsyncClient(base_url=server.url, timeout=120) as c:
@@ -147,7 +152,9 @@ def faults(server: Any, rounds: int, width: int = 6) -> Tally:
                 bad = {"text": "bad", "sampling_params": GREEDY, "rid": f"poison-{i}"}
             else:
                 bad = {"text": "bad", "sampling_params": {**GREEDY, "regex": f"poison{i}[0-9]+"}}
-            calls = [c.post("/generate", json={"text": p, "sampling_params": GREEDY}) for p in prompts]
+            calls = [
+                c.post("/generate", json={"text": p, "sampling_params": GREEDY}) for p in prompts
+            ]
             responses = await asyncio.gather(c.post("/generate", json=bad), *calls)
         count_status(tally, responses[0].status_code, expected_failure=True)
         if responses[0].status_code != 500 or "injected" not in responses[0].text:
@@ -159,8 +166,10 @@ def faults(server: Any, rounds: int, width: int = 6) -> Tally:
                 tally.crashes += 1
                 tally.note(f"round {i}: a bystander's output changed")
 
-    with _patched(engine.runner, "forward", _poison_forward), \
-            _patched(backend, "compile", _poison_compile):  # fmt: skip
+    with (
+        _patched(engine.runner, "forward", _poison_forward),
+        _patched(backend, "compile", _poison_compile),
+    ):
         for i in range(rounds):
             asyncio.run(round_(i))
     check_leaks(tally, server)
@@ -182,7 +191,9 @@ def pool_exhaustion(model: Any, count: int) -> Tally:
             r = c.post("/generate", json={"text": texts, "sampling_params": sampling})
             tally.sent += count
             outs = r.json() if r.status_code == 200 else []
-            tally.completed += sum(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs)
+            tally.completed += sum(
+                o["meta_info"]["finish_reason"]["type"] == "length" for o in outs
+            )
             tally.lost += count - len(outs)
             for i in (0, count - 1):
                 alone = c.post("/generate", json={"text": texts[i], "sampling_params": sampling})

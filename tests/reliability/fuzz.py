@@ -37,9 +37,14 @@ def fuzz_http(server: Any, examples: int, seed: int | None = None) -> Tally:
             )
             if seed is not None:
                 test = hypothesis_seed(seed)(test)
-            run = settings(max_examples=examples, deadline=None, database=None,
-                           derandomize=seed is None, phases=[Phase.explicit, Phase.generate],
-                           suppress_health_check=list(HealthCheck))(test)  # fmt: skip
+            run = settings(
+                max_examples=examples,
+                deadline=None,
+                database=None,
+                derandomize=seed is None,
+                phases=[Phase.explicit, Phase.generate],
+                suppress_health_check=list(HealthCheck),
+            )(test)
             try:
                 run()
             except Exception as e:  # hypothesis gives up on unsatisfiable (parameterless) modes
@@ -67,7 +72,9 @@ def _call(case: Any, url: str, tally: Tally, requests: Any) -> None:
     program_failed = status == 500 and '"program_error"' in response.text  # `fail` raises
     count_status(tally, status, expected_failure=program_failed)
     if status >= 500 and status not in (503, 504) and not program_failed:
-        tally.note(f"{case.method} {case.path} {_shown(case.body)} -> {status} {response.text[:200]}")
+        tally.note(
+            f"{case.method} {case.path} {_shown(case.body)} -> {status} {response.text[:200]}"
+        )
     if status == 200 and "text/event-stream" in response.headers.get("content-type", ""):
         lines = [x for x in response.text.splitlines() if x.startswith("data:")]
         if not lines or lines[-1].strip() != "data: [DONE]":
@@ -83,8 +90,17 @@ KNOWN_BODIES: list[tuple[str, dict[str, Any]]] = [
     ("/generate", {"text": "a", "sampling_params": {"stop": 5}}),
     ("/generate", {"text": "a", "sampling_params": [{"stop_token_ids": 1.5}]}),
     ("/generate", {"text": "a", "sampling_params": {"stop_token_ids": [10**30]}}),
-    ("/generate", {"text": "a", "sampling_params": {"stop_token_ids": [60000], "min_new_tokens": 2,
-                                                    "max_new_tokens": 3}}),  # fmt: skip
+    (
+        "/generate",
+        {
+            "text": "a",
+            "sampling_params": {
+                "stop_token_ids": [60000],
+                "min_new_tokens": 2,
+                "max_new_tokens": 3,
+            },
+        },
+    ),
     ("/abort_request", {"abort_all": {"": None}}),
 ]
 
@@ -103,13 +119,21 @@ def fuzz_bodies(server: Any, examples: int, seed: int | None = None) -> Tally:
     with httpx.Client(base_url=server.url, timeout=CLIENT_TIMEOUT, limits=limits) as client:
         for path, body in KNOWN_BODIES:
             _post_body(client, path, body, tally)
-        for path, bodies in (("/generate", generate_bodies()), ("/v1/completions", completion_bodies()),
-                             ("/v1/chat/completions", chat_bodies())):  # fmt: skip
+        for path, bodies in (
+            ("/generate", generate_bodies()),
+            ("/v1/completions", completion_bodies()),
+            ("/v1/chat/completions", chat_bodies()),
+        ):
             test = given(bodies)(_body_sender(client, path, tally))
             if seed is not None:
                 test = hypothesis_seed(seed)(test)
-            settings(max_examples=examples, deadline=None, database=None, derandomize=seed is None,
-                     suppress_health_check=list(HealthCheck))(test)()  # fmt: skip
+            settings(
+                max_examples=examples,
+                deadline=None,
+                database=None,
+                derandomize=seed is None,
+                suppress_health_check=list(HealthCheck),
+            )(test)()
     check_leaks(tally, server)
     tally.seconds = time.perf_counter() - start
     return tally
@@ -194,12 +218,20 @@ def fuzz_constraints(engine: Any, examples: int, budget_s: float, rss_limit_mb: 
             tally.note(f"{kind} {_shown(value)}: {type(e).__name__}: {e}")
         worst = max(worst, time.perf_counter() - began)
 
-    common = dict(max_examples=examples, deadline=None, database=None, derandomize=True,
-                  suppress_health_check=list(HealthCheck))  # fmt: skip
+    common = dict(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
     settings(**common)(given(regexes())(lambda r: compile_one("regex", r)))()
     settings(**common)(given(schemas())(lambda s: compile_one("json_schema", json.dumps(s))))()
-    settings(**common)(given(st.text(alphabet="()[]{}*+?|\\^$.,0123456789ab-", max_size=120))(
-        lambda r: compile_one("regex", r)))()  # fmt: skip
+    settings(**common)(
+        given(st.text(alphabet="()[]{}*+?|\\^$.,0123456789ab-", max_size=120))(
+            lambda r: compile_one("regex", r)
+        )
+    )()
     tally.extra["slowest_compile_s"] = round(worst, 2)
     growth = rss_mb() - before
     tally.extra["rss_growth_mb"] = round(growth, 1)

@@ -39,7 +39,9 @@ def _survivor_leaks(tally: Tally, url: str, timeout: float = 30.0) -> None:
         if in_use == 0 or time.monotonic() > deadline:
             break
         time.sleep(0.1)
-    free, cached, total = (_metric(text, k) for k in ("kv_pages_free", "kv_pages_cached", "kv_pages_total"))
+    free, cached, total = (
+        _metric(text, k) for k in ("kv_pages_free", "kv_pages_cached", "kv_pages_total")
+    )
     if in_use != 0:
         tally.leaks += 1
         tally.note(f"survivor: {in_use:.0f} KV pages still in use")
@@ -55,7 +57,9 @@ def _views(url: str, router: Any, replica: str) -> dict[str, bool]:
     """Whether each of the router's views has `replica` up: routing table, /health, /metrics."""
     entries = httpx.get(url + "/health", timeout=10).json()["replicas"]
     metrics = httpx.get(url + "/metrics", timeout=10).text
-    up = re.search(rf'^plait_router_replica_up{{replica="{re.escape(replica)}"}} (\S+)$', metrics, re.M)
+    up = re.search(
+        rf'^plait_router_replica_up{{replica="{re.escape(replica)}"}} (\S+)$', metrics, re.M
+    )
     return {
         "routing": any(r.url == replica for r in router.healthy()),
         "health": any(e["url"] == replica and e["healthy"] for e in entries),
@@ -76,8 +80,10 @@ def _await_views(tally: Tally, url: str, router: Any, replica: str, up: bool, wh
         if time.monotonic() > deadline:
             tally.crashes += 1
             wrong = ", ".join(k for k, v in views.items() if v != up)
-            tally.note(f"{what}: after {NOTICE_S:.0f} s the router's {wrong} still show(s) "
-                       f"{replica} {'down' if up else 'up'}")  # fmt: skip
+            tally.note(
+                f"{what}: after {NOTICE_S:.0f} s the router's {wrong} still show(s) "
+                f"{replica} {'down' if up else 'up'}"
+            )
             return
         time.sleep(0.05)
 
@@ -98,7 +104,9 @@ def _generate(tally: Tally, url: str, i: int) -> None:
         tally.note(f"check request {i}: HTTP {r.status_code} {r.text[:200]}")
 
 
-def replica_death(model: str | Path, requests: int = 24, streams: int = 8, revive: bool = True) -> Tally:
+def replica_death(
+    model: str | Path, requests: int = 24, streams: int = 8, revive: bool = True
+) -> Tally:
     from plait.server.data_parallel import start_replicas
     from plait.server.launch import ServerProcess, ServerThread
     from plait.server.router_app import create_router_app
@@ -106,7 +114,16 @@ def replica_death(model: str | Path, requests: int = 24, streams: int = 8, reviv
 
     tally = Tally("chaos-replica-death")
     start = time.perf_counter()
-    argv = ["--model", str(model), "--max-total-tokens", "8192", "--page-size", "4", "--log-level", "critical"]
+    argv = [
+        "--model",
+        str(model),
+        "--max-total-tokens",
+        "8192",
+        "--page-size",
+        "4",
+        "--log-level",
+        "critical",
+    ]
     procs = start_replicas(argv, 2, timeout=180)
     router = Router.for_urls([p.url for p in procs], RouterConfig(health_interval=0.2))
     for replica, proc in zip(router.replicas, procs):
@@ -133,10 +150,16 @@ def replica_death(model: str | Path, requests: int = 24, streams: int = 8, reviv
                     tally.note(f"request {i}: HTTP {r.status_code}")
 
             def streamed(i: int) -> None:
-                body = {"text": f"Stream {i}: count slowly", "sampling_params": BODY, "stream": True}
+                body = {
+                    "text": f"Stream {i}: count slowly",
+                    "sampling_params": BODY,
+                    "stream": True,
+                }
                 lines: list[str] = []
                 try:
-                    with httpx.stream("POST", server.url + "/generate", json=body, timeout=180) as r:
+                    with httpx.stream(
+                        "POST", server.url + "/generate", json=body, timeout=180
+                    ) as r:
                         for line in r.iter_lines():
                             if line.startswith("data:"):
                                 lines.append(line[5:].strip())
@@ -172,10 +195,14 @@ def replica_death(model: str | Path, requests: int = 24, streams: int = 8, reviv
                 _generate(tally, server.url, i)
             if dead.served != served:
                 tally.crashes += 1
-                tally.note(f"the router still sent {dead.served - served} request(s) to the dead replica")
+                tally.note(
+                    f"the router still sent {dead.served - served} request(s) to the dead replica"
+                )
             _survivor_leaks(tally, survivor.url)
             if revive:
-                _revive_and_kill_idle(tally, server.url, router, dead, victim, procs, ServerProcess, argv)
+                _revive_and_kill_idle(
+                    tally, server.url, router, dead, victim, procs, ServerProcess, argv
+                )
     finally:
         app.state.router.close()
         for p in procs:
@@ -184,8 +211,16 @@ def replica_death(model: str | Path, requests: int = 24, streams: int = 8, reviv
     return tally
 
 
-def _revive_and_kill_idle(tally: Tally, url: str, router: Any, dead: Any, victim: Any,
-                          procs: list, server_process: Any, argv: list[str]) -> None:  # fmt: skip
+def _revive_and_kill_idle(
+    tally: Tally,
+    url: str,
+    router: Any,
+    dead: Any,
+    victim: Any,
+    procs: list,
+    server_process: Any,
+    argv: list[str],
+) -> None:
     """The dead replica started again on its port, as an operator would behind `--replica URL`
     (the router did not start this process, so only its health probe can tell it is back)."""
     env = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": "1"}
@@ -206,4 +241,6 @@ def _revive_and_kill_idle(tally: Tally, url: str, router: Any, dead: Any, victim
     revived.process.wait()
     _await_views(tally, url, router, victim.url, up=False, what="killed while idle")
     if dead.failures != failures + 1 or "ConnectError" not in (dead.last_error or ""):
-        tally.note(f"killed while idle: {dead.failures - failures} failure(s), last {dead.last_error}")
+        tally.note(
+            f"killed while idle: {dead.failures - failures} failure(s), last {dead.last_error}"
+        )

@@ -12,8 +12,18 @@ from typing import Any
 
 import httpx
 
-COLUMNS = ("sent", "completed", "aborted", "refused", "timed_out", "failed", "lost", "leaks",
-           "fuzz_cases", "crashes")  # fmt: skip
+COLUMNS = (
+    "sent",
+    "completed",
+    "aborted",
+    "refused",
+    "timed_out",
+    "failed",
+    "lost",
+    "leaks",
+    "fuzz_cases",
+    "crashes",
+)
 
 
 @dataclass
@@ -119,8 +129,12 @@ def table(tallies: list[Tally]) -> str:
             setattr(total, c, getattr(total, c) + getattr(t, c))
     rows.append((total.name, *(str(getattr(total, c)) for c in COLUMNS), f"{total.seconds:.0f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in
-                       enumerate(zip(row, widths))) for row in rows]  # fmt: skip
+    lines = [
+        "  ".join(
+            cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))
+        )
+        for row in rows
+    ]
     lines.insert(1, "-" * len(lines[0]))
     lines.insert(len(lines) - 1, "-" * len(lines[0]))
     return "\n".join(lines)

@@ -69,8 +69,9 @@ def soak(server: Any, seconds: float, rate: float, timeout: float, seed: int = 0
         sent = time.perf_counter()
         first = None
         try:
-            async with c.stream("POST", "/generate", json=body,
-                                headers={"X-Client-Id": client}) as r:  # fmt: skip
+            async with c.stream(
+                "POST", "/generate", json=body, headers={"X-Client-Id": client}
+            ) as r:
                 if r.status_code != 200:
                     await r.aread()
                     count_status(tally, r.status_code)
@@ -102,8 +103,7 @@ def soak(server: Any, seconds: float, rate: float, timeout: float, seed: int = 0
 
     async def main() -> None:
         limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
-        async with httpx.AsyncClient(base_url=server.url, timeout=timeout + 60,
-                                     limits=limits) as c:  # fmt: skip
+        async with httpx.AsyncClient(base_url=server.url, timeout=timeout + 60, limits=limits) as c:
             tasks = []
             t = time.perf_counter()
             end = t + seconds
@@ -124,13 +124,16 @@ def soak(server: Any, seconds: float, rate: float, timeout: float, seed: int = 0
     if after - before > MAX_RSS_GROWTH_MB:
         tally.leaks += 1
         tally.note(f"resident memory grew {after - before:.0f} MB during the soak")
-    tally.extra.update({
-        "offered_rate": round(rate, 2),
-        "sent_rate": round(tally.sent / seconds, 2),
-        "ttft_p50_short_s": _percentile(ttft["short"], 0.5),
-        "ttft_p99_short_s": _percentile(ttft["short"], 0.99),
-        "ttft_p50_flood_s": _percentile(ttft["flood"], 0.5),
-        "ttft_p99_flood_s": _percentile(ttft["flood"], 0.99),
-        "rss_before_mb": round(before), "rss_after_mb": round(after),
-    })  # fmt: skip
+    tally.extra.update(
+        {
+            "offered_rate": round(rate, 2),
+            "sent_rate": round(tally.sent / seconds, 2),
+            "ttft_p50_short_s": _percentile(ttft["short"], 0.5),
+            "ttft_p99_short_s": _percentile(ttft["short"], 0.99),
+            "ttft_p50_flood_s": _percentile(ttft["flood"], 0.5),
+            "ttft_p99_flood_s": _percentile(ttft["flood"], 0.99),
+            "rss_before_mb": round(before),
+            "rss_after_mb": round(after),
+        }
+    )
     return tally

@@ -23,18 +23,25 @@ def regexes(draw: st.DrawFn, depth: int = 0) -> str:
 
 
 def schemas() -> st.SearchStrategy[dict]:
-    leaves = st.sampled_from([
-        {"type": "string"}, {"type": "integer"}, {"type": "boolean"},
-        {"type": "string", "maxLength": 5000}, {"type": "number", "minimum": 0},
-        {"enum": ["a", "b"]}, {"type": "string", "pattern": ".*a.{15}"},
-        {"$ref": "#"},
-    ])  # fmt: skip
+    leaves = st.sampled_from(
+        [
+            {"type": "string"},
+            {"type": "integer"},
+            {"type": "boolean"},
+            {"type": "string", "maxLength": 5000},
+            {"type": "number", "minimum": 0},
+            {"enum": ["a", "b"]},
+            {"type": "string", "pattern": ".*a.{15}"},
+            {"$ref": "#"},
+        ]
+    )
 
     def extend(children: st.SearchStrategy[dict]) -> st.SearchStrategy[dict]:
         return st.one_of(
             st.builds(lambda c: {"type": "array", "items": c, "maxItems": 3}, children),
-            st.builds(lambda c: {"type": "object", "properties": {"k": c}, "required": ["k"]},
-                      children),  # fmt: skip
+            st.builds(
+                lambda c: {"type": "object", "properties": {"k": c}, "required": ["k"]}, children
+            ),
             st.builds(lambda a, b: {"anyOf": [a, b]}, children, children),
         )
 
@@ -45,27 +52,36 @@ def schemas() -> st.SearchStrategy[dict]:
 # nested object, a huge number), to find a shape the validation lets through to a 500.
 
 SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.text(max_size=6),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.text(max_size=6),
     st.floats(allow_nan=False, allow_infinity=False),
     st.sampled_from(["\ud800", "a\udfffb"]),  # half a surrogate pair: valid JSON, not Unicode
-)  # fmt: skip
+)
 
 
 def json_values() -> st.SearchStrategy:
     def extend(children: st.SearchStrategy) -> st.SearchStrategy:
-        return st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=4), children, max_size=3)
+        return st.lists(children, max_size=3) | st.dictionaries(
+            st.text(max_size=4), children, max_size=3
+        )
 
     return st.recursive(SCALARS, extend, max_leaves=6)
 
 
-def _body(fields: dict[str, st.SearchStrategy], required: tuple[str, ...] = ()) -> st.SearchStrategy[dict]:
+def _body(
+    fields: dict[str, st.SearchStrategy], required: tuple[str, ...] = ()
+) -> st.SearchStrategy[dict]:
     """A body of `fields`, each plausible or hostile; `required` ones are usually present."""
     hostile = json_values()
     optional = {k: st.one_of(v, v, hostile) for k, v in fields.items()}
     always = {k: optional.pop(k) for k in required}
     bodies = st.fixed_dictionaries(always, optional=optional)
     none: st.SearchStrategy[dict] = st.just({})
-    stray = st.one_of(none, none, none, st.dictionaries(st.text(max_size=5), hostile, min_size=1, max_size=1))
+    stray = st.one_of(
+        none, none, none, st.dictionaries(st.text(max_size=5), hostile, min_size=1, max_size=1)
+    )
     return st.builds(lambda body, extra: {**extra, **body}, bodies, stray)
 
 
@@ -145,14 +161,16 @@ _OPENAI = {
 def completion_bodies() -> st.SearchStrategy[dict]:
     """`POST /v1/completions` bodies."""
     fields = {
-        "prompt": st.text(max_size=12) | st.lists(st.text(max_size=8), min_size=1, max_size=2)
-        | _IDS | st.lists(_IDS, min_size=1, max_size=2),
+        "prompt": st.text(max_size=12)
+        | st.lists(st.text(max_size=8), min_size=1, max_size=2)
+        | _IDS
+        | st.lists(_IDS, min_size=1, max_size=2),
         "max_tokens": st.integers(0, 3),
         "logprobs": st.integers(0, 2),
         "echo": st.booleans(),
         "json_schema": st.sampled_from([None, '{"type": "integer"}', {"type": "boolean"}]),
         **_OPENAI,
-    }  # fmt: skip
+    }
     return _body(fields, required=("prompt", "max_tokens"))
 
 
@@ -163,17 +181,28 @@ def chat_bodies() -> st.SearchStrategy[dict]:
         st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=4)}), max_size=2
     )
     message = _body({"role": role, "content": content}, required=("role",))
-    tool = st.fixed_dictionaries({"type": st.just("function"), "function": _body({
-        "name": st.sampled_from(["f", "get_weather"]),
-        "parameters": st.just({"type": "object", "properties": {"x": {"type": "integer"}}}),
-    }, required=("name",))})  # fmt: skip
+    tool = st.fixed_dictionaries(
+        {
+            "type": st.just("function"),
+            "function": _body(
+                {
+                    "name": st.sampled_from(["f", "get_weather"]),
+                    "parameters": st.just(
+                        {"type": "object", "properties": {"x": {"type": "integer"}}}
+                    ),
+                },
+                required=("name",),
+            ),
+        }
+    )
     fields = {
         "messages": st.lists(message, min_size=1, max_size=3),
         "max_tokens": st.integers(0, 3),
         "logprobs": st.booleans(),
         "top_logprobs": st.integers(0, 2),
-        "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"},
-                                            {"type": "json_schema"}]),  # fmt: skip
+        "response_format": st.sampled_from(
+            [{"type": "text"}, {"type": "json_object"}, {"type": "json_schema"}]
+        ),
         "tools": st.lists(tool, max_size=2),
         "tool_choice": st.sampled_from(["none", "auto", "required"]),
         **_OPENAI,

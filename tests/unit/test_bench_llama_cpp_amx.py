@@ -12,7 +12,9 @@ from plait.benchmarks import llama_cpp as bench
 
 def _fake_llama_cpp(monkeypatch) -> types.ModuleType:
     api = types.ModuleType("llama_cpp.llama_cpp")
-    api.llama_model_default_params = lambda: types.SimpleNamespace(use_extra_bufts=True, n_gpu_layers=0)
+    api.llama_model_default_params = lambda: types.SimpleNamespace(
+        use_extra_bufts=True, n_gpu_layers=0
+    )
     package = types.ModuleType("llama_cpp")
     package.llama_cpp = api
     monkeypatch.setitem(sys.modules, "llama_cpp", package)
@@ -25,7 +27,9 @@ def test_amx_cpus_load_llama_cpp_without_extra_buffer_types(monkeypatch):
     monkeypatch.setattr(bench, "cpu_has_amx", lambda: True)
     assert bench.keep_llama_cpp_off_amx() and bench.keep_llama_cpp_off_amx()  # twice: wrapped once
     params = api.llama_model_default_params()
-    assert params.use_extra_bufts is False and params.n_gpu_layers == 0  # the rest as llama.cpp sets it
+    assert (
+        params.use_extra_bufts is False and params.n_gpu_layers == 0
+    )  # the rest as llama.cpp sets it
     assert not hasattr(api.llama_model_default_params.__wrapped__, "plait_no_extra_bufts")
 
 
@@ -40,7 +44,14 @@ def test_cpu_has_amx_reads_the_flags(monkeypatch, tmp_path):
     import builtins
 
     real_open, info = builtins.open, tmp_path / "cpuinfo"
-    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: real_open(info if path == "/proc/cpuinfo" else path, *a, **k))
-    for flags, expected in (("fpu avx512f amx_bf16 amx_tile amx_int8 avx512_vnni", True), ("fpu avx2 fma", False)):
+    monkeypatch.setattr(
+        builtins,
+        "open",
+        lambda path, *a, **k: real_open(info if path == "/proc/cpuinfo" else path, *a, **k),
+    )
+    for flags, expected in (
+        ("fpu avx512f amx_bf16 amx_tile amx_int8 avx512_vnni", True),
+        ("fpu avx2 fma", False),
+    ):
         info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
         assert bench.cpu_has_amx() is expected

@@ -13,16 +13,34 @@ from plait.server.dashboard_probe import StepProbe, StepRecord
 
 
 def _stats(**kw):
-    base = {"num_running": 0, "num_waiting": 0, "kv_pages_total": 100, "kv_pages_free": 100,
-            "kv_pages_cached": 0, "kv_pages_evictable": 0, "kv_pages_in_use": 0,
-            "cache_hit_rate": 0.0, "num_retracted": 0, "total_generated_tokens": 0,
-            "quantization": None}  # fmt: skip
+    base = {
+        "num_running": 0,
+        "num_waiting": 0,
+        "kv_pages_total": 100,
+        "kv_pages_free": 100,
+        "kv_pages_cached": 0,
+        "kv_pages_evictable": 0,
+        "kv_pages_in_use": 0,
+        "cache_hit_rate": 0.0,
+        "num_retracted": 0,
+        "total_generated_tokens": 0,
+        "quantization": None,
+    }
     return {**base, **kw}
 
 
 def _step(t: float, **kw) -> StepRecord:
-    base = dict(time=t, seconds=0.01, prefill=0, decode=0, verify=0, accepted=0,
-                jump_forward=0, decode_steps=1, batch_size=1)  # fmt: skip
+    base = dict(
+        time=t,
+        seconds=0.01,
+        prefill=0,
+        decode=0,
+        verify=0,
+        accepted=0,
+        jump_forward=0,
+        decode_steps=1,
+        batch_size=1,
+    )
     return StepRecord(**{**base, **kw})
 
 
@@ -45,11 +63,17 @@ def test_rows_take_deltas_and_split_steps():
         _step(99.0, prefill=999),
     ]
     row = h.sample(
-        102.0, _stats(kv_pages_cached=10, kv_pages_evictable=4, total_generated_tokens=50,
-                      num_retracted=1), prompt_tokens=200, cached_prompt_tokens=150, steps=steps,
-        ttft=[(101.0, 0.2), (80.0, 9.0)], itl=[(101.0, 0.01), (101.5, 0.03)],
+        102.0,
+        _stats(
+            kv_pages_cached=10, kv_pages_evictable=4, total_generated_tokens=50, num_retracted=1
+        ),
+        prompt_tokens=200,
+        cached_prompt_tokens=150,
+        steps=steps,
+        ttft=[(101.0, 0.2), (80.0, 9.0)],
+        itl=[(101.0, 0.01), (101.5, 0.03)],
         events=[{"time": 101.0, "kind": "evict", "pages": 5}, {"time": 101.2, "kind": "retract"}],
-    )  # fmt: skip
+    )
     assert row["window_hit_rate"] == pytest.approx(0.75)
     assert row["output_tokens_per_s"] == pytest.approx(25.0)
     assert row["kv_pages_protected"] == 6 and row["retractions"] == 1
@@ -80,10 +104,19 @@ def test_probe_subscribes_to_engine_events_and_takes_itself_off():
     probe = StepProbe(engine)
     probe.install()
     assert probe.installed and events.wants(StepFinished)
-    req = SimpleNamespace(rid="r", output_ids=[], prompt_ids=[1, 2], grammar=None, finished=False,
-                          first_token_time=time.perf_counter(), arrival_time=time.perf_counter() - 0.5,
-                          num_tokens=2, pages=[0], cached_tokens=0,
-                          finish_reason=FinishReason("length", length=2))  # fmt: skip
+    req = SimpleNamespace(
+        rid="r",
+        output_ids=[],
+        prompt_ids=[1, 2],
+        grammar=None,
+        finished=False,
+        first_token_time=time.perf_counter(),
+        arrival_time=time.perf_counter() - 0.5,
+        num_tokens=2,
+        pages=[0],
+        cached_tokens=0,
+        finish_reason=FinishReason("length", length=2),
+    )
     batch = ScheduleBatch(extends=[ExtendEntry(req, 0, 2, True)])
     req.output_ids.append(7)  # the engine appends the step's tokens before the step's event
     events.step_finished(batch, time.perf_counter())

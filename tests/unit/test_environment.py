@@ -18,17 +18,29 @@ def test_defaults_when_nothing_is_set() -> None:
 
 
 def test_values_are_parsed() -> None:
-    env = Environment.from_mapping({
-        "PLAIT_DISABLE_NATIVE": "Yes", "PLAIT_NATIVE_MARCH": "haswell", "PLAIT_CACHE_DIR": "/x/y",
-        "PLAIT_BF16_GEMM": "0", "PLAIT_DISABLE_TRITON": "on", "CXX": "clang++",
-    })  # fmt: skip
+    env = Environment.from_mapping(
+        {
+            "PLAIT_DISABLE_NATIVE": "Yes",
+            "PLAIT_NATIVE_MARCH": "haswell",
+            "PLAIT_CACHE_DIR": "/x/y",
+            "PLAIT_BF16_GEMM": "0",
+            "PLAIT_DISABLE_TRITON": "on",
+            "CXX": "clang++",
+        }
+    )
     assert env == Environment(True, "haswell", Path("/x/y"), False, True, "clang++")
     assert Environment.from_mapping({"PLAIT_BF16_GEMM": "auto"}).bf16_gemm is None
     assert Environment.from_mapping({"PLAIT_BF16_GEMM": "true"}).bf16_gemm is True
 
 
-@pytest.mark.parametrize("name,value", [("PLAIT_DISABLE_NATIVE", "2"), ("PLAIT_BF16_GEMM", "maybe"),
-                                        ("PLAIT_NATIVE_MARCH", "x86-64 -O0")])  # fmt: skip
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("PLAIT_DISABLE_NATIVE", "2"),
+        ("PLAIT_BF16_GEMM", "maybe"),
+        ("PLAIT_NATIVE_MARCH", "x86-64 -O0"),
+    ],
+)
 def test_a_bad_value_names_its_variable(name: str, value: str) -> None:
     with pytest.raises(ValueError, match=name):
         Environment.from_mapping({name: value})

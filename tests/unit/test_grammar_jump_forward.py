@@ -39,7 +39,9 @@ def ids(tokenizer, text: str) -> list[int]:
 
 
 def test_forced_strings_of_a_compact_schema(tok):
-    grammar = compile_key(tok, make_grammar_key(json_schema=PERSON, json_whitespace="compact")).new_grammar()
+    grammar = compile_key(
+        tok, make_grammar_key(json_schema=PERSON, json_whitespace="compact")
+    ).new_grammar()
     assert grammar.try_jump_forward() == '{"name":"'
     jump = jump_forward(grammar, tok)
     assert jump.text == '{"name":"' and jump.num_dropped == 0

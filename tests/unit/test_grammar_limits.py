@@ -26,8 +26,9 @@ def checked(fn, *args, **kwargs) -> bool:
         return False
 
 
-@settings(max_examples=300, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+@settings(
+    max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(regexes())
 def test_any_regex_is_checked_and_what_passes_is_bounded(regex):
     if checked(check_regex, regex):
@@ -41,8 +42,9 @@ def test_garbage_regexes_never_escape(regex):
     checked(make_grammar_key, regex=regex)
 
 
-@settings(max_examples=120, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+@settings(
+    max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(schemas())
 def test_any_schema_is_checked(schema):
     checked(make_grammar_key, json_schema=json.dumps(schema))
@@ -57,10 +59,18 @@ def test_deep_schemas_are_rejected_not_crashed(depth):
 
 @pytest.mark.parametrize(
     ("regex", "ok"),
-    [(r"[0-9]{4}-[0-9]{2}", True), (r"(a*)*b", True), (r"[ab]*a[ab]{8}", True),
-     (r"[a-z]{0,1000}", True), (r"[ab]*a[ab]{12}", False), (r".*a.{10}", False),
-     (r".{0,500}", False), (r"a{1,100000}", False), ("(" * 33 + ")" * 33, False)],
-)  # fmt: skip
+    [
+        (r"[0-9]{4}-[0-9]{2}", True),
+        (r"(a*)*b", True),
+        (r"[ab]*a[ab]{8}", True),
+        (r"[a-z]{0,1000}", True),
+        (r"[ab]*a[ab]{12}", False),
+        (r".*a.{10}", False),
+        (r".{0,500}", False),
+        (r"a{1,100000}", False),
+        ("(" * 33 + ")" * 33, False),
+    ],
+)
 def test_limits_on_known_shapes(regex, ok):
     assert checked(check_regex, regex) is ok
 
@@ -76,10 +86,14 @@ def test_compile_timeout_is_a_grammar_error(tiny_engine, monkeypatch):
         return real(key)
 
     monkeypatch.setattr(backend, "compile", stuck)
-    monkeypatch.setattr(tiny_engine, "config", _with(tiny_engine.config, grammar_compile_timeout=0.2))
+    monkeypatch.setattr(
+        tiny_engine, "config", _with(tiny_engine.config, grammar_compile_timeout=0.2)
+    )
     try:
         with pytest.raises(GrammarError, match="regex: compiling the constraint took longer"):
-            tiny_engine.generate(text="x", sampling_params={"regex": "[0-9]{7}", "max_new_tokens": 2})
+            tiny_engine.generate(
+                text="x", sampling_params={"regex": "[0-9]{7}", "max_new_tokens": 2}
+            )
     finally:
         release.set()
 
@@ -94,8 +108,9 @@ def _with(config, **changes):
 def sandboxed(smollm_tokenizer):
     from plait.runtime.constrained import create_grammar_backend
 
-    backend = create_grammar_backend("outlines", smollm_tokenizer, compile_timeout=1.5,
-                                     compile_memory_mb=900)  # fmt: skip
+    backend = create_grammar_backend(
+        "outlines", smollm_tokenizer, compile_timeout=1.5, compile_memory_mb=900
+    )
     yield backend
     backend.close()
 
@@ -106,7 +121,9 @@ def test_sandbox_stops_what_the_static_limits_miss(sandboxed):
     assert sandboxed.sandbox is not None
     ok = sandboxed.compile(GrammarKey("regex", "[0-9]{3}"))
     assert ok.new_grammar() is not None
-    with pytest.raises(GrammarError, match="regex: compiling the constraint took longer than 1.5 s"):
+    with pytest.raises(
+        GrammarError, match="regex: compiling the constraint took longer than 1.5 s"
+    ):
         sandboxed.compile(GrammarKey("regex", "[^x]{1,300}\\w+"))
     with pytest.raises(GrammarError, match="regex: .*(MB|longer|the limit is)"):
         sandboxed.compile(GrammarKey("regex", ".{0,400}"))

@@ -22,10 +22,19 @@ from tests.unit.grammar_support import allowed_ids, schema_corpus
 # What the regex/DFA path refused (state limits, keywords), each with a valid example.
 COVERAGE = {
     "long repetition": {"type": "string", "pattern": "^[a-z]{3,2000}$"},
-    "pattern with lengths": {"type": "string", "pattern": "^[a-z]+$", "minLength": 3, "maxLength": 6},
+    "pattern with lengths": {
+        "type": "string",
+        "pattern": "^[a-z]+$",
+        "minLength": 3,
+        "maxLength": 6,
+    },
     "minProperties": {
         "type": "object",
-        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}},
+        "properties": {
+            "a": {"type": "integer"},
+            "b": {"type": "integer"},
+            "c": {"type": "integer"},
+        },
         "minProperties": 2,
     },
     "patternProperties": {
@@ -75,11 +84,17 @@ COVERAGE = {
         "allOf": [{"properties": {"x": {"type": "integer"}}, "required": ["x"]}],
     },
     "required but not listed": {
-        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"],
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "required": ["a", "b"],
     },
     "schema dependencies": {
         "type": "object",
-        "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"}, "c": {"type": "integer"}},
+        "properties": {
+            "a": {"type": "integer"},
+            "b": {"type": "boolean"},
+            "c": {"type": "integer"},
+        },
         "required": ["c"],
         "dependencies": {"a": {"required": ["b"]}, "c": {"properties": {"b": {"const": True}}}},
     },
@@ -88,17 +103,27 @@ COVERAGE = {
         "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
         "not": {"required": ["b"]},
     },
-    "not a type": {"anyOf": [{"type": "string", "maxLength": 3}, {"type": "array"}], "not": {"type": "array"}},
+    "not a type": {
+        "anyOf": [{"type": "string", "maxLength": 3}, {"type": "array"}],
+        "not": {"type": "array"},
+    },
     "a property that never validates": {
-        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"not": {}}},
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"not": {}}},
     },
     "discriminated oneOf": {
         "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
         "$defs": {
-            "Cat": {"type": "object", "properties": {"pet": {"const": "cat"}, "lives": {"type": "integer"}},
-                    "required": ["pet"]},
-            "Dog": {"type": "object", "properties": {"pet": {"const": "dog"}, "lives": {"type": "integer"}},
-                    "required": ["pet"]},
+            "Cat": {
+                "type": "object",
+                "properties": {"pet": {"const": "cat"}, "lives": {"type": "integer"}},
+                "required": ["pet"],
+            },
+            "Dog": {
+                "type": "object",
+                "properties": {"pet": {"const": "dog"}, "lives": {"type": "integer"}},
+                "required": ["pet"],
+            },
         },
     },
     "big schema": {
@@ -122,7 +147,9 @@ def closing(smollm_tokenizer) -> ClosingSearch:
     )
 
 
-def walk_then_close(backend, closing, key, seed: int, steps: int, required: bool = True) -> str | None:
+def walk_then_close(
+    backend, closing, key, seed: int, steps: int, required: bool = True
+) -> str | None:
     """Samples uniformly among allowed tokens for `steps` tokens (or until EOS is the only way
     on), then closes with the budget search; returns the text, which the grammar accepts (None
     when the search found no closing and `required` is off)."""
@@ -179,8 +206,14 @@ def test_closings_longer_than_the_first_pass_are_found(backend, closing):
         "type": "object",
         "properties": {
             "commandId": {"type": "string"},
-            "execution": {"type": "object", "properties": {"semantics": {"enum": ["AT_LEAST_ONCE"]},
-                          "timeToLive": {"type": ["integer", "null"]}}, "required": ["semantics", "timeToLive"]},
+            "execution": {
+                "type": "object",
+                "properties": {
+                    "semantics": {"enum": ["AT_LEAST_ONCE"]},
+                    "timeToLive": {"type": ["integer", "null"]},
+                },
+                "required": ["semantics", "timeToLive"],
+            },
             "tags": {"type": "object", "additionalProperties": {"type": "string"}},
             "whenCreated": {"type": "string"},
         },
@@ -203,19 +236,29 @@ def test_closings_of_hundreds_of_tokens_are_found(backend, closing):
     jsonschema.validate(json.loads(backend.tokenizer.decode(tail)), schema)
 
 
-EMAIL = {"type": "string", "format": "email",
-         "pattern": "^[A-Za-z0-9_\\-\\.]+@[A-Za-z0-9_\\-\\.]+\\.[A-Za-z]{2,}$"}  # fmt: skip
+EMAIL = {
+    "type": "string",
+    "format": "email",
+    "pattern": "^[A-Za-z0-9_\\-\\.]+@[A-Za-z0-9_\\-\\.]+\\.[A-Za-z]{2,}$",
+}
 
 
-@pytest.mark.parametrize("written", ['{"contact":{"email":"', '{"contact":{"email":"mara', '{"contact":{"email":"a@b.'])
+@pytest.mark.parametrize(
+    "written", ['{"contact":{"email":"', '{"contact":{"email":"mara', '{"contact":{"email":"a@b.']
+)
 def test_closings_end_patterns_that_end_in_letters(backend, closing, written):
     """An email pattern ending in `\\.[A-Za-z]{2,}$` inside a longer document: walks that try
     digits first write them after every dot, which that end never takes; one walk tries letters
     first."""
     props = {f"field{i}": {"type": "string"} for i in range(12)}
-    schema = {"type": "object", "required": ["contact", *props],
-              "properties": {"contact": {"type": "object", "required": ["email"], "properties": {"email": EMAIL}},
-                             **props}}  # fmt: skip
+    schema = {
+        "type": "object",
+        "required": ["contact", *props],
+        "properties": {
+            "contact": {"type": "object", "required": ["email"], "properties": {"email": EMAIL}},
+            **props,
+        },
+    }
     key = make_grammar_key(json_schema=schema, json_whitespace="compact")
     grammar = backend.compile(key).new_grammar()
     assert all(grammar.try_advance(t) for t in backend.tokenizer.encode(written))
@@ -228,8 +271,12 @@ def test_closings_end_patterns_that_end_in_letters(backend, closing, written):
 def test_closings_take_separators_in_turn(backend, closing):
     """A pattern whose groups allow `-` but end at `:`: the walk must not write `-` forever."""
     pattern = "^pbj:([a-z0-9-]+):([a-z0-9\\.-]+):([a-z0-9-]+)?:([a-z0-9-]+):([0-9]+-[0-9]+-[0-9]+)$"
-    schema = {"type": "object", "required": ["_schema"], "additionalProperties": False,
-              "properties": {"_schema": {"type": "string", "pattern": pattern}}}  # fmt: skip
+    schema = {
+        "type": "object",
+        "required": ["_schema"],
+        "additionalProperties": False,
+        "properties": {"_schema": {"type": "string", "pattern": pattern}},
+    }
     grammar = backend.compile(make_grammar_key(json_schema=schema)).new_grammar()
     tail = closing.shortest_completion(grammar, 4096, time_limit=5)
     assert tail is not None
@@ -349,31 +396,53 @@ def test_jump_forward_and_rollback(backend, smollm_tokenizer):
 
 @pytest.mark.parametrize(
     "spacing, text",
-    [("conventional", '{"a": 1, "b": [2, 3]}'), ("compact", '{"a":1,"b":[2,3]}'),
-     ("flexible", '{\n  "a": 1,\n  "b": [2, 3]\n}')],
-)  # fmt: skip
+    [
+        ("conventional", '{"a": 1, "b": [2, 3]}'),
+        ("compact", '{"a":1,"b":[2,3]}'),
+        ("flexible", '{\n  "a": 1,\n  "b": [2, 3]\n}'),
+    ],
+)
 def test_json_spacing(backend, smollm_tokenizer, spacing, text):
     """Each spacing accepts its own way of writing JSON and not the others' (flexible takes
     them all)."""
-    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "integer"}}},
-              "required": ["a", "b"], "additionalProperties": False}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "integer"},
+            "b": {"type": "array", "items": {"type": "integer"}},
+        },
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    }
     texts = ['{"a": 1, "b": [2, 3]}', '{"a":1,"b":[2,3]}', '{\n  "a": 1,\n  "b": [2, 3]\n}']
-    grammar = backend.compile(make_grammar_key(json_schema=schema, json_whitespace=spacing)).new_grammar()
+    grammar = backend.compile(
+        make_grammar_key(json_schema=schema, json_whitespace=spacing)
+    ).new_grammar()
     for other in texts:
         accepted = grammar.accepts_after(smollm_tokenizer.encode(other, add_special_tokens=False))
         assert accepted == (other == text or spacing == "flexible"), (spacing, other)
 
 
 def _leaf() -> st.SearchStrategy[dict]:
-    return st.sampled_from([
-        {"type": "string"}, {"type": "string", "maxLength": 8}, {"type": "string", "minLength": 2},
-        {"type": "integer"}, {"type": "integer", "minimum": -5, "maximum": 500},
-        {"type": "number"}, {"type": "number", "minimum": 0, "maximum": 1}, {"type": "boolean"},
-        {"type": "null"}, {"enum": ["red", "green", 3, None]}, {"const": "fixed"},
-        {"type": "string", "format": "date"}, {"type": "string", "format": "email"},
-        {"type": "string", "pattern": "^[A-Z]{2}[0-9]{3}$"},
-        {"type": ["string", "integer"]},
-    ])  # fmt: skip
+    return st.sampled_from(
+        [
+            {"type": "string"},
+            {"type": "string", "maxLength": 8},
+            {"type": "string", "minLength": 2},
+            {"type": "integer"},
+            {"type": "integer", "minimum": -5, "maximum": 500},
+            {"type": "number"},
+            {"type": "number", "minimum": 0, "maximum": 1},
+            {"type": "boolean"},
+            {"type": "null"},
+            {"enum": ["red", "green", 3, None]},
+            {"const": "fixed"},
+            {"type": "string", "format": "date"},
+            {"type": "string", "format": "email"},
+            {"type": "string", "pattern": "^[A-Z]{2}[0-9]{3}$"},
+            {"type": ["string", "integer"]},
+        ]
+    )
 
 
 def _schemas() -> st.SearchStrategy[dict]:
@@ -381,28 +450,53 @@ def _schemas() -> st.SearchStrategy[dict]:
     arrays with bounds, anyOf, allOf of objects, $defs with $ref."""
 
     def extend(children: st.SearchStrategy[dict]) -> st.SearchStrategy[dict]:
-        names = st.lists(st.sampled_from(["id", "name", "kind", "tags", "meta", "value"]),
-                         min_size=1, max_size=4, unique=True)  # fmt: skip
+        names = st.lists(
+            st.sampled_from(["id", "name", "kind", "tags", "meta", "value"]),
+            min_size=1,
+            max_size=4,
+            unique=True,
+        )
         obj = st.builds(
-            lambda ks, vs, n: {"type": "object", "properties": dict(zip(ks, vs)), "required": ks[:n]},
-            names, st.lists(children, min_size=4, max_size=4), st.integers(0, 4),
-        )  # fmt: skip
-        arr = st.builds(lambda c, lo: {"type": "array", "items": c, "minItems": lo, "maxItems": lo + 3},
-                        children, st.integers(0, 2))  # fmt: skip
+            lambda ks, vs, n: {
+                "type": "object",
+                "properties": dict(zip(ks, vs)),
+                "required": ks[:n],
+            },
+            names,
+            st.lists(children, min_size=4, max_size=4),
+            st.integers(0, 4),
+        )
+        arr = st.builds(
+            lambda c, lo: {"type": "array", "items": c, "minItems": lo, "maxItems": lo + 3},
+            children,
+            st.integers(0, 2),
+        )
         any_of = st.builds(lambda a, b: {"anyOf": [a, b]}, children, children)
         all_of = st.builds(
-            lambda a, b: {"allOf": [{"type": "object", "properties": {"x": a}, "required": ["x"]},
-                                    {"type": "object", "properties": {"y": b}}]},
-            children, children,
-        )  # fmt: skip
+            lambda a, b: {
+                "allOf": [
+                    {"type": "object", "properties": {"x": a}, "required": ["x"]},
+                    {"type": "object", "properties": {"y": b}},
+                ]
+            },
+            children,
+            children,
+        )
         return st.one_of(obj, arr, any_of, all_of)
 
     base = st.recursive(_leaf(), extend, max_leaves=12)
-    return st.one_of(base, st.builds(lambda d: {"$defs": {"item": d}, "type": "array",
-                                                  "items": {"$ref": "#/$defs/item"}}, base))  # fmt: skip
+    return st.one_of(
+        base,
+        st.builds(
+            lambda d: {"$defs": {"item": d}, "type": "array", "items": {"$ref": "#/$defs/item"}},
+            base,
+        ),
+    )
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(schema=_schemas(), seed=st.integers(0, 1000), steps=st.integers(0, 40))
 def test_generated_schemas_finished_or_closed_validate(backend, closing, schema, seed, steps):
     """Whatever a generated schema compiles to, an output that finished (EOS allowed) or was
@@ -462,7 +556,9 @@ def test_shorthand_classes_admit_ascii_only(smollm_tokenizer, backend_name, key)
     classes would allow (`١`, `৪`, U+2000)."""
     from plait.runtime.constrained import create_grammar_backend
 
-    compiled = create_grammar_backend(backend_name, smollm_tokenizer).compile(make_grammar_key(**key))
+    compiled = create_grammar_backend(backend_name, smollm_tokenizer).compile(
+        make_grammar_key(**key)
+    )
     grammar = compiled.new_grammar()
     if "json_schema" in key:
         grammar.advance(smollm_tokenizer.encode('"', add_special_tokens=False)[0])
@@ -473,11 +569,15 @@ def test_shorthand_classes_admit_ascii_only(smollm_tokenizer, backend_name, key)
     spelled = smollm_tokenizer.vocab_bytes()
     allowed = [spelled[i] for i in np.flatnonzero(bits)]
     assert allowed
-    assert all(max(b) < 0x80 for b in allowed if b), [b for b in allowed if b and max(b) >= 0x80][:5]
+    assert all(max(b) < 0x80 for b in allowed if b), [b for b in allowed if b and max(b) >= 0x80][
+        :5
+    ]
 
 
 def test_unicode_classes_stay_available_by_name(smollm_tokenizer, backend):
     compiled = backend.compile(make_grammar_key(regex=r"\p{Nd}"))
     arabic_one = smollm_tokenizer.encode("١", add_special_tokens=False)
     assert compiled.new_grammar().accepts_after(arabic_one)
-    assert not backend.compile(make_grammar_key(regex=r"\d")).new_grammar().accepts_after(arabic_one)
+    assert (
+        not backend.compile(make_grammar_key(regex=r"\d")).new_grammar().accepts_after(arabic_one)
+    )

@@ -81,7 +81,7 @@ def test_first_failure_is_raised_and_the_rest_cancelled():
     reasons: list[str] = []
 
     class FailsOnBad(MockBackend):
-        """"bad" fails once another program's call is in flight; other calls run until aborted."""
+        """ "bad" fails once another program's call is in flight; other calls run until aborted."""
 
         def generate(self, text, sampling_params, **kwargs):
             if "bad" in text:

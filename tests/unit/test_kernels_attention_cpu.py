@@ -22,10 +22,16 @@ CASES = [
     Case(extends=[(20, 3), (0, 40), (7, 16), (50, 17)], decodes=[9, 200], page_size=4),
     Case(extends=[(33, 1)], decodes=[], num_heads=4, num_kv_heads=4, head_dim=32),
     Case(extends=[(30, 5)], decodes=[3, 100, 45], sliding_window=8, page_size=16),
-    Case(extends=[], decodes=[3, 100, 45], sliding_window=16, page_size=4),  # decodes only: tables as built
+    Case(
+        extends=[], decodes=[3, 100, 45], sliding_window=16, page_size=4
+    ),  # decodes only: tables as built
     Case(extends=[(0, 2)], decodes=[7], num_heads=8, num_kv_heads=1, head_dim=80, page_size=2),
-    Case(extends=[(3, 2)], decodes=[11, 70], num_heads=6, num_kv_heads=2, head_dim=20, page_size=1),  # a tail of 4
-    Case(extends=[], decodes=[9, 40], num_heads=12, num_kv_heads=1, head_dim=16, page_size=4),  # groups past 8
+    Case(
+        extends=[(3, 2)], decodes=[11, 70], num_heads=6, num_kv_heads=2, head_dim=20, page_size=1
+    ),  # a tail of 4
+    Case(
+        extends=[], decodes=[9, 40], num_heads=12, num_kv_heads=1, head_dim=16, page_size=4
+    ),  # groups past 8
     # few rows over long contexts: each row's context is split across threads, then merged
     Case(extends=[], decodes=[1500], num_heads=9, num_kv_heads=3, page_size=1),
     Case(extends=[], decodes=[1200, 10], page_size=16),
@@ -34,18 +40,29 @@ CASES = [
     # in register groups (4 a group at 64, 2 at 128: groups of 1, 3 and 5 leave partial ones)
     Case(extends=[], decodes=[16, 33, 100], num_heads=4, num_kv_heads=4, page_size=8),
     Case(extends=[], decodes=[50, 17, 2], num_heads=10, num_kv_heads=2, page_size=4),
-    Case(extends=[(40, 3)], decodes=[47, 300], num_heads=12, num_kv_heads=4, head_dim=128, page_size=16),
+    Case(
+        extends=[(40, 3)],
+        decodes=[47, 300],
+        num_heads=12,
+        num_kv_heads=4,
+        head_dim=128,
+        page_size=16,
+    ),
     Case(extends=[], decodes=[700, 31], num_heads=8, num_kv_heads=8, head_dim=128, page_size=16),
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"e{c.extends}-d{c.decodes}-w{c.sliding_window}")
+@pytest.mark.parametrize(
+    "case", CASES, ids=lambda c: f"e{c.extends}-d{c.decodes}-w{c.sliding_window}"
+)
 def test_native_rows_match_reference(case: Case) -> None:
     q, k, v, k_cache, v_cache, meta, _ = make_batch(case, seed=3)
     scale = case.head_dim**-0.5
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     expected = paged_attention_ref(q, k, v, ref_k, ref_v, meta, scale, case.sliding_window)
-    actual = attention_cpu.paged_attention_cpu(q, k, v, k_cache, v_cache, meta, scale, case.sliding_window)
+    actual = attention_cpu.paged_attention_cpu(
+        q, k, v, k_cache, v_cache, meta, scale, case.sliding_window
+    )
     torch.testing.assert_close(actual, expected, **tolerance(torch.float32))
     torch.testing.assert_close(k_cache, ref_k)  # the new tokens' K/V were stored alike
     torch.testing.assert_close(v_cache, ref_v)
@@ -61,7 +78,9 @@ def test_scores_far_apart_in_the_last_slots_keep_the_larger() -> None:
     table = meta.decode_kv_slots[0]
     for position, target in ((20, 2000.0), (21, 1000.0)):  # query head 0's scores; head 1's are 0
         flat_k[table[position]] = q[0, 0] * (target / (q[0, 0] @ q[0, 0]) / case.head_dim**-0.5)
-    actual = attention_cpu.paged_attention_cpu(q, k, v, k_cache, v_cache, meta, case.head_dim**-0.5, None)
+    actual = attention_cpu.paged_attention_cpu(
+        q, k, v, k_cache, v_cache, meta, case.head_dim**-0.5, None
+    )
     torch.testing.assert_close(actual[0, 0], v_cache.view(-1, case.head_dim)[table[20]])
 
 
@@ -71,7 +90,12 @@ def test_rows_cover_decodes_and_short_extends_only() -> None:
     rows = attention_cpu.cpu_rows(meta, sliding_window=None)
     assert rows.row_extends == {0}
     # two rows for the short extend (causal: 11 and 12 positions), then one per decode
-    assert rows.q_index.tolist() == [0, 1, 2 + attention_cpu.MAX_ROW_EXTEND + 1, 3 + attention_cpu.MAX_ROW_EXTEND + 1]
+    assert rows.q_index.tolist() == [
+        0,
+        1,
+        2 + attention_cpu.MAX_ROW_EXTEND + 1,
+        3 + attention_cpu.MAX_ROW_EXTEND + 1,
+    ]
     assert rows.kv_len.tolist() == [11, 12, 4, 6]
 
 

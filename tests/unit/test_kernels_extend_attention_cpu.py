@@ -26,7 +26,11 @@ def sdpa_reference(q, k, v, prefix_len, scale, window):
     if window is not None:
         mask &= k_pos > q_pos - window
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale,
+        q.transpose(0, 1),
+        k.transpose(0, 1),
+        v.transpose(0, 1),
+        attn_mask=mask,
+        scale=scale,
         enable_gqa=q.shape[1] != k.shape[1],
     )
     return out.transpose(0, 1)
@@ -47,7 +51,9 @@ def sdpa_reference(q, k, v, prefix_len, scale, window):
         (20, 5, 4, 2, 20, None),  # 20 columns: not served natively
     ],
 )
-def test_native_prefill_attention_matches_sdpa(q_len, prefix_len, heads, kv_heads, head_dim, window):
+def test_native_prefill_attention_matches_sdpa(
+    q_len, prefix_len, heads, kv_heads, head_dim, window
+):
     gen = torch.Generator().manual_seed(q_len * 7 + prefix_len)
     q = torch.randn(q_len, heads, head_dim, generator=gen)
     k = torch.randn(prefix_len + q_len, kv_heads, head_dim, generator=gen)
@@ -58,22 +64,36 @@ def test_native_prefill_attention_matches_sdpa(q_len, prefix_len, heads, kv_head
     assert (out is not None) == served(head_dim)
     if out is not None:
         torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-4)
-    torch.testing.assert_close(extend_attention(q, k, v, prefix_len, scale, window), expected, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        extend_attention(q, k, v, prefix_len, scale, window), expected, atol=2e-5, rtol=1e-4
+    )
 
 
 def test_disabled_native_kernels_leave_prefill_attention_to_torch(monkeypatch):
     monkeypatch.setattr(native, "DISABLED", True)
     q, k, v = torch.randn(8, 2, 16), torch.randn(8, 2, 16), torch.randn(8, 2, 16)
     assert native_extend_attention(q, k, v, 0, 0.25, None) is None
-    torch.testing.assert_close(extend_attention(q, k, v, 0, 0.25), sdpa_reference(q, k, v, 0, 0.25, None))
-    torch.testing.assert_close(extend_attention_ref(q, k, v, 0, 0.25), sdpa_reference(q, k, v, 0, 0.25, None))
+    torch.testing.assert_close(
+        extend_attention(q, k, v, 0, 0.25), sdpa_reference(q, k, v, 0, 0.25, None)
+    )
+    torch.testing.assert_close(
+        extend_attention_ref(q, k, v, 0, 0.25), sdpa_reference(q, k, v, 0, 0.25, None)
+    )
 
 
 @pytest.mark.parametrize(
     "q_len,prefix_len,heads,kv_heads,head_dim",
-    [(300, 0, 9, 3, 64), (64, 64, 9, 3, 64), (100, 37, 4, 4, 32), (60, 20, 6, 1, 16), (24, 900, 9, 3, 64)],
+    [
+        (300, 0, 9, 3, 64),
+        (64, 64, 9, 3, 64),
+        (100, 37, 4, 4, 32),
+        (60, 20, 6, 1, 16),
+        (24, 900, 9, 3, 64),
+    ],
 )
-def test_bf16_prefill_attention_is_within_bfloat16_rounding(q_len, prefix_len, heads, kv_heads, head_dim):
+def test_bf16_prefill_attention_is_within_bfloat16_rounding(
+    q_len, prefix_len, heads, kv_heads, head_dim
+):
     """torch's flash attention in bfloat16; a cached prefix attended apart and merged by the
     log-sum-exps gives the causal attention over the whole."""
     from plait.kernels.attention import bf16_extend_attention
@@ -99,13 +119,27 @@ def test_bf16_prefill_attention_takes_chunks_with_enough_work(monkeypatch):
 
     calls = []
     real = attention.bf16_extend_attention
-    monkeypatch.setattr(attention, "bf16_extend_attention", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    monkeypatch.setattr(
+        attention, "bf16_extend_attention", lambda *a: calls.append(a[0].shape[0]) or real(*a)
+    )
     assert (attention.BF16_EXTEND_MIN_Q, attention.BF16_EXTEND_MIN_WORK) == (16, 20_000)
     for q_len, prefix_len, bf16, window in [
-        (512, 0, True, None), (48, 0, True, None), (16, 1300, True, None), (15, 2000, True, None),
-        (96, 100, True, None), (160, 0, True, None), (512, 0, False, None), (512, 0, True, 8),
-    ]:  # fmt: skip
-        q, k, v = torch.randn(q_len, 4, 16), torch.randn(prefix_len + q_len, 2, 16), torch.randn(prefix_len + q_len, 2, 16)
+        (512, 0, True, None),
+        (48, 0, True, None),
+        (16, 1300, True, None),
+        (15, 2000, True, None),
+        (96, 100, True, None),
+        (160, 0, True, None),
+        (512, 0, False, None),
+        (512, 0, True, 8),
+    ]:
+        q, k, v = (
+            torch.randn(q_len, 4, 16),
+            torch.randn(prefix_len + q_len, 2, 16),
+            torch.randn(prefix_len + q_len, 2, 16),
+        )
         out = extend_attention(q, k, v, prefix_len, 0.25, window, bf16)
-        torch.testing.assert_close(out, sdpa_reference(q, k, v, prefix_len, 0.25, window), atol=0.05, rtol=0.05)
+        torch.testing.assert_close(
+            out, sdpa_reference(q, k, v, prefix_len, 0.25, window), atol=0.05, rtol=0.05
+        )
     assert calls == [512, 16, 160]

@@ -61,9 +61,10 @@ def test_native_store_writes_what_torch_writes(monkeypatch, dtype) -> None:
         assert (a.float() - b.float()).abs().max() <= (1 if dtype == torch.int8 else 0)
     if dtype == torch.int8:
         torch.testing.assert_close(ours[2], reference[2])
-        back = dequantize_int8(ours[0].view(-1, 4, 16)[slots], ours[2][0].view(-1, 4)[slots], torch.float32)
+        back = dequantize_int8(
+            ours[0].view(-1, 4, 16)[slots], ours[2][0].view(-1, 4)[slots], torch.float32
+        )
         torch.testing.assert_close(back, k, atol=0.02, rtol=0)
-
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, *DTYPES], ids=str)
@@ -73,32 +74,50 @@ def test_a_slot_outside_the_pool_raises_and_stores_nothing(monkeypatch, dtype, b
     slots = torch.tensor([5, bad, 7])
     for disabled in (False, True):  # the native store checks first; torch's index_copy_ raises too
         monkeypatch.setattr(native, "DISABLED", disabled)
-        kc, vc = torch.zeros(8, 4, 4, 16, dtype=dtype), torch.zeros(8, 4, 4, 16, dtype=dtype)  # 32 slots
+        kc, vc = (
+            torch.zeros(8, 4, 4, 16, dtype=dtype),
+            torch.zeros(8, 4, 4, 16, dtype=dtype),
+        )  # 32 slots
         scales = (torch.ones(8, 4, 4), torch.ones(8, 4, 4)) if dtype == torch.int8 else None
-        with pytest.raises(IndexError) if not disabled else pytest.raises((IndexError, RuntimeError)) as err:
+        with (
+            pytest.raises(IndexError)
+            if not disabled
+            else pytest.raises((IndexError, RuntimeError)) as err
+        ):
             store_kv(k, v, kc, vc, slots, scales)
         if not disabled:
             assert f"slots[1] = {bad}" in str(err.value) and "32 slots" in str(err.value)
             assert not kc.any() and not vc.any()
+
 
 CASES = [
     Case(extends=[], decodes=[5, 37, 130, 1, 64], num_heads=9, num_kv_heads=3, page_size=1),
     Case(extends=[(20, 3), (0, 40), (7, 16), (50, 17)], decodes=[9, 200], page_size=4),
     Case(extends=[(30, 5)], decodes=[3, 100, 45], sliding_window=8, page_size=16),
     Case(extends=[], decodes=[1500], num_heads=9, num_kv_heads=3, page_size=1),  # split-K
-    Case(extends=[(3, 2)], decodes=[11, 70], num_heads=6, num_kv_heads=2, head_dim=20, page_size=1),  # a tail
-    Case(extends=[(20, 2)], decodes=[47, 129], num_heads=8, num_kv_heads=2, head_dim=128, page_size=4),
+    Case(
+        extends=[(3, 2)], decodes=[11, 70], num_heads=6, num_kv_heads=2, head_dim=20, page_size=1
+    ),  # a tail
+    Case(
+        extends=[(20, 2)], decodes=[47, 129], num_heads=8, num_kv_heads=2, head_dim=128, page_size=4
+    ),
 ]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"e{c.extends}-d{c.decodes}-w{c.sliding_window}")
+@pytest.mark.parametrize(
+    "case", CASES, ids=lambda c: f"e{c.extends}-d{c.decodes}-w{c.sliding_window}"
+)
 def test_attention_over_compact_caches(case: Case, dtype) -> None:
     q, k, v, k_cache, v_cache, meta, _ = make_batch(case, seed=5)
     scale = case.head_dim**-0.5
-    exact = paged_attention_ref(q, k, v, k_cache.clone(), v_cache.clone(), meta, scale, case.sliding_window)
+    exact = paged_attention_ref(
+        q, k, v, k_cache.clone(), v_cache.clone(), meta, scale, case.sliding_window
+    )
     kc, vc, scales = as_cache(k_cache, v_cache, dtype)
-    ref = paged_attention_ref(q, k, v, kc.clone(), vc.clone(), meta, scale, case.sliding_window, scales)
+    ref = paged_attention_ref(
+        q, k, v, kc.clone(), vc.clone(), meta, scale, case.sliding_window, scales
+    )
     # the stored values differ from float32 by rounding; attention stays close
     torch.testing.assert_close(ref, exact, atol=0.03, rtol=0)
     if not attention_cpu.native_attention_available():

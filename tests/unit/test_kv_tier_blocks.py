@@ -12,9 +12,15 @@ from plait.runtime.kv_tiers import BlockCodec, BlockError, BlockLayout
 from plait.runtime.kv_tiers.disk import DiskTier
 
 LAYOUT = BlockLayout(
-    num_layers=2, num_kv_heads=1, head_dim=4, dtype="float32", itemsize=4, page_size=2,
-    block_pages=2, scales=False,
-)  # fmt: skip
+    num_layers=2,
+    num_kv_heads=1,
+    head_dim=4,
+    dtype="float32",
+    itemsize=4,
+    page_size=2,
+    block_pages=2,
+    scales=False,
+)
 
 
 def stored(codec: BlockCodec, name: bytes, fill: int = 7) -> bytes:

@@ -12,7 +12,9 @@ import torch
 from plait.kernels import decode_stack, native, quant_matmul, tuning
 from plait.kernels.kv_cache import kv_type_code
 
-pytestmark = pytest.mark.skipif(native.load("cpu_kernels") is None, reason="native kernels unavailable")
+pytestmark = pytest.mark.skipif(
+    native.load("cpu_kernels") is None, reason="native kernels unavailable"
+)
 
 STRUCTS = {
     "PlaitQLinear": decode_stack.QLinear,
@@ -44,7 +46,11 @@ def test_every_library_field_is_mirrored() -> None:
 def test_codes_match_the_library() -> None:
     for fmt, code in quant_matmul.FORMAT_CODE.items():
         assert native.abi_constant(f"format_{fmt}") == code
-    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16), ("int8", torch.int8)):
+    for name, dtype in (
+        ("float32", torch.float32),
+        ("bfloat16", torch.bfloat16),
+        ("int8", torch.int8),
+    ):
         assert native.abi_constant(f"kv_{name}") == kv_type_code(dtype)
     assert native.abi_constant("q8_block") == quant_matmul.Q8_BLOCK
 

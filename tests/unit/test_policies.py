@@ -12,7 +12,11 @@ from plait.runtime.policies import SpeculationPolicy, ThreadPolicy
 
 
 def test_speculation_modes_decide_without_measuring():
-    always, never, auto = SpeculationPolicy("always"), SpeculationPolicy("never"), SpeculationPolicy("auto")
+    always, never, auto = (
+        SpeculationPolicy("always"),
+        SpeculationPolicy("never"),
+        SpeculationPolicy("auto"),
+    )
     for size in (1, 3, 8, 64):
         for _ in range(3):  # the governor would stop drafting once plain steps measured faster
             for policy in (always, never, auto):
@@ -61,5 +65,7 @@ def test_bad_policy_settings_name_the_field(kwargs, field):
 
 
 def test_policy_settings_route_to_the_engine_config():
-    cfg = EngineConfig.from_kwargs(cpu_threads=1, speculation="never", speculative_algorithm="ngram")
+    cfg = EngineConfig.from_kwargs(
+        cpu_threads=1, speculation="never", speculative_algorithm="ngram"
+    )
     assert (cfg.cpu_threads, cfg.speculation) == (1, "never")

@@ -93,8 +93,12 @@ SHAPES = [
     (11, 192),
 ]
 # int8 in groups of 96 (where a pair of 32-blocks may straddle two groups) needs k a multiple of 96
-FORMAT_SHAPES = [(fmt, n, k) for fmt in ("int8", "int8-g32", "int8-g96", "int4") for n, k in SHAPES
-                 if fmt != "int8-g96" or k % 96 == 0]  # fmt: skip
+FORMAT_SHAPES = [
+    (fmt, n, k)
+    for fmt in ("int8", "int8-g32", "int8-g96", "int4")
+    for n, k in SHAPES
+    if fmt != "int8-g96" or k % 96 == 0
+]
 
 
 @needs_native
@@ -106,8 +110,12 @@ def test_native_kernel_matches_reference(fmt: str, m: int, n: int, k: int, monke
     )  # AMX machines: see the bfloat16 tests
     gen = torch.Generator().manual_seed(m * 1000 + n + k)
     w = torch.randn(n, k, generator=gen)
-    qw = {"int8": lambda: quantize_int8(w), "int8-g32": lambda: quantize_int8(w, 32), "int8-g96": lambda: quantize_int8(w, 96),
-          "int4": lambda: quantize_int4(w)}[fmt]()  # fmt: skip
+    qw = {
+        "int8": lambda: quantize_int8(w),
+        "int8-g32": lambda: quantize_int8(w, 32),
+        "int8-g96": lambda: quantize_int8(w, 96),
+        "int4": lambda: quantize_int4(w),
+    }[fmt]()
     x = torch.randn(m, k, generator=gen)
     bias = torch.randn(n, generator=gen)
     q8 = qm.native_q8_rows(m, qw)
@@ -133,8 +141,12 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(fmt: str, n: int, k
     # depend on its batch (bit for bit)
     gen = torch.Generator().manual_seed(n + k)
     w = torch.randn(n, k, generator=gen)
-    qw = {"int8": lambda: quantize_int8(w), "int8-g32": lambda: quantize_int8(w, 32), "int8-g96": lambda: quantize_int8(w, 96),
-          "int4": lambda: quantize_int4(w)}[fmt]()  # fmt: skip
+    qw = {
+        "int8": lambda: quantize_int8(w),
+        "int8-g32": lambda: quantize_int8(w, 32),
+        "int8-g96": lambda: quantize_int8(w, 96),
+        "int4": lambda: quantize_int4(w),
+    }[fmt]()
     x = torch.randn(32, k, generator=gen)
     alone = torch.cat([quant_matmul(x[i : i + 1], qw) for i in range(32)])
     for m in (2, 3, 5, 8, 9, 16, 17, 32):
@@ -194,8 +206,12 @@ def test_bf16_gemm_rows_round_x_and_weights_to_bfloat16(fmt: str, monkeypatch) -
     assert (y - exact).abs().mean() < (0.2 if fmt == "int4" else 1.0) * weight_error
     if qm.native_quant_available():  # fewer rows stay on the native kernel
         few = x[: qm.BF16_GEMM_MIN_ROWS - 1]
-        torch.testing.assert_close(quant_matmul(few, qw), quant_matmul_ref(few, qw, q8=qm.native_q8_rows(len(few), qw)),
-                                   atol=2e-4, rtol=2e-4)  # fmt: skip
+        torch.testing.assert_close(
+            quant_matmul(few, qw),
+            quant_matmul_ref(few, qw, q8=qm.native_q8_rows(len(few), qw)),
+            atol=2e-4,
+            rtol=2e-4,
+        )
 
 
 @needs_native  # without the native kernels, plait runs the float32 references
@@ -332,8 +348,12 @@ def test_dense_matmul_matches_linear(m: int, k: int) -> None:
     x = torch.randn(m, k, generator=gen)
     expected = torch.nn.functional.linear(x, w, bias)
     torch.testing.assert_close(qm.dense_matmul(x, w, bias), expected, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(qm.dense_matmul(x.reshape(1, m, k), w), expected.reshape(1, m, 70) - bias,
-                               atol=1e-4, rtol=1e-4)  # fmt: skip
+    torch.testing.assert_close(
+        qm.dense_matmul(x.reshape(1, m, k), w),
+        expected.reshape(1, m, 70) - bias,
+        atol=1e-4,
+        rtol=1e-4,
+    )
 
 
 @needs_native

@@ -49,9 +49,14 @@ def test_insert_returns_tokens_already_cached() -> None:
     assert cache.insert([1, 2], [30, 31]) == 2
     assert cache.insert([7], [40]) == 0
     assert cached_prefixes(cache) == {
-        (1,): 10, (1, 2): 11, (1, 2, 3): 12, (1, 2, 3, 4): 13,
-        (1, 2, 3, 5): 23, (1, 2, 3, 5, 6): 24, (7,): 40,
-    }  # fmt: skip
+        (1,): 10,
+        (1, 2): 11,
+        (1, 2, 3): 12,
+        (1, 2, 3, 4): 13,
+        (1, 2, 3, 5): 23,
+        (1, 2, 3, 5, 6): 24,
+        (7,): 40,
+    }
     assert cache.total_size() == 7
     cache.check_integrity()
 
@@ -195,8 +200,11 @@ def test_disabled_cache_caches_nothing_but_counts_queries() -> None:
     assert cache.match_prefix([1, 2]) == MatchResult([], cache.root, 0)
     assert cache.total_size() == 0 and cache.evict(5) == []
     assert cache.stats() == {
-        "num_matches": 1, "matched_tokens": 0, "queried_tokens": 2, "hit_rate": 0.0,
-    }  # fmt: skip
+        "num_matches": 1,
+        "matched_tokens": 0,
+        "queried_tokens": 2,
+        "hit_rate": 0.0,
+    }
 
 
 def test_stats_count_matched_over_queried_tokens() -> None:
@@ -206,8 +214,11 @@ def test_stats_count_matched_over_queried_tokens() -> None:
     cache.match_prefix([1, 2, 3, 4, 5])
     cache.match_prefix([1, 2, 9])
     assert cache.stats() == {
-        "num_matches": 2, "matched_tokens": 6, "queried_tokens": 8, "hit_rate": 0.75,
-    }  # fmt: skip
+        "num_matches": 2,
+        "matched_tokens": 6,
+        "queried_tokens": 8,
+        "hit_rate": 0.75,
+    }
 
 
 def test_reset_returns_pages_to_the_allocator() -> None:

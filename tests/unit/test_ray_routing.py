@@ -48,8 +48,10 @@ def test_replicas_that_leave_are_forgotten_and_sessions_stick():
     router = _router({})
     a, b = _replica("a"), _replica("b")
     pinned = _choose(router, [a, b], "x", {"x-plait-session": "run-7"})[0]
-    assert all(_choose(router, [a, b], f"y{i}", {"x-plait-session": "run-7"})[0] == pinned
-               for i in range(3))  # fmt: skip
+    assert all(
+        _choose(router, [a, b], f"y{i}", {"x-plait-session": "run-7"})[0] == pinned
+        for i in range(3)
+    )
     survivor = b if pinned == "a" else a
     assert _choose(router, [survivor], "x", {"x-plait-session": "run-7"})[0] != pinned
     assert [r.url for r in router.policy.replicas] == [survivor.replica_id.unique_id]

@@ -89,7 +89,9 @@ def test_an_exited_process_is_down_for_good():
     (a,) = router.replicas
     a.process = _Exited()
     monitor = HealthMonitor(router)
-    with _client(lambda request: httpx.Response(200)) as client:  # e.g. another server took the port
+    with _client(
+        lambda request: httpx.Response(200)
+    ) as client:  # e.g. another server took the port
         for _ in range(3):
             monitor.probe(client, a)
     assert not a.healthy and a.downs == 1 and a.last_error == "its process exited with code -9"

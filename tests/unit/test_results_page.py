@@ -6,8 +6,15 @@ import json
 
 from plait.benchmarks import results_page
 
-MACHINE = {"cpu": "Example CPU", "cpus": 2, "memory_gib": 23.5, "native_isa": "avx2", "torch": "2.13.0+cpu",
-           "torch_threads": 2, "bf16_prefill_gemm": False}  # fmt: skip
+MACHINE = {
+    "cpu": "Example CPU",
+    "cpus": 2,
+    "memory_gib": 23.5,
+    "native_isa": "avx2",
+    "torch": "2.13.0+cpu",
+    "torch_threads": 2,
+    "bf16_prefill_gemm": False,
+}
 
 
 def test_the_committed_page_is_what_the_committed_reports_render() -> None:
@@ -19,14 +26,33 @@ def write(folder, name: str, report: dict) -> None:
 
 
 def test_a_section_names_its_command_machine_and_figures(tmp_path) -> None:
-    plait_run = {"plait": {"prefill_tok_s": 3000.0, "decode_tok_s": 400.0, "sampled_decode_tok_s": 390.0,
-                           "perplexity": 44.2, "decode_share_of_roofline": 0.9},
-                 "transformers": None, "roofline_steps_s": 444.0, "prefill_share_of_matmul": 2.1}  # fmt: skip
-    write(tmp_path, "latency.json", {
-        "benchmark": "latency", "command": "plait bench latency --formats int4", "date": "2026-01-02 03:04 UTC",
-        "prompt_len": 512, "decode_len": 128,
-        "results": {"int4": plait_run, "llama_cpp": {"prefill_tok_s": 300.0, "decode_tok_s": 100.0}},
-    })  # fmt: skip
+    plait_run = {
+        "plait": {
+            "prefill_tok_s": 3000.0,
+            "decode_tok_s": 400.0,
+            "sampled_decode_tok_s": 390.0,
+            "perplexity": 44.2,
+            "decode_share_of_roofline": 0.9,
+        },
+        "transformers": None,
+        "roofline_steps_s": 444.0,
+        "prefill_share_of_matmul": 2.1,
+    }
+    write(
+        tmp_path,
+        "latency.json",
+        {
+            "benchmark": "latency",
+            "command": "plait bench latency --formats int4",
+            "date": "2026-01-02 03:04 UTC",
+            "prompt_len": 512,
+            "decode_len": 128,
+            "results": {
+                "int4": plait_run,
+                "llama_cpp": {"prefill_tok_s": 300.0, "decode_tok_s": 100.0},
+            },
+        },
+    )
     page = results_page.render(tmp_path, tmp_path)
     assert "`plait bench latency --formats int4`, 2026-01-02 03:04 UTC." in page
     assert "Example CPU, 2 cores, 24 GiB, native kernels `avx2`" in page
@@ -36,9 +62,25 @@ def test_a_section_names_its_command_machine_and_figures(tmp_path) -> None:
 
 
 def test_check_fails_when_a_report_changed(tmp_path) -> None:
-    write(tmp_path, "speculative.json", {"benchmark": "speculative", "rounds": 2, "results": [
-        {"algorithm": "none", "workload": "chat", "batch": 1, "decode_tok_s": 100.0, "speedup": 1.0,
-         "mean_accept_length": None, "acceptance_rate": None}]})  # fmt: skip
+    write(
+        tmp_path,
+        "speculative.json",
+        {
+            "benchmark": "speculative",
+            "rounds": 2,
+            "results": [
+                {
+                    "algorithm": "none",
+                    "workload": "chat",
+                    "batch": 1,
+                    "decode_tok_s": 100.0,
+                    "speedup": 1.0,
+                    "mean_accept_length": None,
+                    "acceptance_rate": None,
+                }
+            ],
+        },
+    )
     out = tmp_path / "results.md"
     (tmp_path / "speculative.png").write_bytes(b"")
     common = ["--results", str(tmp_path), "--images", str(tmp_path), "--out", str(out)]
@@ -52,15 +94,37 @@ def test_check_fails_when_a_report_changed(tmp_path) -> None:
 
 def test_the_pd_section_shows_each_setup_and_what_moving_the_kv_costs(tmp_path) -> None:
     def run(replicas: int, transfer: dict | None) -> dict:
-        return {"replicas": replicas, "output_tok_s": 100.0, "short_ttft_ms": {"p50": 300.0},
-                "itl_ms": {"p50": 11.0, "p99": 3000.0}, "itl_during_long_prefill_ms": {"p99": 3300.0},
-                "long_ttft_ms": {"p50": 3400.0}, "failed": [], "transfer": transfer}  # fmt: skip
+        return {
+            "replicas": replicas,
+            "output_tok_s": 100.0,
+            "short_ttft_ms": {"p50": 300.0},
+            "itl_ms": {"p50": 11.0, "p99": 3000.0},
+            "itl_during_long_prefill_ms": {"p99": 3300.0},
+            "long_ttft_ms": {"p50": 3400.0},
+            "failed": [],
+            "transfer": transfer,
+        }
 
-    config = {"streams": 4, "short_len": 48, "output_len": 64, "num_long": 4, "long_len": 1700,
-              "long_output": 8, "long_interval": 8.0, "quantization": "int4"}  # fmt: skip
+    config = {
+        "streams": 4,
+        "short_len": 48,
+        "output_len": 64,
+        "num_long": 4,
+        "long_len": 1700,
+        "long_output": 8,
+        "long_interval": 8.0,
+        "quantization": "int4",
+    }
     moved = {"tokens": 1696.0, "bytes": 39_082_700.0, "push_ms": 118.0, "prefill_ms": 5907.0}
-    write(tmp_path, "pd.json", {"benchmark": "pd", "config": config,
-                                "runs": {"colocated": run(1, None), "pd": run(2, moved)}})  # fmt: skip
+    write(
+        tmp_path,
+        "pd.json",
+        {
+            "benchmark": "pd",
+            "config": config,
+            "runs": {"colocated": run(1, None), "pd": run(2, moved)},
+        },
+    )
     page = results_page.render(tmp_path, tmp_path)
     assert "## Prefill–decode disaggregation" in page
     assert (

@@ -61,8 +61,14 @@ def test_route_keys_keep_prompt_order():
     assert route_keys.generate_key({"input_ids": [1, 2, 3]}) == "1,2,3,"
     assert route_keys.completion_key({"prompt": [[5, 6]]}) == "5,6,"
     one = route_keys.chat_key({"messages": [{"role": "system", "content": "S"}]})
-    two = route_keys.chat_key({"messages": [{"role": "system", "content": "S"},
-                                            {"role": "user", "content": [{"type": "text", "text": "Q"}]}]})  # fmt: skip
+    two = route_keys.chat_key(
+        {
+            "messages": [
+                {"role": "system", "content": "S"},
+                {"role": "user", "content": [{"type": "text", "text": "Q"}]},
+            ]
+        }
+    )
     assert two.startswith(one) and two.endswith("<user>Q")
     assert route_keys.generate_key({"text": 3}) == ""  # the replica answers the 400
     odd = {

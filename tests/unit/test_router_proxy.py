@@ -18,7 +18,13 @@ def _request() -> Request:
         await asyncio.sleep(3600)  # the client never leaves
         return {"type": "http.disconnect"}
 
-    scope = {"type": "http", "method": "POST", "path": "/generate", "headers": [], "query_string": b""}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/generate",
+        "headers": [],
+        "query_string": b"",
+    }
     return Request(scope, receive)
 
 
@@ -35,9 +41,15 @@ def test_a_socket_torn_down_while_connecting_routes_around_the_replica():
     proxy.client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
 
     async def run() -> list[httpx.Response]:
-        return [await proxy.forward(_request(), "/generate", b"{}", "", stream=False) for _ in range(2)]
+        return [
+            await proxy.forward(_request(), "/generate", b"{}", "", stream=False) for _ in range(2)
+        ]
 
     responses = asyncio.run(run())
     assert [r.status_code for r in responses] == [200, 200]
-    assert dead.healthy is False and "ConnectError" in dead.last_error and "getpeername" in dead.last_error
+    assert (
+        dead.healthy is False
+        and "ConnectError" in dead.last_error
+        and "getpeername" in dead.last_error
+    )
     assert live.served == 2 and dead.in_flight == live.in_flight == 0

@@ -11,11 +11,15 @@ from plait.runtime.sampling import SamplingRow, apply_penalties, argmax, sample
 VOCAB = 50
 
 
-def rows(n: int, seed: int | None = 0, output_ids=(), prompt_ids=(), banned=(), **params) -> list[SamplingRow]:
+def rows(
+    n: int, seed: int | None = 0, output_ids=(), prompt_ids=(), banned=(), **params
+) -> list[SamplingRow]:
     sp = SamplingParams(**params)
     sp.validate()
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
-    return [SamplingRow(sp, list(output_ids), list(prompt_ids), list(banned), gen) for _ in range(n)]
+    return [
+        SamplingRow(sp, list(output_ids), list(prompt_ids), list(banned), gen) for _ in range(n)
+    ]
 
 
 def draws(logits: torch.Tensor, n: int, **params) -> torch.Tensor:
@@ -33,11 +37,15 @@ def test_greedy_is_argmax(logits):
 
 
 def test_argmax_is_torchs_first_maximum_with_ties_and_nan():
-    x = torch.tensor([[1.0, 3.0, 3.0, 2.0], [0.0, 0.0, 0.0, 0.0], [1.0, float("nan"), 5.0, float("nan")]])
+    x = torch.tensor(
+        [[1.0, 3.0, 3.0, 2.0], [0.0, 0.0, 0.0, 0.0], [1.0, float("nan"), 5.0, float("nan")]]
+    )
     assert argmax(x).tolist() == x.argmax(dim=-1).tolist() == [1, 0, 1]
     assert argmax(x).dtype == torch.long
     assert argmax(x[0]).item() == 1  # one row
-    assert argmax(x.t()[:2]).tolist() == x.t()[:2].argmax(dim=-1).tolist()  # not contiguous: torch's
+    assert (
+        argmax(x.t()[:2]).tolist() == x.t()[:2].argmax(dim=-1).tolist()
+    )  # not contiguous: torch's
     big = torch.randn(3, 49152, generator=torch.Generator().manual_seed(1))
     assert torch.equal(argmax(big), big.argmax(dim=-1))
 
@@ -85,7 +93,9 @@ def test_seed_reproduces_and_differs(logits):
 
 def test_frequency_and_presence_penalties():
     logits = torch.zeros(1, VOCAB)
-    apply_penalties(logits, rows(1, output_ids=[3, 3, 5], frequency_penalty=0.5, presence_penalty=0.25))
+    apply_penalties(
+        logits, rows(1, output_ids=[3, 3, 5], frequency_penalty=0.5, presence_penalty=0.25)
+    )
     assert logits[0, 3].item() == pytest.approx(-0.5 * 2 - 0.25)
     assert logits[0, 5].item() == pytest.approx(-0.5 - 0.25)
     assert logits[0, 4].item() == 0.0

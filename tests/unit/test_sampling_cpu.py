@@ -12,7 +12,9 @@ from plait.kernels.sampling_triton import filter_probs_ref
 from plait.runtime.protocol import SamplingParams
 from plait.runtime.sampling import SamplingRow, sample
 
-pytestmark = pytest.mark.skipif(not sampling_cpu.available(), reason="native CPU kernels did not build")
+pytestmark = pytest.mark.skipif(
+    not sampling_cpu.available(), reason="native CPU kernels did not build"
+)
 
 SETTINGS = [  # temperature, top_k, top_p, min_p
     (1.0, None, 1.0, 0.0),
@@ -28,15 +30,24 @@ SETTINGS = [  # temperature, top_k, top_p, min_p
 def _reference(logits: torch.Tensor, t: float, k: int, p: float, m: float) -> torch.Tensor:
     probs = torch.softmax(logits.double() / t, dim=-1).float()
     one = lambda x, dtype: torch.tensor([x], dtype=dtype)  # noqa: E731
-    return filter_probs_ref(probs, one(k, torch.long), one(p, torch.float32), one(m, torch.float32))[0].double()
+    return filter_probs_ref(
+        probs, one(k, torch.long), one(p, torch.float32), one(m, torch.float32)
+    )[0].double()
 
 
-def _native(logits: torch.Tensor, t: float, k: int, p: float, m: float, uniforms: torch.Tensor) -> torch.Tensor:
+def _native(
+    logits: torch.Tensor, t: float, k: int, p: float, m: float, uniforms: torch.Tensor
+) -> torch.Tensor:
     n = uniforms.numel()
     rows = logits.expand(n, -1)
     full = lambda x, dtype: torch.full((n,), x, dtype=dtype)  # noqa: E731
     return sampling_cpu.sample_rows(
-        rows, full(t, torch.float32), full(k, torch.long), full(p, torch.float32), full(m, torch.float32), uniforms
+        rows,
+        full(t, torch.float32),
+        full(k, torch.long),
+        full(p, torch.float32),
+        full(m, torch.float32),
+        uniforms,
     )
 
 
@@ -67,7 +78,9 @@ def test_draws_match_the_reference_token_for_token(setting, vocab, crowded) -> N
     assert torch.equal(_native(logits, t, k, p, m, middles), wide)
     assert torch.equal(sampling_cpu.draw_ref(ref[None].expand(len(middles), -1), middles), wide)
     # random draws never leave the kept set
-    picks = _native(logits, t, k, p, m, torch.rand(2000, generator=torch.Generator().manual_seed(1)))
+    picks = _native(
+        logits, t, k, p, m, torch.rand(2000, generator=torch.Generator().manual_seed(1))
+    )
     assert kept[picks].all()
     if k == 1 or p == 0.0:
         assert (picks == logits.argmax()).all()
@@ -99,10 +112,14 @@ def test_filtered_probs_of_rows_without_a_finite_distribution_are_none() -> None
 
 def test_draws_follow_the_distribution() -> None:
     logits = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.0]]))
-    picks = _native(logits, 1.0, 5, 1.0, 0.0, torch.rand(20000, generator=torch.Generator().manual_seed(2)))
+    picks = _native(
+        logits, 1.0, 5, 1.0, 0.0, torch.rand(20000, generator=torch.Generator().manual_seed(2))
+    )
     freq = torch.bincount(picks, minlength=5).double() / 20000
     assert freq[4] == 0
-    torch.testing.assert_close(freq[:4], torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64), atol=0.015, rtol=0)
+    torch.testing.assert_close(
+        freq[:4], torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64), atol=0.015, rtol=0
+    )
 
 
 def test_rows_without_a_finite_distribution_return_minus_one() -> None:
@@ -112,7 +129,9 @@ def test_rows_without_a_finite_distribution_return_minus_one() -> None:
     logits[2, :] = float("-inf")
     logits[2, 9] = 1.0  # one finite logit: always that token
     ones = torch.ones(3)
-    out = sampling_cpu.sample_rows(logits, ones, torch.full((3,), 64), ones, torch.zeros(3), torch.full((3,), 0.99))
+    out = sampling_cpu.sample_rows(
+        logits, ones, torch.full((3,), 64), ones, torch.zeros(3), torch.full((3,), 0.99)
+    )
     assert out.tolist() == [-1, -1, 9]
 
 
@@ -146,8 +165,13 @@ def test_sample_picks_the_same_tokens_without_the_native_kernels(monkeypatch) ->
         picks = []
         for step in range(20):
             rows = [
-                SamplingRow(params=p, output_ids=[], prompt_ids=[], banned_ids=[],
-                            generator=torch.Generator().manual_seed(100 * step + i))
+                SamplingRow(
+                    params=p,
+                    output_ids=[],
+                    prompt_ids=[],
+                    banned_ids=[],
+                    generator=torch.Generator().manual_seed(100 * step + i),
+                )
                 for i, p in enumerate(params)
             ]
             picks += sample(logits.clone(), rows).tolist()

@@ -34,8 +34,12 @@ def triton_path(monkeypatch):
 
 def test_rows_stay_in_their_support_and_seeds_reproduce(triton_path) -> None:
     logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(0)) * 3
-    params = [dict(temperature=0.0), dict(temperature=1.0, top_k=3), dict(temperature=0.8, top_p=0.5),
-              dict(temperature=1.2, min_p=0.2)]  # fmt: skip
+    params = [
+        dict(temperature=0.0),
+        dict(temperature=1.0, top_k=3),
+        dict(temperature=0.8, top_p=0.5),
+        dict(temperature=1.2, min_p=0.2),
+    ]
 
     def draw(seed: int) -> list[int]:
         return sample(logits.clone(), [row(seed + i, **p) for i, p in enumerate(params)]).tolist()

@@ -9,8 +9,18 @@ import ast
 from pathlib import Path
 
 SERVER = Path(__file__).resolve().parents[2] / "server"
-ENGINE_PARTS = {"engine", "core", "scheduler", "cache", "allocator", "runner", "kv_pool",
-                "tokenizer", "processor", "events"}  # fmt: skip
+ENGINE_PARTS = {
+    "engine",
+    "core",
+    "scheduler",
+    "cache",
+    "allocator",
+    "runner",
+    "kv_pool",
+    "tokenizer",
+    "processor",
+    "events",
+}
 
 
 def _names(node: ast.expr) -> list[str]:
@@ -45,8 +55,10 @@ def _offences(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def test_the_scan_finds_patching():
-    code = ("engine._submit = wrap\nself.engine.scheduler.schedule = f\n"
-            "setattr(cache, 'evict', g)\nobj.__dict__['x'] = 1\nself.cache = cache\n")  # fmt: skip
+    code = (
+        "engine._submit = wrap\nself.engine.scheduler.schedule = f\n"
+        "setattr(cache, 'evict', g)\nobj.__dict__['x'] = 1\nself.cache = cache\n"
+    )
     assert sorted(line for line, _ in _offences(ast.parse(code))) == [1, 2, 3, 4]
 
 

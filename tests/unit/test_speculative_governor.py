@@ -6,7 +6,9 @@ from __future__ import annotations
 from plait.runtime.speculative.governor import EXPLORE_EVERY, SpeculationGovernor
 
 
-def drive(gov: SpeculationGovernor, batch: int, steps: int, spec_rate: float, plain_rate: float) -> int:
+def drive(
+    gov: SpeculationGovernor, batch: int, steps: int, spec_rate: float, plain_rate: float
+) -> int:
     """Runs `steps` steps where speculating yields `spec_rate` tokens/s; returns how many
     speculated."""
     count = 0

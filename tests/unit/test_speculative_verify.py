@@ -39,7 +39,9 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float((((counts - expected) ** 2) / expected)[keep].sum()), int(keep.sum()) - 1
 
 
-@pytest.mark.parametrize("params", [{"temperature": 1.0}, {"temperature": 0.7, "top_k": 6, "top_p": 0.9}])
+@pytest.mark.parametrize(
+    "params", [{"temperature": 1.0}, {"temperature": 0.7, "top_k": 6, "top_p": 0.9}]
+)
 @pytest.mark.parametrize("with_draft_probs", [False, True])
 def test_rejection_sampling_keeps_the_target_distribution(params, with_draft_probs):
     gen = torch.Generator().manual_seed(0)
@@ -64,8 +66,13 @@ def test_target_probs_are_the_same_with_and_without_the_native_kernels(monkeypat
     from plait.kernels import native
 
     logits = torch.randn(3000, generator=torch.Generator().manual_seed(4)) * 2
-    settings = [{"temperature": 0.7, "top_p": 0.9}, {"temperature": 1.2, "top_k": 40, "min_p": 0.01}]
-    dead = torch.full((V,), float("-inf"))  # no finite distribution: the argmax alone, as `sample` takes it
+    settings = [
+        {"temperature": 0.7, "top_p": 0.9},
+        {"temperature": 1.2, "top_k": 40, "min_p": 0.01},
+    ]
+    dead = torch.full(
+        (V,), float("-inf")
+    )  # no finite distribution: the argmax alone, as `sample` takes it
     native_probs = [target_probs(logits.clone(), row(**s)) for s in settings]
     assert target_probs(dead.clone(), row(temperature=1.0)).tolist() == [1.0] + [0.0] * (V - 1)
     monkeypatch.setattr(native, "DISABLED", True)

@@ -17,8 +17,11 @@ def _run(code: str) -> subprocess.CompletedProcess:
     # the repository root first on the path, as pytest and `python -m` from a clone put it
     return subprocess.run(
         [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); {code}"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
 
 
 def test_transformers_model_classes_load_beside_the_kernels_folder():
