@@ -389,19 +389,16 @@ def cpu_tuning() -> CpuTuning:
 
 @cache
 def bf16_gemm_enabled() -> bool:
-    """Whether prefill-shaped quantized matmuls run in bfloat16 (`bf16_matmul`): where the tuning
-    table says so for this CPU kind (AMX tiles, AVX-512 BF16), unless `PLAIT_BF16_GEMM` says
-    otherwise ("0" never, "1" always)."""
-    setting = environment.current().bf16_gemm
-    if setting is not None:
-        return setting
-    return cpu_tuning().bf16_gemm_min_rows is not None
+    """Whether prefill-shaped quantized matmuls run in bfloat16 (`bf16_matmul`): only with
+    `PLAIT_BF16_GEMM=1`. Rounding x and each product to bfloat16 moves a model's logprobs enough
+    to change its top-1 token at a few percent of positions (docs/cpu.md), so the faster GEMM is
+    a choice the user makes, never the default."""
+    return bool(environment.current().bf16_gemm)
 
 
 def bf16_gemm_min_rows() -> int:
-    """From how many rows of x `bf16_matmul` takes a product where it is enabled."""
-    if environment.current().bf16_gemm is not None:
-        return BF16_GEMM_MIN_ROWS
+    """From how many rows of x `bf16_matmul` takes a product where it is enabled: the tuning
+    table's crossover for this CPU kind, else `BF16_GEMM_MIN_ROWS`."""
     return max(BF16_GEMM_MIN_ROWS, cpu_tuning().bf16_gemm_min_rows or BF16_GEMM_MIN_ROWS)
 
 

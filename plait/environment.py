@@ -9,7 +9,7 @@ whole process:
 | `PLAIT_DISABLE_NATIVE` | `1` / `0` | `0` | never build or call the native CPU kernels (the torch references run) |
 | `PLAIT_NATIVE_MARCH` | a `-march` target | `native` | the CPU the native kernels are built for (`haswell`: the AVX2 paths) |
 | `PLAIT_CACHE_DIR` | a directory | `~/.cache/plait` | where built kernels are cached (under `native/`) |
-| `PLAIT_BF16_GEMM` | `1` / `0` / `auto` | `auto` | prefill-shaped quantized matmuls in bfloat16 (`auto`: where the tuning table says so for the CPU kind: AMX tiles, AVX-512 BF16) |
+| `PLAIT_BF16_GEMM` | `1` / `0` / `auto` | `auto` | prefill-shaped quantized matmuls in bfloat16 (off unless `1`: faster prefill on AMX tiles or AVX-512 BF16, at the cost of bfloat16 rounding) |
 | `PLAIT_DISABLE_TRITON` | `1` / `0` | `0` | CUDA tensors take the torch references instead of the Triton kernels |
 | `CXX` | a compiler | `c++`, then `g++` | the C++ compiler of the native kernels |
 
@@ -59,7 +59,7 @@ class Environment:
     disable_native: bool = False
     native_march: str = "native"
     cache_dir: Path = Path.home() / ".cache" / "plait"
-    bf16_gemm: bool | None = None  # None: decided by the CPU kind (kernels/tuning.py: CPU_TUNING)
+    bf16_gemm: bool | None = None  # None or False: off (kernels/quant_matmul.py: bf16_gemm_enabled)
     disable_triton: bool = False
     cxx: str | None = None  # None: the first of c++, g++ on PATH
 
