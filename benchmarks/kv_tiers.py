@@ -130,27 +130,53 @@ def _ttft(engine: Any, ids: list[int]) -> tuple[float, int]:
     return time.perf_counter() - started, out["meta_info"]["cached_tokens"]
 
 
-def run_restart(args: argparse.Namespace, directory: str) -> dict[str, Any]:
-    rng = random.Random(args.seed)
+def _written(engine: Any, timeout: float = 120.0) -> dict[str, Any]:
+    """The engine's stats once its tier writes have all landed."""
+    deadline = time.monotonic() + timeout
+    while (stats := engine.stats())["kv_tiers_pending_write_bytes"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return stats
+
+
+def _tier_against_cold(
+    args: argparse.Namespace, seed: int, tier: dict[str, str], drop_page_cache: bool = False
+) -> dict[str, Any]:
+    """One engine on `tier` serves a `--prefix-len` prefix; a second, fresh engine on the same
+    tier and a cold one without it are timed to the first token of the same prompt."""
+    rng = random.Random(seed)
     prefix = _ids(rng, args.prefix_len)
-    with _engine(args, kv_disk=directory) as first:
+    with _engine(args, **tier) as first:
         _warm(first, rng)
         first.generate(input_ids=prefix, sampling_params={"max_new_tokens": 1})
-    dropped = _drop_page_cache()
-    with _engine(args, kv_disk=directory) as warm:
-        _warm(warm, rng)
-        warm_s, warm_cached = _ttft(warm, prefix)
-        stats = warm.stats()
+        written = _written(first)
+    dropped = _drop_page_cache() if drop_page_cache else False
+    with _engine(args, **tier) as second:
+        _warm(second, rng)
+        warm_s, warm_cached = _ttft(second, prefix)
+        stats = second.stats()
     with _engine(args) as cold:
         _warm(cold, rng)
         cold_s, _ = _ttft(cold, prefix)
     return {
-        "prefix_tokens": args.prefix_len,
-        "cold_ttft_s": cold_s,
-        "warm_ttft_s": warm_s,
-        "warm_over_cold": warm_s / cold_s,
-        "warm_cached_tokens": warm_cached,
+        "cold_s": cold_s,
+        "warm_s": warm_s,
+        "warm_cached": warm_cached,
+        "written": written,
+        "stats": stats,
         "page_cache_dropped": dropped,
+    }
+
+
+def run_restart(args: argparse.Namespace, directory: str) -> dict[str, Any]:
+    t = _tier_against_cold(args, args.seed, {"kv_disk": directory}, drop_page_cache=True)
+    stats = t["stats"]
+    return {
+        "prefix_tokens": args.prefix_len,
+        "cold_ttft_s": t["cold_s"],
+        "warm_ttft_s": t["warm_s"],
+        "warm_over_cold": t["warm_s"] / t["cold_s"],
+        "warm_cached_tokens": t["warm_cached"],
+        "page_cache_dropped": t["page_cache_dropped"],
         "disk_load_seconds_mean": stats["kv_disk_load_seconds_mean"],
         "disk_bytes_read": stats["kv_disk_promotions"]
         * stats["kv_disk_bytes"]
@@ -203,36 +229,16 @@ def _redis_url(url: str | None, directory: str) -> Iterator[str | None]:
         process.wait(10)
 
 
-def _written(engine: Any, timeout: float = 120.0) -> dict[str, Any]:
-    """The engine's stats once its tier writes have all landed."""
-    deadline = time.monotonic() + timeout
-    while (stats := engine.stats())["kv_tiers_pending_write_bytes"] and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return stats
-
-
 def run_shared(args: argparse.Namespace, url: str) -> dict[str, Any]:
-    rng = random.Random(args.seed + 1)
-    prefix = _ids(rng, args.prefix_len)
-    with _engine(args, kv_redis=url) as first:
-        _warm(first, rng)
-        first.generate(input_ids=prefix, sampling_params={"max_new_tokens": 1})
-        first_stats = _written(first)
-    with _engine(args, kv_redis=url) as second:
-        _warm(second, rng)
-        warm_s, warm_cached = _ttft(second, prefix)
-        stats = second.stats()
-    with _engine(args) as cold:
-        _warm(cold, rng)
-        cold_s, _ = _ttft(cold, prefix)
+    t = _tier_against_cold(args, args.seed + 1, {"kv_redis": url})
     return {
         "prefix_tokens": args.prefix_len,
-        "cold_ttft_s": cold_s,
-        "second_replica_ttft_s": warm_s,
-        "second_over_cold": warm_s / cold_s,
-        "second_replica_cached_tokens": warm_cached,
-        "redis_blocks_written": first_stats["kv_redis_demotions"],
-        "redis_load_seconds_mean": stats["kv_redis_load_seconds_mean"],
+        "cold_ttft_s": t["cold_s"],
+        "second_replica_ttft_s": t["warm_s"],
+        "second_over_cold": t["warm_s"] / t["cold_s"],
+        "second_replica_cached_tokens": t["warm_cached"],
+        "redis_blocks_written": t["written"]["kv_redis_demotions"],
+        "redis_load_seconds_mean": t["stats"]["kv_redis_load_seconds_mean"],
     }
 
 
