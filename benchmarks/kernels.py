@@ -99,29 +99,14 @@ def library_matmul(path: str) -> Any:
     """`quant_matmul`'s native call through the build at `path`: fn(x, qw) -> y."""
     import ctypes
 
+    from plait.kernels.quant_matmul import call_native_matmul
+
     p, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     fn = ctypes.CDLL(path).plait_qmatmul_f32
     fn.argtypes, fn.restype = [p, i64, i64, i64, p, c_int, i64, p, p, p, p, c_int], None
 
     def matmul(x: torch.Tensor, qw: Any) -> torch.Tensor:
-        (m, k), n = x.shape, qw.shape[0]
-        y = torch.empty(m, n)
-        mins = 0 if qw.mins is None else qw.mins.data_ptr()
-        fn(
-            x.data_ptr(),
-            m,
-            k,
-            n,
-            qw.qweight.data_ptr(),
-            qw.code,
-            qw.group,
-            qw.scales.data_ptr(),
-            mins,
-            0,
-            y.data_ptr(),
-            torch.get_num_threads(),
-        )
-        return y
+        return call_native_matmul(fn, x, qw)
 
     return matmul
 

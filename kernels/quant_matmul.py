@@ -49,6 +49,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import torch
 
@@ -453,12 +454,21 @@ def quant_matmul(
     ):
         y = torch.nn.functional.linear(x2, dequantize(qw), bias)
         return y.reshape(*lead, n)
+    return call_native_matmul(_kernels()[0], x2, qw, bias).reshape(*lead, n)
+
+
+def call_native_matmul(
+    fn: Any, x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x [M, K] float32, contiguous, @ dequant(qw).T (+ bias) by `fn`, the native library's
+    `plait_qmatmul_f32` (this process's, or another build's for `plait bench kernels`)."""
+    (m, k), n = x.shape, qw.shape[0]
     y = torch.empty(m, n, dtype=torch.float32)
     if m:
         mins = 0 if qw.mins is None else qw.mins.data_ptr()
         b = 0 if bias is None else bias.contiguous().data_ptr()
-        _kernels()[0](
-            x2.data_ptr(),
+        fn(
+            x.data_ptr(),
             m,
             k,
             n,
@@ -471,7 +481,7 @@ def quant_matmul(
             y.data_ptr(),
             torch.get_num_threads(),
         )
-    return y.reshape(*lead, n)
+    return y
 
 
 def dense_matmul(
