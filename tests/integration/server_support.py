@@ -72,3 +72,32 @@ def sse_events(lines: Any) -> list[Any]:
             data = line[len("data:") :].strip()
             out.append(data if data == "[DONE]" else json.loads(data))
     return out
+
+
+@contextmanager
+def routed(router: Any, procs: list[Any]) -> Iterator[Any]:
+    """The router app for `router` over the replica processes `procs` (in its replicas' order),
+    served on loopback; yields the server, with `.router`. The router closes and the replicas
+    stop afterwards."""
+    from plait.server.launch import ServerThread
+    from plait.server.router_app import create_router_app
+
+    for replica, proc in zip(router.replicas, procs):
+        replica.process = proc
+    app = create_router_app(router)
+    try:
+        with ServerThread(app) as server:
+            server.router = router
+            yield server
+    finally:
+        app.state.router.close()
+        for proc in procs:
+            proc.stop()
+
+
+def wait_until(condition: Any, timeout: float, interval: float = 0.01) -> None:
+    """Polls `condition()` until it holds; fails the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(interval)

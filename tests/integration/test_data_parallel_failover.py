@@ -9,13 +9,12 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from tests.integration.server_support import sse_events
+from tests.integration.server_support import routed, sse_events, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -36,23 +35,12 @@ def _argv(model_dir) -> list[str]:
 @pytest.fixture
 def cluster(tiny_llama_dir):
     from plait.server.data_parallel import start_replicas
-    from plait.server.launch import ServerThread
-    from plait.server.router_app import create_router_app
     from plait.server.routing import Router, RouterConfig
 
     procs = start_replicas(_argv(tiny_llama_dir), 2, timeout=180)
     router = Router.for_urls([p.url for p in procs], RouterConfig(health_interval=0.2))
-    for replica, proc in zip(router.replicas, procs):
-        replica.process = proc
-    app = create_router_app(router)
-    try:
-        with ServerThread(app) as server:
-            server.router = router
-            yield server
-    finally:
-        app.state.router.close()
-        for p in procs:
-            p.stop()
+    with routed(router, procs) as server:
+        yield server
 
 
 def _generate(url: str, i: int) -> httpx.Response:
@@ -64,10 +52,7 @@ def _generate(url: str, i: int) -> httpx.Response:
 
 
 def _wait(condition, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
+    wait_until(condition, timeout, interval=0.01)
 
 
 def test_killing_a_replica_loses_no_request_that_had_not_streamed(cluster):

@@ -10,13 +10,12 @@ import os
 import random
 import signal
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from tests.integration.server_support import sse_events
+from tests.integration.server_support import routed, sse_events, wait_until
 
 GREEDY = {"temperature": 0, "max_new_tokens": 48, "ignore_eos": True}
 
@@ -39,8 +38,6 @@ def reference(tiny_llama_dir) -> dict[int, list[int]]:
 def cluster(tiny_llama_dir):
     """Two decode replicas and a prefill replica behind the router."""
     from plait.server.data_parallel import start_replicas
-    from plait.server.launch import ServerThread
-    from plait.server.router_app import create_router_app
     from plait.server.routing import Router, RouterConfig
 
     argv = [
@@ -57,17 +54,8 @@ def cluster(tiny_llama_dir):
     procs = start_replicas(argv, 3, timeout=180, roles=["decode", "decode", "prefill"])
     urls = [p.url for p in procs]
     router = Router.for_urls(urls[:2], RouterConfig(health_interval=0.2), urls[2:])
-    for replica, proc in zip(router.replicas, procs):
-        replica.process = proc
-    app = create_router_app(router)
-    try:
-        with ServerThread(app) as server:
-            server.router = router
-            yield server
-    finally:
-        app.state.router.close()
-        for proc in procs:
-            proc.stop()
+    with routed(router, procs) as server:
+        yield server
 
 
 def _generate(url: str, i: int) -> httpx.Response:
@@ -76,10 +64,7 @@ def _generate(url: str, i: int) -> httpx.Response:
 
 
 def _wait(condition, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.002)
+    wait_until(condition, timeout, interval=0.002)
 
 
 def _engine_stat(url: str, key: str) -> float:
