@@ -50,14 +50,27 @@ class Recorder:
         return out
 
 
+@pytest.fixture(scope="module")
+def events_engine(tiny_llama_dir):
+    """An engine of this module's own: the session's shared engine may carry subscribers that
+    other tests' servers left (their dashboards), which these tests count."""
+    from plait import Engine
+
+    engine = Engine(
+        model_path=str(tiny_llama_dir), max_total_tokens=4096, page_size=4, check_invariants=True
+    )
+    yield engine
+    engine.shutdown()
+
+
 def _collapse(kinds: list[str]) -> list[str]:
     return [k for i, k in enumerate(kinds) if i == 0 or kinds[i - 1] != k]
 
 
-def test_a_requests_events_come_in_order(tiny_engine):
+def test_a_requests_events_come_in_order(events_engine):
     rec = Recorder()
-    with tiny_engine.events.subscribe(rec) as sub:
-        out = tiny_engine.generate("Events, in the order they happen:", GREEDY, rid="ev-order")
+    with events_engine.events.subscribe(rec) as sub:
+        out = events_engine.generate("Events, in the order they happen:", GREEDY, rid="ev-order")
     assert not sub.active and sub.errors == 0
     kinds = rec.of("ev-order")
     assert kinds[0] == "RequestSubmitted" and kinds[-1] == "RequestFinished"
@@ -87,37 +100,39 @@ def test_a_requests_events_come_in_order(tiny_engine):
     assert rec.threads["StepFinished"] == rec.threads["RequestFinished"] == {"plait-engine"}
 
 
-def test_kinds_filter_and_unsubscribe(tiny_engine):
+def test_kinds_filter_and_unsubscribe(events_engine):
     rec = Recorder()
-    sub = tiny_engine.events.subscribe(rec, kinds=RequestFinished)
-    assert tiny_engine.events.wants(RequestFinished) and not tiny_engine.events.wants(StepFinished)
-    tiny_engine.generate("Only the finish, please.", GREEDY)
+    sub = events_engine.events.subscribe(rec, kinds=RequestFinished)
+    assert events_engine.events.wants(RequestFinished) and not events_engine.events.wants(
+        StepFinished
+    )
+    events_engine.generate("Only the finish, please.", GREEDY)
     assert [type(e) for e in rec.events] == [RequestFinished]
     sub.unsubscribe()
     sub.unsubscribe()  # idempotent
-    assert not any(tiny_engine.events.wants(k) for k in EVENT_KINDS)
-    tiny_engine.generate("Nobody listens now.", GREEDY)
+    assert not any(events_engine.events.wants(k) for k in EVENT_KINDS)
+    events_engine.generate("Nobody listens now.", GREEDY)
     assert len(rec.events) == 1
     with pytest.raises(ValueError, match="kinds: .* is not an engine event"):
-        tiny_engine.events.subscribe(rec, kinds=int)
+        events_engine.events.subscribe(rec, kinds=int)
 
 
-def test_a_raising_subscriber_does_not_break_generation(tiny_engine, caplog):
-    expected = tiny_engine.generate("The subscriber fails, the engine does not.", GREEDY)
+def test_a_raising_subscriber_does_not_break_generation(events_engine, caplog):
+    expected = events_engine.generate("The subscriber fails, the engine does not.", GREEDY)
 
     def broken(event):
         raise RuntimeError("subscriber bug")
 
-    errors_before = tiny_engine.events.num_errors
+    errors_before = events_engine.events.num_errors
     rec = Recorder()
     with caplog.at_level(logging.ERROR, logger="plait.engine"):
-        with tiny_engine.events.subscribe(broken) as bad, tiny_engine.events.subscribe(rec):
+        with events_engine.events.subscribe(broken) as bad, events_engine.events.subscribe(rec):
             outs = [
-                tiny_engine.generate("The subscriber fails, the engine does not.", GREEDY)
+                events_engine.generate("The subscriber fails, the engine does not.", GREEDY)
                 for _ in range(2)
             ]
     assert [o["text"] for o in outs] == [expected["text"]] * 2
-    assert bad.errors > 2 and tiny_engine.events.num_errors - errors_before == bad.errors
+    assert bad.errors > 2 and events_engine.events.num_errors - errors_before == bad.errors
     assert sum("event subscriber" in r.getMessage() for r in caplog.records) == 1
     # the subscriber after the broken one still saw everything
     assert [type(e) for e in rec.events].count(RequestFinished) == 2
@@ -160,11 +175,11 @@ def test_cache_events(tiny_llama_dir):
         engine.shutdown()
 
 
-def test_the_observability_doc_example_runs(tiny_engine):
+def test_the_observability_doc_example_runs(events_engine):
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), flags=re.S)
     assert blocks
     for block in blocks:
         exec(
             compile(block, str(DOC), "exec"),
-            {"__name__": "observability_doc", "engine": tiny_engine},
+            {"__name__": "observability_doc", "engine": events_engine},
         )
