@@ -1,5 +1,5 @@
 """Fused decoder-layer elementwise ops on the CPU (`csrc/cpu_fused.cpp`): RMSNorm, residual add +
-RMSNorm, rotary embedding in place, SiLU-and-multiply. float32 CPU tensors only; `usable(x)`
+RMSNorm, rotary embedding in place, SiLU- or GELU-tanh-and-multiply. float32 CPU tensors only; `usable(x)`
 says when they apply, and the model keeps its torch code for everything else. Each equals the
 model's torch math (tests: `tests/unit/test_cpu_fused.py`)."""
 
@@ -23,6 +23,7 @@ def _lib() -> ctypes.CDLL | None:
     lib.plait_add_rms_norm_f32.argtypes = [p, p, p, p, i64, i64, f32, c_int]
     lib.plait_rope_f32.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, i64, c_int]
     lib.plait_silu_mul_f32.argtypes = [p, p, i64, i64, c_int]
+    lib.plait_gelu_tanh_mul_f32.argtypes = [p, p, i64, i64, c_int]
     return lib
 
 
@@ -93,12 +94,12 @@ def rope_(
     )
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate_up[:, :I]) * gate_up[:, I:]."""
+def gated_mul(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+    """act(gate_up[:, :I]) * gate_up[:, I:], act being "silu" or "gelu_tanh" (GELU with the tanh
+    approximation)."""
     gate_up = gate_up.contiguous()
     rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty(rows, inter, dtype=gate_up.dtype)
-    _lib().plait_silu_mul_f32(
-        gate_up.data_ptr(), out.data_ptr(), rows, inter, torch.get_num_threads()
-    )
+    kernel = {"silu": _lib().plait_silu_mul_f32, "gelu_tanh": _lib().plait_gelu_tanh_mul_f32}
+    kernel[activation](gate_up.data_ptr(), out.data_ptr(), rows, inter, torch.get_num_threads())
     return out

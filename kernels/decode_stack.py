@@ -1,8 +1,11 @@
 """The decoder layers of a decode step in one native call (`csrc/cpu_decode.cpp`).
 
 The caller (`runtime/models/native_decode.py`) describes each layer once, as pointers to its
-norms, quantized projections and KV pages (`DecodeLayer`); each step then passes the shapes, the
-attention rows, positions and slots, and the hidden states, which the kernel updates in place.
+norms (the Llama layer's two; q/k norms and output norms where the family has them), rotary
+frequencies, quantized projections and KV pages (`DecodeLayer`); each step then passes the
+shapes, the attention rows, positions and slots (per page space: the pool's pages and, for a
+model with sliding and global layers, the sliding layers' window pages), and the hidden states,
+which the kernel updates in place.
 The structures mirror the C++ ones of `csrc/plait_kernels.h` field for field;
 `tests/unit/test_native_abi.py` checks them against the sizes and offsets the library reports.
 
@@ -14,6 +17,7 @@ decode steps (`num_continuous_decode_steps`).
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
@@ -44,6 +48,11 @@ class DecodeLayer(ctypes.Structure):
     _fields_ = [
         ("input_norm", _p),
         ("post_norm", _p),
+        ("q_norm", _p),
+        ("k_norm", _p),
+        ("attn_out_norm", _p),
+        ("mlp_out_norm", _p),
+        ("inv_freq", _p),
         ("qkv", QLinear),
         ("o", QLinear),
         ("gate_up", QLinear),
@@ -52,7 +61,13 @@ class DecodeLayer(ctypes.Structure):
         ("v_cache", _p),
         ("k_scale", _p),
         ("v_scale", _p),
+        ("num_slots", _i64),
+        ("space", _i64),
     ]
+
+
+# the gated MLP's activation, by ModelArgs.activation (PlaitActivation)
+ACTIVATION_CODE = {"silu": 0, "gelu_tanh": 1}
 
 
 class DecodeShape(ctypes.Structure):
@@ -66,7 +81,7 @@ class DecodeShape(ctypes.Structure):
         ("eps", _f32),
         ("attn_scale", _f32),
         ("kv_type", _i64),
-        ("num_slots", _i64),
+        ("activation", _i64),
     ]
 
 
@@ -86,14 +101,19 @@ class DecodeBurst(ctypes.Structure):
     _fields_ = [
         ("embed", _p),
         ("embed_rows", _i64),
+        ("embed_blocks", QLinear),
+        ("embed_row_bytes", _i64 * 3),
+        ("embed_scale", _f32),
+        ("logit_softcap", _f32),
         ("final_norm", _p),
         ("head", QLinear),
-        ("tables", _p),
+        ("tables", _p * 2),
+        ("num_slots", _i64 * 2),
+        ("sliding_window", _i64 * 2),
         ("table_width", _i64),
         ("lens", _p),
         ("stop_ids", _p),
         ("stop_offsets", _p),
-        ("sliding_window", _i64),
         ("interrupt", _p),
         ("temperature", _p),
         ("top_k", _p),
@@ -118,7 +138,6 @@ def _kernel() -> ctypes._CFuncPtr | None:
         _p,
         _p,
         _p,
-        _p,
         ctypes.c_int,
         _p,
         ctypes.c_int,
@@ -135,7 +154,6 @@ def _burst_kernel() -> ctypes._CFuncPtr | None:
         ctypes.POINTER(DecodeBurst),
         _p,
         _i64,
-        _p,
         _p,
         _p,
         _i64,
@@ -179,9 +197,8 @@ def run_layers(
     layers: ctypes.Array,
     num_layers: int,
     shape: DecodeShape,
-    rows: CpuRows,
+    rows: Sequence[CpuRows],
     positions: torch.Tensor,
-    inv_freq: torch.Tensor,
     slots: torch.Tensor,
     x: torch.Tensor,
     residual: torch.Tensor,
@@ -189,28 +206,37 @@ def run_layers(
     scratch: torch.Tensor,
 ) -> None:
     """Runs layers [0, num_layers) on x [T, hidden] in place; `residual` receives the stream.
-    A slot outside the KV pool raises IndexError before any layer runs."""
+    `rows` and `slots` (int64 [spaces, T]): the attention rows and KV slots of the tokens in each
+    space a layer's `space` names (the pool's pages; the window pages, where some layers slide).
+    A slot outside a layer's KV cache raises IndexError before any layer runs."""
+    tokens = x.shape[0]
     assert (
         x.is_contiguous()
         and residual.is_contiguous()
-        and scratch.numel() >= scratch_floats(x.shape[0], shape)
+        and scratch.numel() >= scratch_floats(tokens, shape)
+        and slots.is_contiguous()
+        and slots.shape == (len(rows), tokens)
     )
-    table = DecodeRows(
-        rows.tables.data_ptr(),
-        rows.tables.shape[1],
-        rows.q_index.data_ptr(),
-        rows.table_index.data_ptr(),
-        rows.first.data_ptr(),
-        rows.kv_len.data_ptr(),
-        rows.q_index.shape[0],
+    tables = (DecodeRows * 2)(
+        *(
+            DecodeRows(
+                r.tables.data_ptr(),
+                r.tables.shape[1],
+                r.q_index.data_ptr(),
+                r.table_index.data_ptr(),
+                r.first.data_ptr(),
+                r.kv_len.data_ptr(),
+                r.q_index.shape[0],
+            )
+            for r in rows
+        )
     )
     bad = _kernel()(
         layers,
         num_layers,
         ctypes.byref(shape),
-        ctypes.byref(table),
+        tables,
         positions.data_ptr(),
-        inv_freq.data_ptr(),
         slots.data_ptr(),
         x.data_ptr(),
         residual.data_ptr(),
@@ -219,7 +245,12 @@ def run_layers(
         torch.get_num_threads(),
     )
     if bad >= 0:
-        raise slot_error(slots, bad, shape.num_slots)
+        layer = next(
+            layers[i]
+            for i in range(num_layers)
+            if slots[layers[i].space, bad] >= layers[i].num_slots
+        )
+        raise slot_error(slots[layer.space], bad, layer.num_slots)
 
 
 @dataclass
@@ -291,7 +322,6 @@ def run_burst(
     burst: DecodeBurst,
     ids: torch.Tensor,
     steps: int,
-    inv_freq: torch.Tensor,
     scratch: torch.Tensor,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -315,7 +345,6 @@ def run_burst(
         ctypes.byref(burst),
         ids.data_ptr(),
         steps,
-        inv_freq.data_ptr(),
         out.data_ptr(),
         scratch.data_ptr(),
         scratch.numel(),

@@ -42,9 +42,7 @@ class Execution:
     device: torch.device
     attention: str  # who attends CPU rows and decodes: "triton", "native" or "torch"
     native_stack: NativeDecodeStack | None  # all layers in one native call; None: never
-    bursts: (
-        bool  # whole decode steps natively (the stack, a float32 embedding and norm, a native head)
-    )
+    bursts: bool  # whole decode steps natively (the stack, a native embedding, norm and head)
     bf16_extends: bool  # quantized weights on an AMX CPU: long prefill chunks attend in bfloat16
     sliding_window: int | None
     layers_note: str = ""  # why the layers never run in one native call, where they do not
@@ -120,13 +118,12 @@ def choose_execution(model: torch.nn.Module, pool: KVPool, device: torch.device)
     ):
         blocker = native_decode.unsupported(lm)
         if blocker is None:
-            stack = native_decode.NativeDecodeStack(lm.model, pool)
+            stack = native_decode.NativeDecodeStack(lm, pool)
         else:  # a family the stack cannot run yet: its layers run one by one, said in the stats
             note = f"not on the native stack: {blocker}"
     bursts = (
         stack is not None
-        and embed is not None
-        and embed.is_contiguous()
+        and native_decode.usable_embedding(lm.model.embed_tokens)
         and native_decode.usable_linear(lm.lm_head)
         and lm.model.norm.weight.dtype == torch.float32
         and decode_stack.burst_available()

@@ -255,13 +255,14 @@ class ModelRunner:
         reqs = batch.decodes
         lens = [r.num_tokens for r in reqs]
         width = max(lens) + steps - 1
-        tables = torch.zeros(len(reqs), width, dtype=torch.long)
+        # each row's slots in each page space a step lays out (`_spaces`)
+        tables = [torch.zeros(len(reqs), width, dtype=torch.long) for _ in self._spaces]
         for i, r in enumerate(reqs):
             slots = self.tables.slots(r, 0, lens[i] + steps - 1)
-            # the stack runs models whose layers attend alike: all in window pages, or none
-            tables[i, : lens[i] + steps - 1] = (
-                self.tables.window_slots(slots) if self._spaces[0][0] else slots
-            )
+            for table, (in_window, _) in zip(tables, self._spaces):
+                table[i, : lens[i] + steps - 1] = (
+                    self.tables.window_slots(slots) if in_window else slots
+                )
         stop_ids = [
             sorted(set(r.params.stop_token_ids) | (set() if r.params.ignore_eos else self.eos_ids))
             for r in reqs

@@ -1,7 +1,7 @@
 // Fused elementwise ops of a decoder layer, float32 on the CPU: RMSNorm (optionally after the
-// residual add), rotate-half rotary embedding in place, and SiLU(gate) * up. At decode sizes each
-// torch op costs a few microseconds of dispatch for almost no arithmetic; these do each step in
-// one call.
+// residual add), rotate-half rotary embedding in place, and act(gate) * up (SiLU or GELU-tanh).
+// At decode sizes each torch op costs a few microseconds of dispatch for almost no arithmetic;
+// these do each step in one call.
 #include <cmath>
 #include <cstdint>
 
@@ -74,8 +74,15 @@ extern "C" void plait_rope_f32(float* q, float* k, const int64_t* positions, con
     });
 }
 
-// out[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i]
-extern "C" void plait_silu_mul_f32(const float* gate_up, float* out, int64_t rows, int64_t inter, int num_threads) {
+namespace {
+
+// gelu_tanh(g) = 0.5 g (1 + tanh(u)) with u = sqrt(2 / pi) (g + 0.044715 g^3), written as
+// g * sigmoid(2 u) = g / (1 + exp(-2 u)): the same function through the one exp the SiLU uses.
+constexpr float GELU_C = 0.7978845608028654f, GELU_A = 0.044715f;
+
+// out[t, i] = act(gate_up[t, i]) * gate_up[t, inter + i]
+template <bool Gelu>
+void gated_mul(const float* gate_up, float* out, int64_t rows, int64_t inter, int num_threads) {
     plait::parallel_for(rows, threads_for(rows, num_threads), false, [&](int64_t t) {
         const float* g = gate_up + t * 2 * inter;
         const float* u = g + inter;
@@ -85,10 +92,32 @@ extern "C" void plait_silu_mul_f32(const float* gate_up, float* out, int64_t row
         const __m256 one = _mm256_set1_ps(1.0f);
         for (; i + 8 <= inter; i += 8) {  // libm's scalar expf was most of this op's time
             const __m256 gv = _mm256_loadu_ps(g + i);
-            const __m256 e = plait::exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+            __m256 arg = gv;  // silu: g / (1 + exp(-g))
+            if constexpr (Gelu) {
+                const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(gv, gv), gv);
+                arg = _mm256_mul_ps(_mm256_set1_ps(2.0f * GELU_C),
+                                    _mm256_fmadd_ps(_mm256_set1_ps(GELU_A), cube, gv));
+            }
+            const __m256 e = plait::exp256(_mm256_sub_ps(_mm256_setzero_ps(), arg));
             _mm256_storeu_ps(o + i, _mm256_div_ps(_mm256_mul_ps(gv, _mm256_loadu_ps(u + i)), _mm256_add_ps(one, e)));
         }
 #endif
-        for (; i < inter; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+        for (; i < inter; ++i) {
+            const float arg = Gelu ? 2.0f * GELU_C * (g[i] + GELU_A * g[i] * g[i] * g[i]) : g[i];
+            o[i] = g[i] / (1.0f + std::exp(-arg)) * u[i];
+        }
     });
+}
+
+}  // namespace
+
+// out[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i]
+extern "C" void plait_silu_mul_f32(const float* gate_up, float* out, int64_t rows, int64_t inter, int num_threads) {
+    gated_mul<false>(gate_up, out, rows, inter, num_threads);
+}
+
+// out[t, i] = gelu_tanh(gate_up[t, i]) * gate_up[t, inter + i]
+extern "C" void plait_gelu_tanh_mul_f32(const float* gate_up, float* out, int64_t rows, int64_t inter,
+                                        int num_threads) {
+    gated_mul<true>(gate_up, out, rows, inter, num_threads);
 }

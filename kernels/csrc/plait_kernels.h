@@ -21,6 +21,8 @@ enum PlaitWeightFormat : int {
     PLAIT_FORMAT_INT8_F32 = 3,
     PLAIT_FORMAT_INT4_F32 = 4,
 };
+// The gated MLP's activation (kernels/decode_stack.py: ACTIVATION_CODE).
+enum PlaitActivation : int { PLAIT_ACT_SILU = 0, PLAIT_ACT_GELU_TANH = 1 };
 // KV cache storage types (kernels/kv_cache.py: kv_type_code).
 enum PlaitKVType : int { PLAIT_KV_FLOAT32 = 0, PLAIT_KV_BFLOAT16 = 1, PLAIT_KV_INT8 = 2 };
 // Activations round to int8 in blocks of this many values (kernels/quant_matmul.py: Q8_BLOCK).
@@ -39,34 +41,52 @@ struct PlaitQLinear {  // kernels/decode_stack.py: QLinear
     int64_t format;  // PlaitWeightFormat
 };
 
+// One decoder layer: x += attn_out_norm(o(attention(rope(qk_norm(qkv(input_norm(x))))))), then
+// x += mlp_out_norm(down(act(gate) * up)) of post_norm(x). The Llama layer has no q/k norms and
+// no output norms (null); Gemma 3 has all four norms, Qwen3 the q/k ones.
 struct PlaitDecodeLayer {  // kernels/decode_stack.py: DecodeLayer
-    const float* input_norm;
-    const float* post_norm;
+    const float* input_norm;     // [hidden]
+    const float* post_norm;      // [hidden]: before the MLP
+    const float* q_norm;         // [head_dim], shared by every query head; may be null
+    const float* k_norm;         // [head_dim]; null exactly when q_norm is
+    const float* attn_out_norm;  // [hidden]: on the attention's output; may be null
+    const float* mlp_out_norm;   // [hidden]: on the MLP's output; may be null
+    const float* inv_freq;       // [head_dim / 2]: the layer's rotary frequencies
     PlaitQLinear qkv, o, gate_up, down;
     void* k_cache;
     void* v_cache;
     float* k_scale;  // int8 caches only
     float* v_scale;
+    int64_t num_slots;  // the slots of its KV cache
+    int64_t space;      // which pages its KV lives in: 0, the pool's; 1, the window pages
 };
 
 struct PlaitDecodeShape {  // kernels/decode_stack.py: DecodeShape
     int64_t tokens, hidden, num_heads, num_kv_heads, head_dim, intermediate;
     float eps, attn_scale;
-    int64_t kv_type;    // PlaitKVType
-    int64_t num_slots;  // the KV pool's slots per layer
+    int64_t kv_type;     // PlaitKVType
+    int64_t activation;  // PlaitActivation
 };
 
 struct PlaitDecodeBurst {  // kernels/decode_stack.py: DecodeBurst
-    const float* embed;       // [embed_rows, hidden] float32
+    const float* embed;       // [embed_rows, hidden] float32, or null: rows of embed_blocks
     int64_t embed_rows;
+    PlaitQLinear embed_blocks;   // a quantized table (a tied head's blocks), where embed is null
+    int64_t embed_row_bytes[3];  // bytes from one row of its qweight, scales, mins to the next
+    float embed_scale;        // embeddings are multiplied by it (1: plain)
+    float logit_softcap;      // logits = cap * tanh(logits / cap) where > 0
     const float* final_norm;  // [hidden]
     PlaitQLinear head;        // [vocab, hidden]
-    const int64_t* tables;    // [rows, table_width]: each row's slots, positions [0, len + steps - 1)
+    // per space (PlaitDecodeLayer.space): [rows, table_width], each row's slots of positions
+    // [0, len + steps - 1) in that space's pages, the slots those pages hold (0, and tables null:
+    // no layer's KV lives there), and the window its layers attend through (0: none)
+    const int64_t* tables[2];
+    int64_t num_slots[2];
+    int64_t sliding_window[2];
     int64_t table_width;
     const int64_t* lens;      // [rows]: tokens before the burst; the first fed token sits at len - 1
     const int64_t* stop_ids;  // row r stops at any of stop_ids[stop_offsets[r], stop_offsets[r + 1])
     const int64_t* stop_offsets;
-    int64_t sliding_window;   // 0: none
     const int32_t* interrupt; // may be null; once another thread sets it non-zero, the burst ends
     // Sampling, all null when every row is greedy. Row r with temperature[r] > 0 draws its token
     // at step s with uniforms[r * steps + s] (plait_sample_row); the others take the argmax.
@@ -127,6 +147,7 @@ void plait_add_rms_norm_f32(const float* x, float* residual, const float* w, flo
 void plait_rope_f32(float* q, float* k, const int64_t* positions, const float* inv_freq, int64_t tokens, int64_t hq,
                     int64_t hk, int64_t head_dim, int64_t q_stride, int64_t k_stride, int num_threads);
 void plait_silu_mul_f32(const float* gate_up, float* out, int64_t rows, int64_t inter, int num_threads);
+void plait_gelu_tanh_mul_f32(const float* gate_up, float* out, int64_t rows, int64_t inter, int num_threads);
 
 // cpu_quant_matmul.cpp (its ISA tiers in quant_matmul_*.cpp, the float32 GEMV in dense_gemv.cpp)
 void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t N, const void* qweight, int format,
@@ -144,12 +165,11 @@ int plait_qmatmul_q8_rows(int64_t K, int format, int64_t group);
 
 // cpu_decode.cpp
 int64_t plait_decode_layers(const PlaitDecodeLayer* layers, int64_t num_layers, const PlaitDecodeShape* s,
-                            const PlaitDecodeRows* rows, const int64_t* positions, const float* inv_freq,
-                            const int64_t* slots, float* x, float* residual, int has_residual, float* scratch,
-                            int num_threads);
+                            const PlaitDecodeRows* rows, const int64_t* positions, const int64_t* slots, float* x,
+                            float* residual, int has_residual, float* scratch, int num_threads);
 int64_t plait_decode_burst(const PlaitDecodeLayer* layers, int64_t num_layers, const PlaitDecodeShape* s,
-                           const PlaitDecodeBurst* g, const int64_t* ids, int64_t steps, const float* inv_freq,
-                           int64_t* out, float* scratch, int64_t scratch_floats, int num_threads);
+                           const PlaitDecodeBurst* g, const int64_t* ids, int64_t steps, int64_t* out,
+                           float* scratch, int64_t scratch_floats, int num_threads);
 
 // cpu_sampling.cpp
 int64_t plait_sample_row(const float* logits, int64_t vocab, float temperature, int64_t top_k, float top_p,

@@ -44,8 +44,8 @@ def load_model(
     them (`gguf_blocks.BLOCK_TYPES`), on the CPU, and dequantizes the other tensors to `dtype`;
     "float32" dequantizes every block; "int8" / "int4" also quantize the float weights of every
     linear layer (CPU float32 kernels; the reference elsewhere). Where the LM head is a tied
-    embedding kept in blocks and the model runs layer by layer, its embedding lookups read the
-    head's blocks too (`QuantEmbedding`) rather than a float copy of the table.
+    embedding kept in blocks, the embedding lookups read the head's blocks too
+    (`QuantEmbedding`) rather than a float copy of the table.
 
     The checkpoint's family, hyperparameters, tensor types and tensor names are checked from its
     header before any weight is read."""
@@ -111,10 +111,9 @@ def load_model(
 
 
 def _embed_from_head(model: torch.nn.Module) -> None:
-    """Reads the embedding rows from the tied head's blocks where the model runs layer by layer
-    (the native decode stack reads a float table: models it runs keep theirs)."""
-    from plait.runtime.models.native_decode import unsupported
+    """Reads the embedding rows from the tied head's blocks (layer by layer, on the native stack
+    and in its bursts alike), so no float copy of the table is kept."""
     from plait.runtime.models.quantized import QuantEmbedding, QuantLinear
 
-    if isinstance(model.lm_head, QuantLinear) and unsupported(model) is not None:
+    if isinstance(model.lm_head, QuantLinear):
         model.model.embed_tokens = QuantEmbedding(model.lm_head)

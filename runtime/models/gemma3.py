@@ -68,6 +68,9 @@ class Gemma3Model(nn.Module):
         x = self.embed_tokens(input_ids)  # [T, hidden]
         if self.embed_scale is not None:  # rounded to the activations' dtype first, as Gemma does
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        stack = batch.native_stack  # set by the runner for a step it plans on the native stack
+        if stack is not None and (num_layers is None or num_layers > 0):
+            return stack.forward_layers(x, positions, batch, num_layers, self.norm)
         ropes = [self._rope(emb, positions, x) for emb in (self.rotary_emb, self.local_rotary_emb)]
         residual = None
         for layer in self.layers[:num_layers]:

@@ -199,8 +199,8 @@ class MLP(nn.Module):
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        if self.activation == "silu" and cpu_fused.usable(gate_up):
-            return self.down_proj(cpu_fused.silu_mul(gate_up))
+        if cpu_fused.usable(gate_up):
+            return self.down_proj(cpu_fused.gated_mul(gate_up, self.activation))
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         if self.activation == "gelu_tanh":
             return self.down_proj(F.gelu(gate, approximate="tanh") * up)

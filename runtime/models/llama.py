@@ -69,10 +69,7 @@ class LlamaModel(nn.Module):
         inv_freq = self.rotary_emb.inv_freq
         stack = batch.native_stack  # set by the runner for a step it plans on the native stack
         if stack is not None and (num_layers is None or num_layers > 0):
-            x, residual = stack.run(
-                x, positions, inv_freq, batch, min(num_layers or len(self.layers), len(self.layers))
-            )
-            return self.norm(x, residual)[0]
+            return stack.forward_layers(x, positions, batch, num_layers, self.norm)
         if cpu_fused.usable(x):
             rope = Rope(None, None, positions, inv_freq)
         else:

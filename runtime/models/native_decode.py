@@ -1,4 +1,4 @@
-"""Decode steps of a Llama-family model on the CPU through the native layer stack.
+"""Decode steps of a model on the CPU through the native layer stack.
 
 When every projection is a `QuantLinear` or a float32 `nn.Linear` and the native kernels are
 built, the engine's `Execution` (`runtime/execution.py`) holds one `NativeDecodeStack`, built at
@@ -22,34 +22,56 @@ from plait.kernels import decode_stack
 from plait.kernels.kv_cache import kv_type_code
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.kv_pool import KVPool
-from plait.runtime.models.quantized import QuantLinear
+from plait.runtime.models.quantized import QuantEmbedding, QuantLinear
 
 if TYPE_CHECKING:
-    from plait.runtime.models.llama import LlamaForCausalLM, LlamaModel
+    from plait.runtime.models.llama import LlamaForCausalLM
 
 
 class NativeDecodeStack:
-    def __init__(self, model: LlamaModel, pool: KVPool) -> None:
+    def __init__(self, lm: LlamaForCausalLM, pool: KVPool) -> None:
+        model, args = lm.model, lm.args
         first = model.layers[0]
         attn, mlp = first.self_attn, first.mlp
         self.kv_pool = pool
-        self.sliding_window = attn.sliding_window
+        # the page spaces a step lays out (`ModelRunner`): the pool's pages alone, or the window
+        # pages alone where every layer slides, or both, the sliding layers in the second
+        self.mixed = pool.has_window_layers and not all(pool.window_layers)
+        self.space_of = [int(self.mixed and w) for w in pool.window_layers]
+        self.spaces = 1 + self.mixed
+        self.window = args.sliding_window  # of the sliding layers
+        # the slots of each space's pages (0: a space no layer uses)
+        self.num_slots = [0, 0]
+        for i, space in enumerate(self.space_of):
+            k = pool.layer(i)[0]
+            self.num_slots[space] = k.numel() // (args.num_kv_heads * args.head_dim)
+        # the layers' rotary frequencies, kept alive here: the layers hold pointers to them
+        self.inv_freqs = [_inv_freq(model, layer) for layer in model.layers]
         self.layers = (decode_stack.DecodeLayer * len(model.layers))()
         for i, layer in enumerate(model.layers):
             a, m = layer.self_attn, layer.mlp
             k_cache, v_cache = pool.layer(i)
             scales = pool.scales(i) or (None, None)
+            pre_mlp = getattr(layer, "pre_feedforward_layernorm", None)
             self.layers[i] = decode_stack.DecodeLayer(
                 layer.input_layernorm.weight.data_ptr(),
-                layer.post_attention_layernorm.weight.data_ptr(),
+                # the norm before the MLP: Gemma's pre-feedforward one; the Llama layer's second
+                (pre_mlp or layer.post_attention_layernorm).weight.data_ptr(),
+                *(_weight(n) for n in (a.q_norm, a.k_norm)),
+                # Gemma's norms on the attention's and the MLP's outputs
+                _weight(layer.post_attention_layernorm if pre_mlp is not None else None),
+                _weight(getattr(layer, "post_feedforward_layernorm", None)),
+                self.inv_freqs[i].data_ptr(),
                 *(_linear(p) for p in (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)),
                 k_cache.data_ptr(),
                 v_cache.data_ptr(),
                 *(None if s is None else s.data_ptr() for s in scales),
+                k_cache.numel() // (attn.num_kv_heads * attn.head_dim),
+                self.space_of[i],
             )
         self.shape = decode_stack.DecodeShape(
             0,
-            model.embed_tokens.weight.shape[1],
+            args.hidden_size,
             attn.num_heads,
             attn.num_kv_heads,
             attn.head_dim,
@@ -57,21 +79,36 @@ class NativeDecodeStack:
             first.input_layernorm.eps,
             attn.scale,
             kv_type_code(pool.dtype),
-            pool.layer(0)[0].numel() // (attn.num_kv_heads * attn.head_dim),
+            decode_stack.ACTIVATION_CODE[args.activation],
         )
         self.scratch = torch.empty(0)
+
+    def forward_layers(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        batch: ForwardBatch,
+        num_layers: int | None,
+        norm: torch.nn.Module,
+    ) -> torch.Tensor:
+        """The model's hidden states after its first `num_layers` layers (None: all) and its final
+        `norm`, from the (scaled) embeddings x [T, hidden]: a model's forward on the stack."""
+        count = len(self.layers) if num_layers is None else min(num_layers, len(self.layers))
+        x, residual = self.run(x, positions, batch, count)
+        return norm(x, residual)[0]
 
     def run(
         self,
         x: torch.Tensor,
         positions: torch.Tensor,
-        inv_freq: torch.Tensor,
         batch: ForwardBatch,
         num_layers: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(the last layer's MLP output, the residual stream before it), as the layers return."""
-        meta = batch.attn
-        assert meta.cpu is not None, "the runner builds the CPU attention rows of a native step"
+        metas = [batch.attn] + ([batch.attn_window] if self.mixed else [])
+        assert all(m is not None and m.cpu is not None for m in metas), (
+            "the runner builds the CPU attention rows of a native step"
+        )
         tokens = x.shape[0]
         self.shape.tokens = tokens
         need = decode_stack.scratch_floats(tokens, self.shape)
@@ -83,10 +120,9 @@ class NativeDecodeStack:
             self.layers,
             num_layers,
             self.shape,
-            meta.cpu,
+            [m.cpu for m in metas],
             positions.contiguous(),
-            inv_freq,
-            meta.slot_mapping.contiguous(),
+            torch.stack([m.slot_mapping for m in metas]),
             x,
             residual,
             False,
@@ -98,7 +134,7 @@ class NativeDecodeStack:
         self,
         lm: LlamaForCausalLM,
         ids: torch.Tensor,
-        tables: torch.Tensor,
+        tables: list[torch.Tensor],
         lens: torch.Tensor,
         steps: int,
         stop_ids: list[list[int]],
@@ -108,11 +144,14 @@ class NativeDecodeStack:
         masks: decode_stack.BurstMasks | None = None,
     ) -> torch.Tensor:
         """Up to `steps` steps from `ids` [B] (see `ModelRunner.decode_burst`), greedy unless
-        `sampling` says otherwise, among the tokens `masks` allows; `interrupt`, an int32 another
-        thread may set non-zero, ends the burst after the current step; `out` [B, steps], if
-        given, is filled step by step (`masks` reads it)."""
-        model = lm.model
+        `sampling` says otherwise, among the tokens `masks` allows; `tables`: each row's slots in
+        each page space the layers use (`spaces`); `interrupt`, an int32 another thread may set
+        non-zero, ends the burst after the current step; `out` [B, steps], if given, is filled
+        step by step (`masks` reads it)."""
+        model, args = lm.model, lm.args
         rows = ids.shape[0]
+        if len(tables) != self.spaces:
+            raise ValueError(f"tables: one per page space ({self.spaces}), got {len(tables)}")
         self.shape.tokens = rows
         vocab = lm.lm_head.out_features
         need = decode_stack.burst_scratch_floats(rows, self.shape, vocab)
@@ -123,19 +162,26 @@ class NativeDecodeStack:
             offsets.append(offsets[-1] + len(stops))
         flat_stops = torch.tensor([t for stops in stop_ids for t in stops] or [0], dtype=torch.long)
         offsets_t = torch.tensor(offsets, dtype=torch.long)
-        tables, lens = tables.contiguous(), lens.contiguous()
-        embed = model.embed_tokens.weight
+        tables = [t.contiguous() for t in tables]
+        lens = lens.contiguous()
+        embed, blocks, row_bytes = _embedding(model.embed_tokens)
+        windows = [args.layer_window(0) if not self.mixed else None, self.window]
         burst = decode_stack.DecodeBurst(
-            embed.data_ptr(),
-            embed.shape[0],
+            embed,
+            model.embed_tokens.num_embeddings,
+            blocks,
+            row_bytes,
+            args.embed_scale or 1.0,
+            args.final_logit_softcap or 0.0,
             model.norm.weight.data_ptr(),
             _linear(lm.lm_head),
-            tables.data_ptr(),
-            tables.shape[1],
+            (ctypes.c_void_p * 2)(*(t.data_ptr() for t in tables)),
+            (ctypes.c_int64 * 2)(*self.num_slots),
+            (ctypes.c_int64 * 2)(*(w or 0 for w in windows)),
+            tables[0].shape[1],
             lens.data_ptr(),
             flat_stops.data_ptr(),
             offsets_t.data_ptr(),
-            self.sliding_window or 0,
             None if interrupt is None else ctypes.addressof(interrupt),
             *(sampling.pointers(rows, steps) if sampling is not None else (None,) * 5),
             *(masks.pointers(rows) if masks is not None else (None, None, None, 0)),
@@ -147,16 +193,47 @@ class NativeDecodeStack:
             burst,
             ids.contiguous(),
             steps,
-            model.rotary_emb.inv_freq,
             self.scratch,
             out,
         )
+
+
+def _weight(norm: torch.nn.Module | None) -> int | None:
+    return None if norm is None else norm.weight.data_ptr()
+
+
+def _inv_freq(model: torch.nn.Module, layer: torch.nn.Module) -> torch.Tensor:
+    """The rotary frequencies a layer rotates with: the sliding layers' own where the family
+    gives them another base (Gemma 3's `local_rotary_emb`), the model's otherwise."""
+    local = getattr(model, "local_rotary_emb", None)
+    if local is not None and layer.self_attn.sliding_window is not None:
+        return local.inv_freq.contiguous()
+    return model.rotary_emb.inv_freq.contiguous()
+
+
+def _embedding(embed: torch.nn.Module) -> tuple[int | None, decode_stack.QLinear, tuple[int, ...]]:
+    """(a float32 table's pointer, or None and the quantized blocks its rows are read from, with
+    the bytes from one row of their qweight, scales and mins to the next)."""
+    if isinstance(embed, QuantEmbedding):
+        qw = embed.heads[0].qw
+        parts = (qw.qweight, qw.scales, qw.mins)
+        row_bytes = tuple(0 if t is None else t.stride(0) * t.element_size() for t in parts)
+        return None, decode_stack.qlinear(qw, None), row_bytes
+    return embed.weight.data_ptr(), decode_stack.QLinear(), (0, 0, 0)
 
 
 def _linear(layer: torch.nn.Module) -> decode_stack.QLinear:
     if isinstance(layer, QuantLinear):
         return decode_stack.qlinear(layer.qw, layer.bias)
     return decode_stack.dense_linear(layer.weight, layer.bias)
+
+
+def usable_embedding(embed: torch.nn.Module) -> bool:
+    """A table the burst reads rows of: float32 and contiguous, or a tied head's blocks."""
+    if isinstance(embed, QuantEmbedding):
+        return True
+    w = getattr(embed, "weight", None)
+    return w is not None and w.dtype == torch.float32 and w.is_contiguous()
 
 
 def usable_linear(layer: torch.nn.Module) -> bool:
@@ -170,25 +247,23 @@ def usable_linear(layer: torch.nn.Module) -> bool:
 
 def unsupported(model: torch.nn.Module) -> str | None:
     """Why the native stack cannot run `model`'s layers, or None where it can. The stack runs the
-    Llama decoder layer: RMSNorm, qkv (with bias), rotary, paged attention with one sliding window
-    for all layers, o, RMSNorm, SiLU-gated MLP."""
+    Llama decoder layer (RMSNorm, qkv with bias, rotary, paged attention, o, RMSNorm, SiLU-gated
+    MLP) and Gemma 3's (norms on the attention's and the MLP's outputs too, GELU-tanh), with q/k
+    norms, each layer's own rotary base and window, and scaled embeddings."""
+    from plait.runtime.models.gemma3 import Gemma3DecoderLayer
     from plait.runtime.models.llama import DecoderLayer
 
     args = getattr(model, "args", None)
     layers = getattr(getattr(model, "model", None), "layers", None)
-    if args is None or layers is None or not all(type(layer) is DecoderLayer for layer in layers):
-        return f"the {getattr(args, 'family', type(model).__name__)} decoder layer"
+    if args is None or layers is None:
+        return f"the {type(model).__name__} model"
     if args.num_experts:
         return "mixture-of-experts MLP"
-    if args.qk_norm:
-        return "q/k norms"
-    if args.activation != "silu":
+    if not all(type(layer) in (DecoderLayer, Gemma3DecoderLayer) for layer in layers):
+        return f"the {args.family} decoder layer"
+    if args.activation not in decode_stack.ACTIVATION_CODE:
         return f"{args.activation} activation"
-    if not args.uniform_layers:
-        return "layers with different windows or rope bases"
-    if args.embed_scale is not None:
-        return "scaled embeddings"
-    if args.head_dim > 1024:
+    if args.head_dim > 1024 or args.head_dim % 2:
         return f"head_dim {args.head_dim}"
     if not all(
         usable_linear(p)

@@ -252,12 +252,12 @@ def test_num_continuous_decode_steps_is_validated(tiny_llama_dir):
         Engine(model_path=str(tiny_llama_dir), num_continuous_decode_steps=0)
 
 
-def _zero_layer_burst(vocab: int = 50, hidden: int = 16, num_slots: int = 64, stops=((),)):
+def _zero_layer_burst(vocab: int = 50, hidden: int = 16, stops=((),)):
     """A model with no layers: logits = head @ rmsnorm(embed[token]), so the argmax chain is
     known."""
     torch.manual_seed(0)
     embed, head, norm = torch.randn(vocab, hidden), torch.randn(vocab, hidden), torch.ones(hidden)
-    shape = decode_stack.DecodeShape(len(stops), hidden, 2, 1, 8, 32, 1e-5, 0.35, 0, num_slots)
+    shape = decode_stack.DecodeShape(len(stops), hidden, 2, 1, 8, 32, 1e-5, 0.35, 0, 0)
     flat = torch.tensor([t for s in stops for t in s] or [0], dtype=torch.long)
     offsets = torch.tensor(
         [0, *torch.tensor([len(s) for s in stops]).cumsum(0).tolist()], dtype=torch.long
@@ -265,19 +265,20 @@ def _zero_layer_burst(vocab: int = 50, hidden: int = 16, num_slots: int = 64, st
     return embed, head, norm, shape, flat, offsets
 
 
-def _burst(embed, head, norm, shape, flat, offsets, tables, lens, interrupt=None):
+def _burst(embed, head, norm, shape, flat, offsets, tables, lens, interrupt=None, num_slots=64):
     burst = decode_stack.DecodeBurst(
-        embed.data_ptr(),
-        embed.shape[0],
-        norm.data_ptr(),
-        decode_stack.dense_linear(head, None),
-        tables.data_ptr(),
-        tables.shape[1],
-        lens.data_ptr(),
-        flat.data_ptr(),
-        offsets.data_ptr(),
-        0,
-        None if interrupt is None else ctypes.addressof(interrupt),
+        embed=embed.data_ptr(),
+        embed_rows=embed.shape[0],
+        embed_scale=1.0,
+        final_norm=norm.data_ptr(),
+        head=decode_stack.dense_linear(head, None),
+        tables=(ctypes.c_void_p * 2)(tables.data_ptr()),
+        num_slots=(ctypes.c_int64 * 2)(num_slots),
+        table_width=tables.shape[1],
+        lens=lens.data_ptr(),
+        stop_ids=flat.data_ptr(),
+        stop_offsets=offsets.data_ptr(),
+        interrupt=None if interrupt is None else ctypes.addressof(interrupt),
     )
     return burst
 
@@ -299,7 +300,7 @@ def test_the_native_burst_feeds_each_pick_to_the_next_step_and_stops():
     scratch = torch.empty(decode_stack.burst_scratch_floats(1, shape, 50))
     burst = _burst(embed, head, norm, shape, flat, offsets, tables, lens)
     out = decode_stack.run_burst(
-        (decode_stack.DecodeLayer * 0)(), 0, shape, burst, ids, steps, torch.ones(4), scratch
+        (decode_stack.DecodeLayer * 0)(), 0, shape, burst, ids, steps, scratch
     )
     chain = _reference_chain(embed, head, norm, 7, steps)
     assert out[0].tolist() == chain
@@ -307,13 +308,13 @@ def test_the_native_burst_feeds_each_pick_to_the_next_step_and_stops():
     embed, head, norm, shape, flat, offsets = _zero_layer_burst(stops=((stop_at,),))
     burst = _burst(embed, head, norm, shape, flat, offsets, tables, lens)
     out = decode_stack.run_burst(
-        (decode_stack.DecodeLayer * 0)(), 0, shape, burst, ids, steps, torch.ones(4), scratch
+        (decode_stack.DecodeLayer * 0)(), 0, shape, burst, ids, steps, scratch
     )
     assert out[0].tolist() == chain[: chain.index(stop_at) + 1]
     flag = ctypes.c_int32(1)
     burst = _burst(embed, head, norm, shape, flat, offsets, tables, lens, interrupt=flag)
     out = decode_stack.run_burst(
-        (decode_stack.DecodeLayer * 0)(), 0, shape, burst, ids, steps, torch.ones(4), scratch
+        (decode_stack.DecodeLayer * 0)(), 0, shape, burst, ids, steps, scratch
     )
     assert out.shape == (1, 1) and out[0, 0] == chain[0]
 
@@ -344,7 +345,6 @@ def test_a_bad_burst_raises_before_any_step(case, table_end, token):
             burst,
             torch.tensor([token]),
             10,
-            torch.ones(4),
             scratch,
         )
 
@@ -367,7 +367,6 @@ def test_the_native_argmax_picks_the_first_maximum(winners):
         burst,
         torch.tensor([7]),
         1,
-        torch.ones(4),
         scratch,
     )
     assert out[0, 0] == min(winners) == int((head @ (x * norm)).argmax())
@@ -401,7 +400,6 @@ def test_the_native_burst_draws_sampled_rows_with_their_uniforms():
         burst,
         torch.tensor([7, 7]),
         steps,
-        torch.ones(4),
         scratch,
     )
     token = 7
@@ -463,7 +461,6 @@ def test_the_native_burst_applies_the_masks_its_callback_fills_and_ends_when_tol
         burst,
         torch.tensor([7]),
         steps,
-        torch.ones(4),
         scratch,
         out,
     )

@@ -24,7 +24,7 @@ LLAMA3_ROPE = {
 # family, config overrides, what the engine's execution must say about its layers
 CASES = {
     "llama3-rope": ("llama", {"rope_parameters": LLAMA3_ROPE}, "native stack"),
-    "qwen3": ("qwen3", {"head_dim": 16}, "layerwise (not on the native stack: q/k norms)"),
+    "qwen3": ("qwen3", {"head_dim": 16}, "native stack"),
     "phi3": ("phi3", {"sliding_window": 24}, "native stack"),
     "gemma3": (
         "gemma3",
@@ -36,7 +36,7 @@ CASES = {
             "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
             "final_logit_softcapping": 30.0,
         },
-        "layerwise (not on the native stack: the gemma3 decoder layer)",
+        "native stack",
     ),
     # mixtures of experts: 4 experts, 2 per token (Mixtral with a sliding window; Qwen3-MoE
     # with q/k norms, a dense MLP in its first layer and the picked weights left unnormalized)
@@ -65,7 +65,7 @@ CASES = {
             "sliding_window": 16,
             "layer_types": ["sliding_attention", "full_attention"],
         },
-        "layerwise (not on the native stack: the gemma3 decoder layer)",
+        "native stack",
     ),
 }
 
@@ -108,6 +108,8 @@ def test_greedy_tokens_equal_transformers(case):
     stats = engine.stats()
     assert stats["model_family"] == family.removesuffix("-vision")
     assert stats["execution_layers"].startswith(layers)
+    if layers == "native stack":  # and whole decode steps in one native call
+        assert stats["execution_bursts"] == "native" and stats["total_burst_steps"] > 0
 
 
 def test_prompt_logprobs_match_transformers(case):

@@ -1,6 +1,6 @@
 """The native decode stack (`runtime/models/native_decode.py`) computes what the layer-by-layer
-path computes: float32 and quantized tiny Llama / Qwen2 (qkv bias) / Mistral (sliding window)
-engines with float32, bfloat16 and int8 KV caches, with and without speculative decoding (short
+path computes: float32 and quantized tiny Llama / Qwen2 (qkv bias) / Mistral (sliding window) /
+Qwen3 (q/k norms) / Gemma 3 (sliding and global layers) engines with float32, bfloat16 and int8 KV caches, with and without speculative decoding (short
 extends), give the same tokens and logprobs with the stack on and off."""
 
 from __future__ import annotations
@@ -35,6 +35,19 @@ CASES = {
         "mistral",
         {"sliding_window": 16},
         {"quantization": "int4", "kv_cache_dtype": "bfloat16"},
+    ),
+    "qwen3-int8": ("qwen3", {"head_dim": 16}, {"quantization": "int8"}),
+    # Gemma 3: sliding and global layers (two page spaces, two rotary bases), GELU-tanh, four
+    # norms a layer, q/k norms, scaled embeddings read from the tied head's blocks
+    "gemma3-int4-tied": (
+        "gemma3",
+        {
+            "head_dim": 32,
+            "num_hidden_layers": 3,
+            "sliding_window": 12,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        },
+        {"quantization": "int4", "page_size": 4},
     ),
     "llama-int4-ngram": ("llama", {}, {"quantization": "int4", "speculative_algorithm": "ngram"}),
     "llama-int8-self": (
@@ -104,20 +117,21 @@ def test_bfloat16_models_keep_the_layer_path(tiny_llama_dir, monkeypatch):
 def test_a_slot_outside_the_pool_raises_before_any_layer_runs():
     from plait.kernels.attention_cpu import CpuRows
 
-    shape = decode_stack.DecodeShape(2, 8, 2, 1, 4, 16, 1e-5, 0.5, 0, 10)  # a pool of 10 slots
+    shape = decode_stack.DecodeShape(2, 8, 2, 1, 4, 16, 1e-5, 0.5, 0, 0)
+    layer = decode_stack.DecodeLayer()
+    layer.num_slots = 10  # a pool of 10 slots
     one = torch.zeros(1, dtype=torch.long)
     rows = CpuRows(torch.zeros(1, 4, dtype=torch.long), one, one, one, one + 1, frozenset())
     x = torch.randn(2, 8)
     before = x.clone()
     with pytest.raises(IndexError, match=r"slots\[1\] = 10 is outside the KV pool's 10 slots"):
         decode_stack.run_layers(
-            (decode_stack.DecodeLayer * 0)(),
-            0,
+            (decode_stack.DecodeLayer * 1)(layer),
+            1,
             shape,
-            rows,
+            [rows],
             torch.zeros(2, dtype=torch.long),
-            torch.ones(2),
-            torch.tensor([9, 10]),
+            torch.tensor([[9, 10]]),
             x,
             torch.empty(2, 8),
             False,

@@ -61,10 +61,17 @@ def test_rope_in_place_on_fused_qkv(heads, kv_heads, head_dim):
     assert torch.equal(v, expected_v)
 
 
-def test_silu_mul():
-    gate_up = torch.randn(5, 2 * 48, generator=GEN) * 4
-    gate, up = gate_up.split(48, dim=-1)
-    torch.testing.assert_close(cpu_fused.silu_mul(gate_up), F.silu(gate) * up)
+@pytest.mark.parametrize("rows, inter", [(5, 48), (3, 61), (1, 7), (9, 640)])
+@pytest.mark.parametrize(
+    "activation, reference",
+    [("silu", F.silu), ("gelu_tanh", lambda g: F.gelu(g, approximate="tanh"))],
+)
+def test_gated_mul(rows, inter, activation, reference):
+    """Odd widths run the vector loop and its scalar tail; large gates of both signs saturate."""
+    gate_up = torch.randn(rows, 2 * inter, generator=GEN) * 4
+    gate_up[0, :3] = torch.tensor([-60.0, 60.0, 0.0])[: min(3, inter)]
+    gate, up = gate_up.split(inter, dim=-1)
+    torch.testing.assert_close(cpu_fused.gated_mul(gate_up, activation), reference(gate) * up)
 
 
 def test_usable_only_for_float32_cpu(monkeypatch):

@@ -53,6 +53,8 @@ def test_codes_match_the_library() -> None:
     ):
         assert native.abi_constant(f"kv_{name}") == kv_type_code(dtype)
     assert native.abi_constant("q8_block") == quant_matmul.Q8_BLOCK
+    for name, code in decode_stack.ACTIVATION_CODE.items():
+        assert native.abi_constant(f"act_{name}") == code
 
 
 def test_row_thresholds_follow_the_library() -> None:
