@@ -1,7 +1,7 @@
 """Fused decoder-layer elementwise ops on the CPU (`csrc/cpu_fused.cpp`): RMSNorm, residual add +
-RMSNorm, rotary embedding in place, SiLU- or GELU-tanh-and-multiply. float32 CPU tensors only; `usable(x)`
-says when they apply, and the model keeps its torch code for everything else. Each equals the
-model's torch math (tests: `tests/unit/test_cpu_fused.py`)."""
+RMSNorm, rotary embedding in place, SiLU- or GELU-tanh-and-multiply. float32 CPU tensors only;
+`usable(x)` says when they apply, and the model keeps its torch code for everything else. Each
+equals the model's torch math (tests: `tests/unit/test_cpu_fused.py`)."""
 
 from __future__ import annotations
 

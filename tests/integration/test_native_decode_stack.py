@@ -1,7 +1,8 @@
 """The native decode stack (`runtime/models/native_decode.py`) computes what the layer-by-layer
 path computes: float32 and quantized tiny Llama / Qwen2 (qkv bias) / Mistral (sliding window) /
-Qwen3 (q/k norms) / Gemma 3 (sliding and global layers) engines with float32, bfloat16 and int8 KV caches, with and without speculative decoding (short
-extends), give the same tokens and logprobs with the stack on and off."""
+Qwen3 (q/k norms) / Gemma 3 (sliding and global layers) engines with float32, bfloat16 and int8
+KV caches, with and without speculative decoding (short extends), give the same tokens and
+logprobs with the stack on and off."""
 
 from __future__ import annotations
 
