@@ -1,6 +1,7 @@
 """docs/results.md, written from the JSON reports of the benchmarks in `benchmarks/results/`.
 
-    plait bench latency --formats int4,float32 --output benchmarks/results/latency.json
+    plait bench latency --models smollm2,gemma3-270m --formats float32,native,int4 \
+        --kv-context 8192 --decode-len 128 --repeats 3 --output benchmarks/results/latency.json
     ...
     python -m plait.benchmarks.results_page --plots   # draws the figures, rewrites docs/results.md
     python -m plait.benchmarks.results_page --check   # exits 1 where the page is out of date
@@ -54,10 +55,25 @@ def times(value: float | None) -> str:
 
 
 def latency(r: Report) -> list[str]:
-    res = r["results"]
+    lines = [
+        f"A {r['prompt_len']}-token prompt prefilled, then {r['decode_len']} tokens decoded "
+        f"greedily (and once sampled: temperature 0.7, top-p 0.9), one request. The share of the "
+        f"roofline is decode steps per second against a plain read of the weights a step reads, "
+        f"measured beside each run; prefill against a float32 matmul's rate.",
+        "",
+    ]
+    models = r.get("models") or {"": r["results"]}  # one table per model a run named
+    for name, res in models.items():
+        if name:
+            lines += [f"**{name}**", ""]
+        lines += _latency_table(res)
+    return lines
+
+
+def _latency_table(res: dict[str, Any]) -> list[str]:
     rows = []
     for fmt, entry in res.items():
-        if fmt == "llama_cpp":
+        if fmt in ("llama_cpp", "kv"):
             continue
         ours = entry["plait"]
         share = (
@@ -81,42 +97,37 @@ def latency(r: Report) -> list[str]:
             )
     llama = res.get("llama_cpp")
     if llama:
+        version = llama.get("version", "")
         rows.append(
-            [
-                f"llama.cpp {llama.get('version', '')} (same GGUF)",
-                llama["prefill_tok_s"],
-                "",
-                llama["decode_tok_s"],
-                "",
-                "",
-                "",
-            ]
+            [f"llama.cpp {version} (same GGUF)", llama["prefill_tok_s"], "", llama["decode_tok_s"]]
+            + [""] * 3
         )
-    lines = [
-        f"A {r['prompt_len']}-token prompt prefilled, then {r['decode_len']} tokens decoded "
-        f"greedily (and once sampled: temperature 0.7, top-p 0.9), one request. The share of the "
-        f"roofline is decode steps per second against a plain read of the weights a step reads, "
-        f"measured beside each run; prefill against a float32 matmul's rate.",
-        "",
-        *table(
-            [
-                "system",
-                "prefill tok/s",
-                "of matmul rate",
-                "decode tok/s",
-                "of roofline",
-                "sampled decode tok/s",
-                "perplexity",
-            ],
-            rows,
-        ),
-    ]
-    if llama and "int4" in res:
-        ours = res["int4"]["plait"]
+    header = ["system", "prefill tok/s", "of matmul rate", "decode tok/s", "of roofline"]
+    lines = [*table([*header, "sampled decode tok/s", "perplexity"], rows)]
+    kv = res.get("kv")
+    if kv:
         lines += [
-            f"plait int4 against llama.cpp: "
+            f"KV cache held per token of context at {kv['context']:,} tokens: "
+            f"{kv['held_bytes_per_token']:,.0f} bytes, {pct(kv['share_of_full_attention'])} of "
+            "what full attention would hold.",
+            "",
+        ]
+    ours_fmt = next((f for f in ("native", "int4") if f in res), None)
+    if llama and ours_fmt:
+        ours = res[ours_fmt]["plait"]
+        lines += [
+            f"plait {ours_fmt} against llama.cpp: "
             f"prefill {times(ours['prefill_tok_s'] / llama['prefill_tok_s'])}, "
             f"decode {times(ours['decode_tok_s'] / llama['decode_tok_s'])}.",
+            "",
+        ]
+    agreement = (llama or {}).get("agreement_with_plait")
+    if agreement:
+        lines += [
+            f"llama.cpp's next-token logprobs against plait's float32 model over "
+            f"{agreement['positions']} positions: median |Δ| "
+            f"{agreement['median_abs_logprob_delta']:.3f}, top-1 agreement "
+            f"{pct(agreement['top1_agreement'])}.",
             "",
         ]
     return lines
@@ -592,9 +603,9 @@ def render(results: Path = RESULTS, images: Path = IMAGES) -> str:
         "",
         "The latest figures of each `plait bench …` command, written from the JSON report it wrote "
         "(`benchmarks/results/`). How to run the benchmarks and read them: "
-        "[benchmarks.md](benchmarks.md). All figures are for the embedded model, "
+        "[benchmarks.md](benchmarks.md). The figures are for the embedded model, "
         "SmolLM2-135M-Instruct (int4 and int8: the GGUF's Q4_1 blocks; float32: the same file "
-        "dequantized).",
+        "dequantized), unless a section names another (Gemma 3 270M, Q4_K_M).",
         "",
         "Measured on " + ("; ".join(machines) if machines else "no machine yet (no reports)") + ".",
         "",

@@ -135,3 +135,63 @@ def test_the_pd_section_shows_each_setup_and_what_moving_the_kv_costs(tmp_path) 
         "| pd | 2 | 1 each | 100.0 | 300.0 | 11.0 | 3,000.0 | 3,300.0 | 3,400.0 | 39.1 | 118.0 | 5,907.0 | 0 |"  # noqa: E501
         in page
     )
+
+
+def test_a_latency_run_over_several_models_gets_a_table_each(tmp_path) -> None:
+    def run(decode: float) -> dict:
+        return {
+            "plait": {
+                "prefill_tok_s": 600.0,
+                "decode_tok_s": decode,
+                "sampled_decode_tok_s": decode,
+                "perplexity": 30.0,
+                "decode_share_of_roofline": 0.5,
+            },
+            "transformers": None,
+            "roofline_steps_s": 2 * decode,
+            "prefill_share_of_matmul": 1.0,
+        }
+
+    def model(decode: float, kv_share: float) -> dict:
+        return {
+            "native": run(decode),
+            "kv": {
+                "context": 8192,
+                "held_bytes_per_token": 4090.0,
+                "full_attention_bytes_per_token": 4090.0 / kv_share,
+                "share_of_full_attention": kv_share,
+            },
+            "llama_cpp": {
+                "prefill_tok_s": 300.0,
+                "decode_tok_s": decode / 2,
+                "version": "0.3.36",
+                "agreement_with_plait": {
+                    "positions": 212,
+                    "top1_agreement": 0.958,
+                    "median_abs_logprob_delta": 0.047,
+                },
+            },
+        }
+
+    models = {"smollm2": model(240.0, 1.0), "gemma3-270m": model(70.0, 0.22)}
+    write(
+        tmp_path,
+        "latency.json",
+        {
+            "benchmark": "latency",
+            "command": "plait bench latency --models smollm2,gemma3-270m",
+            "date": "2026-01-02 03:04 UTC",
+            "prompt_len": 512,
+            "decode_len": 128,
+            "results": models["smollm2"],
+            "models": models,
+        },
+    )
+    page = results_page.render(tmp_path, tmp_path)
+    gemma = page[page.index("**gemma3-270m**") :]
+    assert page.index("**smollm2**") < page.index("**gemma3-270m**")
+    assert "| plait native | 600.0 | 100% | 70.0 | 50% | 70.0 | 30.0 |" in gemma
+    assert "| llama.cpp 0.3.36 (same GGUF) | 300.0 |  | 35.0 |" in gemma
+    assert "4,090 bytes, 22% of what full attention would hold" in gemma
+    assert "plait native against llama.cpp: prefill **2.00×**, decode **2.00×**" in gemma
+    assert "median |Δ| 0.047, top-1 agreement 96%" in gemma
