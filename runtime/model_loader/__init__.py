@@ -13,7 +13,12 @@ from plait.runtime.model_loader.locate import (
     default_model_path,
     locate_checkpoint,
 )
-from plait.runtime.model_loader.weights import check_names, fuse_hf_weights, weight_types
+from plait.runtime.model_loader.weights import (
+    check_names,
+    float_weight,
+    fuse_hf_weights,
+    weight_types,
+)
 from plait.runtime.models.args import ModelArgs
 from plait.runtime.models.registry import Family
 
@@ -50,6 +55,7 @@ def load_model(
     The checkpoint's family, hyperparameters, tensor types and tensor names are checked from its
     header before any weight is read."""
     from plait.kernels.quant_matmul import QuantizedWeight
+    from plait.runtime.models.quantized import runs_in_blocks
     from plait.runtime.tokenizer import Tokenizer
 
     location = locate_checkpoint(model_path)
@@ -76,8 +82,10 @@ def load_model(
         tokenizer = Tokenizer.from_hf_dir(location.path)
         named = iter_hf_weights(ckpt, sources)
     state = fuse_hf_weights(named, args, dtype)
-    prequantized = {n: w for n, w in state.items() if isinstance(w, QuantizedWeight)}
+    prequantized = {n: w for n, w in state.items() if isinstance(w, (QuantizedWeight, list))}
     state = {n: w for n, w in state.items() if n not in prequantized}
+    for name in [n for n in prequantized if not runs_in_blocks(model, n)]:
+        state[name] = float_weight(prequantized.pop(name), dtype)  # a router, say: float
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     missing = [m for m in missing if m not in prequantized]
     missing = [m for m in missing if not (args.tie_word_embeddings and m == "lm_head.weight")]

@@ -10,6 +10,7 @@ before any weight is touched.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -99,11 +100,16 @@ def _dequantize(tensor: GgufTensor) -> np.ndarray:
     return dequantize(tensor)
 
 
-def _quantized_blocks(tensor: GgufTensor) -> QuantizedWeight:
+def _quantized_blocks(tensor: GgufTensor) -> QuantizedWeight | list[QuantizedWeight]:
     """A matrix of one of `BLOCK_TYPES` as a `QuantizedWeight`, its blocks copied, not
-    re-quantized."""
-    n, k = tensor.dims
-    return quantized_blocks(tensor.tensor_type.name, np.asarray(tensor.data), n, k)
+    re-quantized; a mixture of experts' stacked [E, n, k] tensor as one per expert."""
+    *experts, n, k = tensor.dims
+    qw = quantized_blocks(
+        tensor.tensor_type.name, np.asarray(tensor.data), n * math.prod(experts), k
+    )
+    if not experts:
+        return qw
+    return [qw.rows(torch.arange(e * n, (e + 1) * n)) for e in range(experts[0])]
 
 
 def iter_gguf_weights(
@@ -113,7 +119,8 @@ def iter_gguf_weights(
 ) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
     """Yields (Hugging Face name, float32 tensor) for every weight in the file.
 
-    With `keep_blocks`, 2-D tensors of `BLOCK_TYPES` come as `QuantizedWeight`s instead; the
+    With `keep_blocks`, 2-D tensors of `BLOCK_TYPES` come as `QuantizedWeight`s instead (3-D
+    stacked experts as a list of them, one per expert); the
     token embedding then comes twice, as float32 (the lookup table) and quantized (under
     `lm_head.weight` when the file has no separate output matrix). `sources`, if given, gets
     (name, the file's type, kept in its blocks) for each weight yielded.
@@ -128,7 +135,7 @@ def iter_gguf_weights(
         heads = None
         if family.gguf_rope_permuted and (".attn_q." in name or ".attn_k." in name):
             heads = args.num_heads if ".attn_q." in name else args.num_kv_heads
-        kept = keep_blocks and kind in BLOCK_TYPES and len(tensor.dims) == 2
+        kept = keep_blocks and kind in BLOCK_TYPES and len(tensor.dims) in (2, 3)
         if kept:
             qw = _quantized_blocks(tensor)
             if heads is not None:

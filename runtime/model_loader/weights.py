@@ -92,7 +92,9 @@ def fuse_hf_weights(
 ) -> dict[str, torch.Tensor | QuantizedWeight]:
     """Maps `model.layers.N.self_attn.q_proj.weight`-style names onto plait's fused parameters.
 
-    Quantized weights fuse by stacking their rows; they keep their format (no `dtype` cast)."""
+    Quantized weights fuse by stacking their rows; they keep their format (no `dtype` cast). A
+    mixture of experts' stacked projection kept in blocks is a list, one `QuantizedWeight` per
+    expert."""
     parts: dict[str, dict[str, torch.Tensor]] = {}
     out: dict[str, torch.Tensor] = {}
     for name, tensor in _stack_experts(named):
@@ -114,21 +116,33 @@ def fuse_hf_weights(
             parts_in_order
         ):
             out[fused] = QuantizedWeight.cat(parts_in_order)
+        elif all(isinstance(p, list) for p in parts_in_order) and all(
+            QuantizedWeight.can_cat(list(each)) for each in zip(*parts_in_order)
+        ):  # stacked experts kept in their blocks: each expert's pieces fused
+            out[fused] = [QuantizedWeight.cat(list(each)) for each in zip(*parts_in_order)]
         else:  # mixed formats in one fused matrix: fall back to float
-            from plait.kernels.quant_matmul import dequantize_ref
-
+            floats = [float_weight(p, dtype) for p in parts_in_order]
             out[fused] = torch.cat(
-                [
-                    dequantize_ref(p).to(dtype) if isinstance(p, QuantizedWeight) else p
-                    for p in parts_in_order
-                ],
-                dim=1 if parts_in_order[0].dim() == 3 else 0,  # rows (of every expert, stacked)
-            )
+                floats, dim=1 if floats[0].dim() == 3 else 0
+            )  # rows (of every expert, stacked)
     if isinstance(out.get("lm_head.weight"), QuantizedWeight):
         return out  # a tied head kept quantized from the embedding's blocks
     if args.tie_word_embeddings or "lm_head.weight" not in out:
         out.pop("lm_head.weight", None)
     return out
+
+
+def float_weight(
+    weight: torch.Tensor | QuantizedWeight | list[QuantizedWeight], dtype: torch.dtype
+) -> torch.Tensor:
+    """A weight as a float tensor: blocks dequantized, a list of experts' blocks stacked."""
+    from plait.kernels.quant_matmul import dequantize_ref
+
+    if isinstance(weight, list):
+        return torch.stack([dequantize_ref(w) for w in weight]).to(dtype)
+    if isinstance(weight, QuantizedWeight):
+        return dequantize_ref(weight).to(dtype)
+    return weight
 
 
 def _stack_experts(
@@ -156,7 +170,7 @@ def weight_types(
 ) -> dict[str, dict[str, int]]:
     """For each tensor type in the checkpoint, how many of its tensors became what in the built
     model: `sources` holds (Hugging Face name, the file's type, kept in its blocks)."""
-    from plait.runtime.models.quantized import QuantEmbedding, QuantLinear
+    from plait.runtime.models.quantized import QuantEmbedding, QuantExpertWeights, QuantLinear
 
     counts: dict[str, dict[str, int]] = {}
     float_name = str(dtype).removeprefix("torch.")
@@ -172,6 +186,14 @@ def weight_types(
             )
         elif isinstance(module, QuantEmbedding):
             became = "rows read from the head's blocks"
+        elif isinstance(module, QuantExpertWeights):
+            first = module.experts[0]
+            scales = "" if first.scale_dtype == torch.float16 else ", float32 scales"
+            became = (
+                f"{first.format} blocks as stored{scales}, per expert"
+                if kept
+                else f"{first.format} quantized at load, per expert"
+            )
         else:
             became = float_name
         by_type = counts.setdefault(file_type, {})

@@ -4,7 +4,8 @@ MLPs per token, and the token's output is their weighted sum.
 The experts' weights are stacked, `[E, 2 x intermediate, hidden]` (gate and up) and
 `[E, hidden, intermediate]` (down). A forward pass sorts the (token, expert) pairs by expert and
 runs each expert once, over all of its tokens, as one matmul: a grouped GEMM, one call per expert
-that has tokens (at most min(E, tokens x top_k)), never one per token.
+that has tokens (at most min(E, tokens x top_k)), never one per token. Experts a GGUF file holds in
+quantized blocks keep them (one `QuantLinear` per expert and projection, on the quantized kernels).
 """
 
 from __future__ import annotations
@@ -17,11 +18,16 @@ from plait.runtime.models.args import ModelArgs
 
 
 class ExpertWeights(nn.Module):
-    """One projection of every expert: `weight` [E, out, in]."""
+    """One projection of every expert: `weight` [E, out, in]. Kept in quantized blocks, it is a
+    `QuantExpertWeights` instead (`runtime/models/quantized.py`), with the same `project`."""
 
     def __init__(self, num_experts: int, out_features: int, in_features: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, out_features, in_features))
+
+    def project(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+        """x [rows, in] through expert `expert`'s projection."""
+        return F.linear(x, self.weight[expert])
 
 
 class Experts(nn.Module):
@@ -29,6 +35,7 @@ class Experts(nn.Module):
         super().__init__()
         size = args.moe_intermediate_size or args.intermediate_size
         self.intermediate_size = size
+        self.num_experts = args.num_experts
         self.activation = args.activation
         self.gate_up_proj = ExpertWeights(args.num_experts, 2 * size, args.hidden_size)
         self.down_proj = ExpertWeights(args.num_experts, args.hidden_size, size)
@@ -38,7 +45,7 @@ class Experts(nn.Module):
         num_tokens, top_k = ids.shape
         flat = ids.reshape(-1)  # [T * top_k], token t's picks at t * top_k ..
         order = flat.argsort(stable=True)  # (token, expert) pairs grouped by expert
-        counts = torch.bincount(flat, minlength=self.gate_up_proj.weight.shape[0]).tolist()
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         rows = x[order // top_k]  # [T * top_k, hidden], each pair's token, in expert order
         out = torch.empty_like(rows)
         start = 0
@@ -53,9 +60,9 @@ class Experts(nn.Module):
         return (mixed.view(num_tokens, top_k, -1) * weights[..., None]).sum(1)
 
     def _expert(self, expert: int, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_proj.weight[expert]).split(self.intermediate_size, -1)
+        gate, up = self.gate_up_proj.project(expert, x).split(self.intermediate_size, -1)
         act = F.gelu(gate, approximate="tanh") if self.activation == "gelu_tanh" else F.silu(gate)
-        return F.linear(act * up, self.down_proj.weight[expert])
+        return self.down_proj.project(expert, act * up)
 
 
 class SparseMoE(nn.Module):

@@ -1,7 +1,8 @@
 """Weight-only quantized linear layers swapped into a loaded model.
 
 `quantize_linears(model, mode, prequantized)` replaces every projection (qkv, o, gate_up, down)
-and the LM head with a `QuantLinear`. Weights found in `prequantized` (blocks a GGUF file already
+and the LM head with a `QuantLinear`, and each projection of a mixture's experts with a
+`QuantExpertWeights`. Weights found in `prequantized` (blocks a GGUF file already
 holds in a format the kernel reads: `model_loader/gguf_blocks.py`) are used as they are; the others
 are quantized from their float values, or, with `mode=None`, stay float. Norms stay float32, and
 so does the embedding table (a decode step reads one embedding row, not the table); with tied
@@ -21,6 +22,7 @@ from plait.kernels.quant_matmul import (
     quantize_int4,
     quantize_int8,
 )
+from plait.runtime.models.moe import ExpertWeights
 
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
@@ -78,8 +80,32 @@ class QuantEmbedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, from the LM head's blocks"
 
 
+class QuantExpertWeights(nn.Module):
+    """One projection of every expert of a mixture (`moe.ExpertWeights`) in quantized blocks: a
+    `QuantLinear` per expert."""
+
+    def __init__(self, weights: list[QuantizedWeight]) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList(QuantLinear(qw, None) for qw in weights)
+
+    def project(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+        return self.experts[expert](x)
+
+
 def quantize_weight(w: torch.Tensor, mode: str) -> QuantizedWeight:
     return quantize_int8(w) if mode == "int8" else quantize_int4(w)
+
+
+def runs_in_blocks(model: nn.Module, name: str) -> bool:
+    """Whether the weight `name` of `model` can be kept in quantized blocks: a projection, the LM
+    head or a projection of a mixture's experts (`quantize_linears` swaps those); other linears
+    (a mixture's router) take float weights."""
+    owner = name.rpartition(".")[0]
+    module = model.get_submodule(owner)
+    leaf = owner.rpartition(".")[2]
+    if isinstance(module, ExpertWeights):
+        return True
+    return isinstance(module, nn.Linear) and (leaf in PROJECTIONS or owner == "lm_head")
 
 
 def quantized_linears(model: nn.Module) -> bool:
@@ -109,6 +135,17 @@ def quantize_linears(
         if qw is None:
             qw = quantize_weight(linear.weight.detach().float(), mode)
         setattr(parent, leaf, QuantLinear(qw, linear.bias))
+    experts = [name for name, m in model.named_modules() if isinstance(m, ExpertWeights)]
+    for name in experts:
+        parent_name, _, leaf = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        weights = prequantized.get(f"{name}.weight")
+        if weights is None and mode is None:
+            continue
+        if weights is None:
+            stacked = getattr(parent, leaf).weight.detach().float()
+            weights = [quantize_weight(w, mode) for w in stacked]
+        setattr(parent, leaf, QuantExpertWeights(weights))
 
 
 def weight_tensors(model: nn.Module) -> list[torch.Tensor]:

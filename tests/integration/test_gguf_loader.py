@@ -344,3 +344,31 @@ def test_unsupported_gguf_architecture_is_named(tmp_path):
     writer.close()
     with pytest.raises(ValueError, match="unsupported architecture 'gpt2'.*llama"):
         load_model(str(tmp_path / "x.gguf"), torch.float32, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("case", ["mixtral", "qwen3moe"])
+def test_experts_keep_their_blocks_and_the_router_stays_float(
+    tmp_path, smollm_tokenizer, gguf_metadata, case
+):
+    """By default a GGUF's Q8_0 experts run as stored, one quantized matrix per expert and
+    projection (no float copy of the stack), while its Q8_0 router is read into float: the
+    logits are still transformers' on the same blocks."""
+    from plait.runtime.models.moe import SparseMoE
+    from plait.runtime.models.quantized import QuantExpertWeights
+
+    arch, family, overrides = FAMILIES[case]
+    hf_dir = write_tiny_checkpoint(
+        tmp_path / "hf", family, smollm_tokenizer, seed=5, random_norms=True, **overrides
+    )
+    loaded = assert_gguf_matches_transformers(
+        tmp_path, hf_dir, gguf_metadata, "Q8_0", None, arch, smollm_tokenizer
+    )
+    moes = [m for m in loaded.model.modules() if isinstance(m, SparseMoE)]
+    assert moes
+    for moe in moes:
+        assert type(moe.gate) is torch.nn.Linear and moe.gate.weight.abs().sum() > 0
+        for projection in (moe.experts.gate_up_proj, moe.experts.down_proj):
+            assert isinstance(projection, QuantExpertWeights)
+            assert len(projection.experts) == loaded.args.num_experts
+    per_expert = loaded.weight_types["Q8_0"]["int8 blocks as stored, per expert"]
+    assert per_expert == 3 * len(moes)  # gate, up and down of each mixture

@@ -215,3 +215,27 @@ def test_multimodal_gemma3_names_map_to_its_text_model():
         "model.multi_modal_projector.mm_input_projection_weight",
     ):
         assert name(skipped) is None
+
+
+def test_int8_quantizes_a_mixtures_experts_too(tmp_path, smollm_tokenizer):
+    """`quantization="int8"` on a float checkpoint quantizes every expert's projections as it
+    does the other linears (one quantized matrix per expert), and the prompt's logprobs stay
+    those of the float model within int8's rounding."""
+    _, overrides, _ = CASES["mixtral"]
+    path = write_tiny_checkpoint(tmp_path, "mixtral", smollm_tokenizer, seed=7, **overrides)
+    ids = prompt(3, 30)
+    logprobs = []
+    for quantization in (None, "int8"):
+        with Engine(model_path=str(path), quantization=quantization, max_total_tokens=1024) as e:
+            out = e.generate(
+                input_ids=ids,
+                sampling_params={"max_new_tokens": 1},
+                return_logprob=True,
+                logprob_start_len=0,
+            )
+            logprobs.append([x[0] for x in out["meta_info"]["input_token_logprobs"][1:]])
+            types = e.stats()["weight_types"]
+    experts = {k: v for by in types.values() for k, v in by.items() if "per expert" in k}
+    # the checkpoint's tensors: gate, up and down of 4 experts in 2 layers
+    assert experts == {"int8 quantized at load, per expert": 3 * 4 * 2}
+    assert max(abs(a - b) for a, b in zip(*logprobs)) < 0.05
