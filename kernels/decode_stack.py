@@ -44,6 +44,18 @@ class QLinear(ctypes.Structure):
     ]
 
 
+class MoE(ctypes.Structure):
+    _fields_ = [
+        ("router", QLinear),
+        ("gate_up", ctypes.POINTER(QLinear)),
+        ("down", ctypes.POINTER(QLinear)),
+        ("num_experts", _i64),
+        ("top_k", _i64),
+        ("intermediate", _i64),
+        ("normalize", _i64),
+    ]
+
+
 class DecodeLayer(ctypes.Structure):
     _fields_ = [
         ("input_norm", _p),
@@ -63,6 +75,7 @@ class DecodeLayer(ctypes.Structure):
         ("v_scale", _p),
         ("num_slots", _i64),
         ("space", _i64),
+        ("moe", ctypes.POINTER(MoE)),
     ]
 
 

@@ -28,7 +28,11 @@ constexpr Field FIELDS[] = {
     PLAIT_FIELD(PlaitDecodeLayer, qkv), PLAIT_FIELD(PlaitDecodeLayer, o), PLAIT_FIELD(PlaitDecodeLayer, gate_up),
     PLAIT_FIELD(PlaitDecodeLayer, down), PLAIT_FIELD(PlaitDecodeLayer, k_cache), PLAIT_FIELD(PlaitDecodeLayer, v_cache),
     PLAIT_FIELD(PlaitDecodeLayer, k_scale), PLAIT_FIELD(PlaitDecodeLayer, v_scale),
-    PLAIT_FIELD(PlaitDecodeLayer, num_slots), PLAIT_FIELD(PlaitDecodeLayer, space),
+    PLAIT_FIELD(PlaitDecodeLayer, num_slots), PLAIT_FIELD(PlaitDecodeLayer, space), PLAIT_FIELD(PlaitDecodeLayer, moe),
+
+    PLAIT_FIELD(PlaitMoE, router), PLAIT_FIELD(PlaitMoE, gate_up), PLAIT_FIELD(PlaitMoE, down),
+    PLAIT_FIELD(PlaitMoE, num_experts), PLAIT_FIELD(PlaitMoE, top_k), PLAIT_FIELD(PlaitMoE, intermediate),
+    PLAIT_FIELD(PlaitMoE, normalize),
 
     PLAIT_FIELD(PlaitDecodeShape, tokens), PLAIT_FIELD(PlaitDecodeShape, hidden),
     PLAIT_FIELD(PlaitDecodeShape, num_heads), PLAIT_FIELD(PlaitDecodeShape, num_kv_heads),
@@ -65,7 +69,7 @@ struct Named {
 constexpr Named SIZES[] = {
     {"PlaitQLinear", sizeof(PlaitQLinear)},         {"PlaitDecodeLayer", sizeof(PlaitDecodeLayer)},
     {"PlaitDecodeShape", sizeof(PlaitDecodeShape)}, {"PlaitDecodeBurst", sizeof(PlaitDecodeBurst)},
-    {"PlaitDecodeRows", sizeof(PlaitDecodeRows)},
+    {"PlaitDecodeRows", sizeof(PlaitDecodeRows)},   {"PlaitMoE", sizeof(PlaitMoE)},
 };
 
 constexpr Named CONSTANTS[] = {

@@ -2,7 +2,8 @@
 // quantized qkv projection, q/k norms where the family has them, rotary embedding with the
 // layer's frequencies, the KV store, paged attention rows (in the pool's pages or, for the sliding
 // layers of a model that has both kinds, in the window pages), the output projection (and its
-// norm, Gemma's), the second norm, gate/up, SiLU- or GELU-mul and down (and its norm). Each stage is one of the library's own
+// norm, Gemma's), the second norm, gate/up, SiLU- or GELU-mul and down (or a mixture of experts)
+// (and its norm). Each stage is one of the library's own
 // kernels; running them back to back here removes the ~10 Python-to-C round trips (and their
 // tensor allocations) per layer that otherwise cost a third of a small model's quantized decode
 // step. Used only when every token of the batch is an attention row (decode tokens and short
@@ -63,6 +64,66 @@ void norm_qk(const PlaitDecodeLayer& L, const PlaitDecodeShape* s, float* qkv, i
     }
 }
 
+// act(gate_up[:, :inter]) * gate_up[:, inter:] for rows of width 2 * inter
+void gated(int64_t activation, const float* gate_up, float* out, int64_t rows, int64_t inter, int num_threads) {
+    if (activation == PLAIT_ACT_GELU_TANH)
+        plait_gelu_tanh_mul_f32(gate_up, out, rows, inter, num_threads);
+    else
+        plait_silu_mul_f32(gate_up, out, rows, inter, num_threads);
+}
+
+// out [T, D] = the mixture's output for h [T, D] (PlaitMoE): each expert once, over the tokens
+// that picked it; each token's picks summed in the order of their weights, as torch sums them.
+void mixture(const PlaitMoE& m, const PlaitDecodeShape* s, const float* h, float* out, int num_threads) {
+    const int64_t T = s->tokens, D = s->hidden, E = m.num_experts, K = m.top_k, I = m.intermediate;
+    std::vector<float> probs(T * E), weights(T * K), picked(T * K * D);
+    std::vector<int64_t> ids(T * K);
+    linear(m.router, h, T, probs.data(), num_threads);
+    for (int64_t t = 0; t < T; ++t) {
+        float* p = probs.data() + t * E;
+        float top = p[0], sum = 0.0f;
+        for (int64_t e = 1; e < E; ++e) top = p[e] > top ? p[e] : top;
+        for (int64_t e = 0; e < E; ++e) sum += p[e] = std::exp(p[e] - top);
+        for (int64_t e = 0; e < E; ++e) p[e] /= sum;
+        std::vector<char> taken(E, 0);
+        float kept = 0.0f;
+        for (int64_t j = 0; j < K; ++j) {  // the largest left, the lowest index among equals
+            int64_t best = -1;
+            for (int64_t e = 0; e < E; ++e)
+                if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
+            taken[best] = 1;
+            ids[t * K + j] = best;
+            kept += weights[t * K + j] = p[best];
+        }
+        if (m.normalize)
+            for (int64_t j = 0; j < K; ++j) weights[t * K + j] /= kept;
+    }
+    std::vector<float> rows, gate_up, act, y;
+    std::vector<int64_t> pairs;
+    for (int64_t e = 0; e < E; ++e) {
+        pairs.clear();
+        for (int64_t i = 0; i < T * K; ++i)
+            if (ids[i] == e) pairs.push_back(i);
+        const int64_t n = static_cast<int64_t>(pairs.size());
+        if (n == 0) continue;
+        rows.resize(n * D), gate_up.resize(n * 2 * I), act.resize(n * I), y.resize(n * D);
+        for (int64_t r = 0; r < n; ++r) std::memcpy(rows.data() + r * D, h + pairs[r] / K * D, D * sizeof(float));
+        linear(m.gate_up[e], rows.data(), n, gate_up.data(), num_threads);
+        gated(s->activation, gate_up.data(), act.data(), n, I, num_threads);
+        linear(m.down[e], act.data(), n, y.data(), num_threads);
+        for (int64_t r = 0; r < n; ++r) std::memcpy(picked.data() + pairs[r] * D, y.data() + r * D, D * sizeof(float));
+    }
+    for (int64_t t = 0; t < T; ++t) {
+        float* o = out + t * D;
+        for (int64_t d = 0; d < D; ++d) o[d] = picked[(t * K) * D + d] * weights[t * K];
+        for (int64_t j = 1; j < K; ++j) {
+            const float w = weights[t * K + j];
+            const float* v = picked.data() + (t * K + j) * D;
+            for (int64_t d = 0; d < D; ++d) o[d] += v[d] * w;
+        }
+    }
+}
+
 }  // namespace
 
 // x [T, hidden]: in, the embeddings (or the previous layer's MLP output when `has_residual`); out,
@@ -112,12 +173,13 @@ extern "C" int64_t plait_decode_layers(const PlaitDecodeLayer* layers, int64_t n
         linear(L.o, attn, T, x, num_threads);
         if (L.attn_out_norm != nullptr) plait_rms_norm_f32(x, L.attn_out_norm, x, T, D, s->eps, num_threads);
         plait_add_rms_norm_f32(x, residual, L.post_norm, h, T, D, s->eps, num_threads);
-        linear(L.gate_up, h, T, gate_up, num_threads);
-        if (s->activation == PLAIT_ACT_GELU_TANH)
-            plait_gelu_tanh_mul_f32(gate_up, act, T, inter, num_threads);
-        else
-            plait_silu_mul_f32(gate_up, act, T, inter, num_threads);
-        linear(L.down, act, T, x, num_threads);
+        if (L.moe != nullptr) {
+            mixture(*L.moe, s, h, x, num_threads);
+        } else {
+            linear(L.gate_up, h, T, gate_up, num_threads);
+            gated(s->activation, gate_up, act, T, inter, num_threads);
+            linear(L.down, act, T, x, num_threads);
+        }
         if (L.mlp_out_norm != nullptr) plait_rms_norm_f32(x, L.mlp_out_norm, x, T, D, s->eps, num_threads);
     }
     return -1;

@@ -41,6 +41,16 @@ struct PlaitQLinear {  // kernels/decode_stack.py: QLinear
     int64_t format;  // PlaitWeightFormat
 };
 
+// A mixture of experts in place of a layer's MLP: the router's softmax over the experts, the top
+// `top_k` of them per token (their weights renormalized to sum 1 where `normalize`), each expert
+// run once over the tokens that picked it, and the picks' outputs summed by their weights.
+struct PlaitMoE {  // kernels/decode_stack.py: MoE
+    PlaitQLinear router;          // [num_experts, hidden]
+    const PlaitQLinear* gate_up;  // [num_experts] of [2 * intermediate, hidden]
+    const PlaitQLinear* down;     // [num_experts] of [hidden, intermediate]
+    int64_t num_experts, top_k, intermediate, normalize;
+};
+
 // One decoder layer: x += attn_out_norm(o(attention(rope(qk_norm(qkv(input_norm(x))))))), then
 // x += mlp_out_norm(down(act(gate) * up)) of post_norm(x). The Llama layer has no q/k norms and
 // no output norms (null); Gemma 3 has all four norms, Qwen3 the q/k ones.
@@ -59,6 +69,7 @@ struct PlaitDecodeLayer {  // kernels/decode_stack.py: DecodeLayer
     float* v_scale;
     int64_t num_slots;  // the slots of its KV cache
     int64_t space;      // which pages its KV lives in: 0, the pool's; 1, the window pages
+    const PlaitMoE* moe;  // a mixture of experts instead of gate_up and down; null: the dense MLP
 };
 
 struct PlaitDecodeShape {  // kernels/decode_stack.py: DecodeShape

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plait.kernels.quant_matmul import dense_matmul
 from plait.runtime.models.args import ModelArgs
 
 
@@ -26,8 +27,9 @@ class ExpertWeights(nn.Module):
         self.weight = nn.Parameter(torch.empty(num_experts, out_features, in_features))
 
     def project(self, expert: int, x: torch.Tensor) -> torch.Tensor:
-        """x [rows, in] through expert `expert`'s projection."""
-        return F.linear(x, self.weight[expert])
+        """x [rows, in] through expert `expert`'s projection (the native stack's float32 kernel
+        for a few rows on the CPU, as its mixture runs it)."""
+        return dense_matmul(x, self.weight[expert])
 
 
 class Experts(nn.Module):
@@ -76,7 +78,9 @@ class SparseMoE(nn.Module):
         self.experts = Experts(args)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        probs = F.softmax(self.gate(x).float(), dim=-1)  # [T, E], the router in float32
+        # [T, E], the router in float32 (by the kernel the native stack's mixture runs it with)
+        logits = dense_matmul(x, self.gate.weight) if type(self.gate) is nn.Linear else self.gate(x)
+        probs = F.softmax(logits.float(), dim=-1)
         weights, ids = probs.topk(self.top_k, dim=-1)  # [T, top_k]
         if self.norm_topk_prob:
             weights = weights / weights.sum(-1, keepdim=True)

@@ -22,7 +22,8 @@ from plait.kernels import decode_stack
 from plait.kernels.kv_cache import kv_type_code
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.kv_pool import KVPool
-from plait.runtime.models.quantized import QuantEmbedding, QuantLinear
+from plait.runtime.models.moe import ExpertWeights, SparseMoE
+from plait.runtime.models.quantized import QuantEmbedding, QuantExpertWeights, QuantLinear
 
 if TYPE_CHECKING:
     from plait.runtime.models.llama import LlamaForCausalLM
@@ -32,7 +33,7 @@ class NativeDecodeStack:
     def __init__(self, lm: LlamaForCausalLM, pool: KVPool) -> None:
         model, args = lm.model, lm.args
         first = model.layers[0]
-        attn, mlp = first.self_attn, first.mlp
+        attn = first.self_attn
         self.kv_pool = pool
         # the page spaces a step lays out (`ModelRunner`): the pool's pages alone, or the window
         # pages alone where every layer slides, or both, the sliding layers in the second
@@ -47,6 +48,7 @@ class NativeDecodeStack:
             self.num_slots[space] = k.numel() // (args.num_kv_heads * args.head_dim)
         # the layers' rotary frequencies, kept alive here: the layers hold pointers to them
         self.inv_freqs = [_inv_freq(model, layer) for layer in model.layers]
+        self._kept: list[object] = []  # the mixtures' descriptions, which the layers point to
         self.layers = (decode_stack.DecodeLayer * len(model.layers))()
         for i, layer in enumerate(model.layers):
             a, m = layer.self_attn, layer.mlp
@@ -62,12 +64,19 @@ class NativeDecodeStack:
                 _weight(layer.post_attention_layernorm if pre_mlp is not None else None),
                 _weight(getattr(layer, "post_feedforward_layernorm", None)),
                 self.inv_freqs[i].data_ptr(),
-                *(_linear(p) for p in (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)),
+                _linear(a.qkv_proj),
+                _linear(a.o_proj),
+                *(
+                    (decode_stack.QLinear(), decode_stack.QLinear())
+                    if isinstance(m, SparseMoE)
+                    else (_linear(m.gate_up_proj), _linear(m.down_proj))
+                ),
                 k_cache.data_ptr(),
                 v_cache.data_ptr(),
                 *(None if s is None else s.data_ptr() for s in scales),
                 k_cache.numel() // (attn.num_kv_heads * attn.head_dim),
                 self.space_of[i],
+                self._mixture(m) if isinstance(m, SparseMoE) else None,
             )
         self.shape = decode_stack.DecodeShape(
             0,
@@ -75,13 +84,34 @@ class NativeDecodeStack:
             attn.num_heads,
             attn.num_kv_heads,
             attn.head_dim,
-            mlp.intermediate_size,
+            args.intermediate_size,  # the dense MLP's (a mixture sizes its own buffers)
             first.input_layernorm.eps,
             attn.scale,
             kv_type_code(pool.dtype),
             decode_stack.ACTIVATION_CODE[args.activation],
         )
         self.scratch = torch.empty(0)
+
+    def _mixture(self, moe: SparseMoE) -> ctypes._Pointer:
+        """The mixture's description; it and its arrays are kept alive by the stack."""
+        experts = moe.experts
+        gate_up = (decode_stack.QLinear * experts.num_experts)(
+            *(_expert_linear(experts.gate_up_proj, e) for e in range(experts.num_experts))
+        )
+        down = (decode_stack.QLinear * experts.num_experts)(
+            *(_expert_linear(experts.down_proj, e) for e in range(experts.num_experts))
+        )
+        described = decode_stack.MoE(
+            _linear(moe.gate),
+            gate_up,
+            down,
+            experts.num_experts,
+            moe.top_k,
+            experts.intermediate_size,
+            int(moe.norm_topk_prob),
+        )
+        self._kept += [gate_up, down, described]
+        return ctypes.pointer(described)
 
     def forward_layers(
         self,
@@ -198,6 +228,13 @@ class NativeDecodeStack:
         )
 
 
+def _expert_linear(projection: torch.nn.Module, expert: int) -> decode_stack.QLinear:
+    """One expert's projection: its own `QuantLinear`, or its slice of the float32 stack."""
+    if isinstance(projection, QuantExpertWeights):
+        return _linear(projection.experts[expert])
+    return decode_stack.dense_linear(projection.weight[expert], None)
+
+
 def _weight(norm: torch.nn.Module | None) -> int | None:
     return None if norm is None else norm.weight.data_ptr()
 
@@ -249,7 +286,8 @@ def unsupported(model: torch.nn.Module) -> str | None:
     """Why the native stack cannot run `model`'s layers, or None where it can. The stack runs the
     Llama decoder layer (RMSNorm, qkv with bias, rotary, paged attention, o, RMSNorm, SiLU-gated
     MLP) and Gemma 3's (norms on the attention's and the MLP's outputs too, GELU-tanh), with q/k
-    norms, each layer's own rotary base and window, and scaled embeddings."""
+    norms, each layer's own rotary base and window, scaled embeddings, and a mixture of experts
+    in place of the MLP."""
     from plait.runtime.models.gemma3 import Gemma3DecoderLayer
     from plait.runtime.models.llama import DecoderLayer
 
@@ -257,23 +295,31 @@ def unsupported(model: torch.nn.Module) -> str | None:
     layers = getattr(getattr(model, "model", None), "layers", None)
     if args is None or layers is None:
         return f"the {type(model).__name__} model"
-    if args.num_experts:
-        return "mixture-of-experts MLP"
     if not all(type(layer) in (DecoderLayer, Gemma3DecoderLayer) for layer in layers):
         return f"the {args.family} decoder layer"
     if args.activation not in decode_stack.ACTIVATION_CODE:
         return f"{args.activation} activation"
     if args.head_dim > 1024 or args.head_dim % 2:
         return f"head_dim {args.head_dim}"
-    if not all(
-        usable_linear(p)
-        for layer in layers
-        for p in (
-            layer.self_attn.qkv_proj,
-            layer.self_attn.o_proj,
-            layer.mlp.gate_up_proj,
-            layer.mlp.down_proj,
-        )
-    ):
+    if not all(usable_linear(p) for layer in layers for p in _projections(layer)):
         return "projections that are neither quantized nor contiguous float32 on the CPU"
     return None
+
+
+def _projections(layer: torch.nn.Module) -> list[torch.nn.Module]:
+    """The linears a layer's step runs (a mixture's router and every expert's projections)."""
+    a, m = layer.self_attn, layer.mlp
+    if not isinstance(m, SparseMoE):
+        return [a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj]
+    experts = []
+    for projection in (m.experts.gate_up_proj, m.experts.down_proj):
+        if isinstance(projection, QuantExpertWeights):
+            experts += list(projection.experts)
+        elif not (
+            isinstance(projection, ExpertWeights)
+            and projection.weight.dtype == torch.float32
+            and projection.weight.device.type == "cpu"
+            and projection.weight.is_contiguous()
+        ):
+            experts.append(projection)  # neither: refused by usable_linear
+    return [a.qkv_proj, a.o_proj, m.gate, *experts]

@@ -43,7 +43,7 @@ CASES = {
     "mixtral": (
         "mixtral",
         {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 20},
-        "layerwise (not on the native stack: mixture-of-experts MLP)",
+        "native stack",
     ),
     "qwen3moe": (
         "qwen3moe",
@@ -55,7 +55,7 @@ CASES = {
             "mlp_only_layers": [0],
             "norm_topk_prob": False,
         },
-        "layerwise (not on the native stack: mixture-of-experts MLP)",
+        "native stack",
     ),
     # Gemma3ForConditionalGeneration: its text model, the vision tower left unread
     "gemma3-vision": (

@@ -22,6 +22,7 @@ STRUCTS = {
     "PlaitDecodeShape": decode_stack.DecodeShape,
     "PlaitDecodeBurst": decode_stack.DecodeBurst,
     "PlaitDecodeRows": decode_stack.DecodeRows,
+    "PlaitMoE": decode_stack.MoE,
 }
 
 
