@@ -65,6 +65,7 @@ LIBRARIES = {
         "cpu_decode.cpp",
         "cpu_memory.cpp",
         "cpu_sampling.cpp",
+        "cpu_threads.cpp",
     )
 }
 

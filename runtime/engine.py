@@ -15,6 +15,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+from plait.kernels.openmp import release_thread_team
 from plait.runtime.config import EngineConfig
 from plait.runtime.engine_core import EngineCore
 from plait.runtime.engine_setup import off_main_thread, resolve_device, resolve_dtype
@@ -85,6 +86,7 @@ class Engine:
         # NOTE: the finalizer holds the core, never the Engine: dropping the last reference to
         # the Engine stops the loop and frees the model and KV pool.
         self._finalizer = weakref.finalize(self, core.shutdown)
+        release_thread_team()  # a team the builder's thread left would slow every step's regions
 
     @property
     def handoff(self) -> Any:
@@ -198,6 +200,8 @@ class Engine:
     def _submit(self, reqs: list[Request]) -> None:
         if self.core.stopped:
             raise RuntimeError("Engine: already shut down")
+        if not self.core.on_loop_thread():
+            release_thread_team()  # one the submitter left (kernels/openmp.py)
         events = self.core.events
         if events.wants(RequestSubmitted):  # on the caller's thread: its context is still there
             now = time.perf_counter()

@@ -447,6 +447,10 @@ class EngineCore:
         done.wait()
         return outcome[0]
 
+    def on_loop_thread(self) -> bool:
+        """Whether the caller is the engine's own loop thread."""
+        return threading.current_thread() is self._thread
+
     def shutdown(self) -> None:
         """Stops the loop: queued and running requests end as aborted (503), the thread exits and
         the model and KV pool are let go. Idempotent; callable from any thread, the loop's own

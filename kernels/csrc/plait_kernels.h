@@ -195,6 +195,9 @@ void plait_apply_bitmask_row(float* row, int64_t vocab, const int32_t* words, in
 void plait_apply_bitmask_rows(float* logits, int64_t stride, int64_t vocab, const int32_t* bitmask,
                               int64_t num_words, const int64_t* indices, int64_t n, int num_threads);
 
+// cpu_threads.cpp
+int plait_release_thread_team();
+
 // cpu_memory.cpp
 uint64_t plait_read_buffers(const void* const* ptrs, const int64_t* bytes, int64_t n, int num_threads);
 
