@@ -20,11 +20,17 @@ class _Bucket:
     first: float | None = None  # work/s of steps run the first way
     second: float | None = None  # ... and the second
     steps: int = 0
+    warm: int = 0  # the bucket's first steps, run the first way and not counted
 
 
 class Governor:
-    def __init__(self, max_bucket: int = 6) -> None:
+    """`warmup`: a bucket's first steps (run the first way) that only warm up, not measured: the
+    first steps of a size pay one-time costs (buffers, pages) that would count against the way
+    measured first."""
+
+    def __init__(self, max_bucket: int = 6, warmup: int = 0) -> None:
         self.max_bucket = max_bucket
+        self.warmup = warmup
         self._buckets: dict[int, _Bucket] = {}
 
     def bucket(self, size: int) -> int:
@@ -51,6 +57,9 @@ class Governor:
         if seconds <= 0:
             return
         b = self._buckets.setdefault(self.bucket(size), _Bucket())
+        if b.warm < self.warmup:
+            b.warm += 1
+            return
         rate = work / seconds
         if first:
             b.first = rate if b.first is None else EMA * b.first + (1 - EMA) * rate
@@ -76,7 +85,9 @@ class ThreadGovernor:
 
     def __init__(self, threads: int) -> None:
         self.threads = threads
-        self._gov = Governor(max_bucket=self.MAX_TOKENS.bit_length())
+        # one warm-up step a bucket: the first decode steps after a prefill ran slower on two
+        # threads than the steady state, and a single such sample made the governor settle on one
+        self._gov = Governor(max_bucket=self.MAX_TOKENS.bit_length(), warmup=1)
 
     def choose(self, num_tokens: int) -> int:
         if num_tokens >= self.MAX_TOKENS or self._gov.choose_first(num_tokens):
