@@ -265,21 +265,23 @@ def _linear(layer: torch.nn.Module) -> decode_stack.QLinear:
     return decode_stack.dense_linear(layer.weight, layer.bias)
 
 
-def usable_embedding(embed: torch.nn.Module) -> bool:
-    """A table the burst reads rows of: float32 and contiguous, or a tied head's blocks."""
-    if isinstance(embed, QuantEmbedding):
-        return True
-    w = getattr(embed, "weight", None)
-    return w is not None and w.dtype == torch.float32 and w.is_contiguous()
-
-
-def usable_linear(layer: torch.nn.Module) -> bool:
-    if isinstance(layer, QuantLinear):
-        return True
-    w = layer.weight if type(layer) is torch.nn.Linear else None
+def _float32_cpu(w: torch.Tensor | None) -> bool:
     return (
         w is not None and w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous()
     )
+
+
+def usable_embedding(embed: torch.nn.Module) -> bool:
+    """A table the burst reads rows of: float32 and contiguous, or a tied head's blocks."""
+    return isinstance(embed, QuantEmbedding) or _float32_cpu(getattr(embed, "weight", None))
+
+
+def usable_linear(layer: torch.nn.Module) -> bool:
+    """A projection the stack runs: quantized, or float32 on the CPU (a plain linear, or every
+    expert's stacked weight)."""
+    if isinstance(layer, QuantLinear):
+        return True
+    return type(layer) in (torch.nn.Linear, ExpertWeights) and _float32_cpu(layer.weight)
 
 
 def unsupported(model: torch.nn.Module) -> str | None:
@@ -313,13 +315,6 @@ def _projections(layer: torch.nn.Module) -> list[torch.nn.Module]:
         return [a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj]
     experts = []
     for projection in (m.experts.gate_up_proj, m.experts.down_proj):
-        if isinstance(projection, QuantExpertWeights):
-            experts += list(projection.experts)
-        elif not (
-            isinstance(projection, ExpertWeights)
-            and projection.weight.dtype == torch.float32
-            and projection.weight.device.type == "cpu"
-            and projection.weight.is_contiguous()
-        ):
-            experts.append(projection)  # neither: refused by usable_linear
+        quantized = isinstance(projection, QuantExpertWeights)
+        experts += list(projection.experts) if quantized else [projection]
     return [a.qkv_proj, a.o_proj, m.gate, *experts]

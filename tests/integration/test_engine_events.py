@@ -52,7 +52,7 @@ class Recorder:
 
 @pytest.fixture(scope="module")
 def events_engine(tiny_llama_dir):
-    """An engine of this module's own: the session's shared engine may carry subscribers that
+    """An engine of this module's own: the shared `tiny_engine` may carry subscribers that
     other tests' servers left (their dashboards), which these tests count."""
     from plait import Engine
 
