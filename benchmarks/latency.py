@@ -2,8 +2,9 @@
 plait beside transformers and llama.cpp.
 
 Formats are float32 / bfloat16 (dtypes: a GGUF's blocks dequantized), native (the default: a
-GGUF's blocks as stored where the quantized kernels read them, float32 compute) or int8 / int4
-(weight-only quantization, float32 compute). For each, plait's prefill (512-token prompt) and
+GGUF's blocks as stored where the quantized kernels read them, float32 compute), int8 / int4
+(weight-only quantization, float32 compute) or deterministic (native, with every step
+batch-invariant: what `deterministic=True` costs). For each, plait's prefill (512-token prompt) and
 decode (128 tokens, one stream; greedy, and sampled at temperature 0.7 and top-p 0.9 beside it), the
 weights one decode step reads (`weight_bytes`), the roofline (the steps/s of a plain read of
 those very weights where they lie, `measure_weights_read`) and the share of it reached (the
@@ -34,7 +35,7 @@ from plait.benchmarks.common import best_of, check_decoded, cpu_model, print_tab
 from plait.kernels.quant_matmul import bf16_gemm_enabled, cpu_kind, native_isa
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-FORMATS = ("float32", "bfloat16", "native", "int8", "int4")
+FORMATS = ("float32", "bfloat16", "native", "int8", "int4", "deterministic")
 
 PERPLEXITY_TEXT = (
     "The lighthouse stood at the end of a narrow spit of rock, and for ninety years its keepers "
@@ -53,6 +54,8 @@ def _format_kwargs(fmt: str) -> dict:
         return {"dtype": "float32", "quantization": fmt}
     if fmt == "native":  # the default: a GGUF's blocks as stored, the rest float32
         return {"dtype": "float32"}
+    if fmt == "deterministic":  # the same weights, every step batch-invariant
+        return {"dtype": "float32", "deterministic": True}
     return {"dtype": fmt, "quantization": "float32"}  # every block dequantized
 
 

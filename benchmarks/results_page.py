@@ -40,6 +40,12 @@ IMAGES = ROOT / "docs" / "images" / "results"
 # (report file, heading, renderer, its figures in IMAGES as `plots.py` names them), in page order
 SECTIONS: list[tuple[str, str, Callable[[Report], list[str]], str]] = [
     ("latency.json", "Single stream: prefill, decode, perplexity", latency, "latency-*.png"),
+    (
+        "deterministic.json",
+        "What deterministic mode costs (batch-invariant steps)",
+        latency,
+        "deterministic-*.png",
+    ),
     ("throughput.json", "Continuous batching and the radix cache", throughput, "throughput-*.png"),
     ("llama_cpp.json", "Serving beside llama.cpp's server", llama_cpp, "llama-cpp-*.png"),
     ("speculative.json", "Speculative decoding", speculative, "speculative*.png"),

@@ -44,6 +44,9 @@ class AttentionMetadata:
         None  # [B, 1, 1, max_kv_len] bool, True = attend (None: from the lens)
     )
     bf16_extends: bool = False  # long CPU extends attend in bfloat16 (`bf16_extend_attention`)
+    # every CPU token an attention row whose result does not depend on the batch (the engine's
+    # `deterministic` mode): the native rows kernel splits each row by its own length alone
+    batch_invariant: bool = False
     triton: PagedAttentionTables | None = (
         None  # the CUDA kernels' page tables (the runner builds them)
     )

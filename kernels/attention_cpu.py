@@ -33,6 +33,7 @@ class CpuRows:
     kv_len: torch.Tensor  # [R] long: attend positions [first, kv_len)
     row_extends: frozenset[int]  # extend entries handled as rows
     window: int | None = None  # the sliding window `first` was computed for
+    invariant: bool = False  # each row split by its own length alone (`AttentionMetadata`)
 
     def for_window(self, window: int | None) -> CpuRows:
         """The same rows seen through another sliding window (a model whose layers differ)."""
@@ -54,7 +55,7 @@ def _kernel() -> ctypes._CFuncPtr | None:
         + [ctypes.c_int, ptr, i64]
         + [ptr] * 5
         + [i64] * 4
-        + [ctypes.c_float, ctypes.c_int]
+        + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
     )
     return native.function("cpu_kernels", "plait_paged_attention_rows", argtypes)
 
@@ -76,7 +77,8 @@ def use_native_attention(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
 
 
 def cpu_rows(meta: AttentionMetadata, sliding_window: int | None) -> CpuRows:
-    """The rows of a forward: every decode token, and each token of the short extends."""
+    """The rows of a forward: every decode token, and each token of the short extends (of every
+    extend where the layout is batch-invariant)."""
     if (
         not meta.extend_q_lens and meta.decode_kv_slots is not None
     ):  # decodes only: their tables as built
@@ -87,7 +89,16 @@ def cpu_rows(meta: AttentionMetadata, sliding_window: int | None) -> CpuRows:
             if sliding_window is None
             else (lens - sliding_window).clamp_(min=0)
         )
-        return CpuRows(meta.decode_kv_slots, rows, rows, first, lens, frozenset(), sliding_window)
+        return CpuRows(
+            meta.decode_kv_slots,
+            rows,
+            rows,
+            first,
+            lens,
+            frozenset(),
+            sliding_window,
+            meta.batch_invariant,
+        )
     tables: list[torch.Tensor] = []
     q_index: list[int] = []
     table_index: list[int] = []
@@ -96,7 +107,7 @@ def cpu_rows(meta: AttentionMetadata, sliding_window: int | None) -> CpuRows:
     for i, (start, q_len, total, slots) in enumerate(
         zip(meta.extend_q_starts, meta.extend_q_lens, meta.extend_kv_lens, meta.extend_kv_slots)
     ):
-        if q_len > MAX_ROW_EXTEND:
+        if q_len > MAX_ROW_EXTEND and not meta.batch_invariant:
             continue
         row_extends.append(i)
         prefix = total - q_len
@@ -125,7 +136,9 @@ def cpu_rows(meta: AttentionMetadata, sliding_window: int | None) -> CpuRows:
     first = torch.zeros_like(lens)
     if sliding_window is not None:
         first = (lens - sliding_window).clamp_(min=0)
-    return CpuRows(table, qi, ti, first, lens, frozenset(row_extends), sliding_window)
+    return CpuRows(
+        table, qi, ti, first, lens, frozenset(row_extends), sliding_window, meta.batch_invariant
+    )
 
 
 def attention_rows(
@@ -169,6 +182,7 @@ def attention_rows(
         num_kv_heads,
         head_dim,
         scale,
+        int(rows.invariant),
         torch.get_num_threads(),
     )
 

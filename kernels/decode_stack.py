@@ -95,6 +95,7 @@ class DecodeShape(ctypes.Structure):
         ("attn_scale", _f32),
         ("kv_type", _i64),
         ("activation", _i64),
+        ("invariant", _i64),  # 1: batch-invariant linears and attention (batch_invariant.py)
     ]
 
 

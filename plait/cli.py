@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--formats",
         default="float32,int4",
         help="comma-separated: float32, bfloat16 (dtypes: blocks dequantized), native (blocks as "
-        "stored), int8, int4 (weight-only quantization)",
+        "stored), int8, int4 (weight-only quantization), deterministic (native, batch-invariant)",
     )
     lat.add_argument(
         "--no-llama-cpp",

@@ -168,6 +168,9 @@ class EngineConfig:
     draft_layers: int | None = None  # "self": draft with the target's first layers
     tp_size: int = 1  # tensor parallelism: ranks (processes) the model is sharded over
     cpu_threads: int | None = None  # None: every core, small steps may run on one; N: exactly N
+    # batch-invariant inference: a request's logits do not depend on what runs beside it
+    # (docs/engine.md, "Deterministic mode")
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         algos = (None, "ngram", "self", "draft_model")
@@ -223,6 +226,8 @@ class EngineConfig:
             raise ValueError(
                 "tp_size: tensor parallelism does not support KV tiers (kv_disk, kv_redis) yet"
             )
+        if self.tp_size > 1 and self.deterministic:
+            raise ValueError("deterministic: tensor parallelism does not support it yet")
         if self.tp_size > 1 and self.speculative_algorithm is not None:
             raise ValueError(
                 "tp_size: tensor parallelism does not support speculative decoding yet"
@@ -250,6 +255,7 @@ class EngineConfig:
             "draft_layers",
             "tp_size",
             "cpu_threads",
+            "deterministic",
         }
         top: dict[str, Any] = {}
         owners = {

@@ -74,6 +74,7 @@ _ENGINE_FLAGS = {
     "num_draft_tokens": ("--num-draft-tokens", "--speculative-num-draft-tokens"),
     "draft_model_path": ("--draft-model-path", "--speculative-draft-model-path"),
     "tp_size": ("--tp-size", "--tp", "--tensor-parallel-size"),
+    "deterministic": ("--deterministic", "--enable-deterministic-inference"),
 }
 # requests waiting beyond the running batch are the server's to admit or refuse: a `plait serve`
 # flag (`--max-queued-requests`), not one of every command
@@ -128,6 +129,8 @@ _ENGINE_HELP = {
     "draft_layers": "self drafting: the target's first N layers (default: a quarter)",
     "tp_size": "tensor parallelism: ranks (processes) the model is sharded over",
     "cpu_threads": "threads every step runs on (default: every core, small steps may run on one)",
+    "deterministic": "batch-invariant inference: a request's tokens and logprobs do not depend on "
+    "the requests batched with it (every step on the native CPU stack; slower prefill)",
 }
 
 

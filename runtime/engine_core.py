@@ -148,6 +148,7 @@ class EngineCore:
             self.generator,
             jump_forward=not self.config.disable_jump_forward,
             window=self.window,
+            deterministic=self.config.deterministic,
         )
         # described once: the execution holds the weights, which shutdown lets go with the runner
         self.execution_stats = {

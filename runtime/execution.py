@@ -46,14 +46,19 @@ class Execution:
     bf16_extends: bool  # quantized weights on an AMX CPU: long prefill chunks attend in bfloat16
     sliding_window: int | None
     layers_note: str = ""  # why the layers never run in one native call, where they do not
+    # every step on the native stack, each row's result independent of its batch (`deterministic`)
+    batch_invariant: bool = False
 
     def layers_for(self, num_tokens: int, max_extend: int) -> Layers:
         """All layers in one native call for 1–47 rows that are all attention rows (decodes and
-        extends of at most `MAX_ROW_EXTEND` new tokens); one by one otherwise."""
-        if (
-            self.native_stack is not None
-            and 0 < num_tokens < DEQUANT_GEMM_MIN_ROWS
-            and max_extend <= attention_cpu.MAX_ROW_EXTEND
+        extends of at most `MAX_ROW_EXTEND` new tokens), and for every step where batch-invariant;
+        one by one otherwise."""
+        if self.native_stack is not None and (
+            self.batch_invariant
+            or (
+                0 < num_tokens < DEQUANT_GEMM_MIN_ROWS
+                and max_extend <= attention_cpu.MAX_ROW_EXTEND
+            )
         ):
             return Layers.NATIVE_STACK
         return Layers.LAYERWISE
@@ -77,6 +82,7 @@ class Execution:
             else "float32"
             if self.device.type == "cpu"
             else "-",
+            "batch_invariant": "on" if self.batch_invariant else "off",
             "native_isa": quant_matmul.native_isa() or "-",
             "quantized_matmul": quantized_matmul_path(self.device),
         }
@@ -97,7 +103,11 @@ def quantized_matmul_path(device: torch.device) -> str:
     )
 
 
-def choose_execution(model: torch.nn.Module, pool: KVPool, device: torch.device) -> Execution:
+def choose_execution(
+    model: torch.nn.Module, pool: KVPool, device: torch.device, deterministic: bool = False
+) -> Execution:
+    """`deterministic`: batch-invariant steps (`Execution.batch_invariant`); a ValueError naming
+    it where the model cannot run every step on the native stack."""
     lm = model if isinstance(model, LlamaForCausalLM) else None  # every family's ...ForCausalLM
     embed = (
         getattr(lm.model.embed_tokens, "weight", None) if lm is not None else None
@@ -118,9 +128,14 @@ def choose_execution(model: torch.nn.Module, pool: KVPool, device: torch.device)
     ):
         blocker = native_decode.unsupported(lm)
         if blocker is None:
-            stack = native_decode.NativeDecodeStack(lm, pool)
+            stack = native_decode.NativeDecodeStack(lm, pool, batch_invariant=deterministic)
         else:  # a family the stack cannot run yet: its layers run one by one, said in the stats
             note = f"not on the native stack: {blocker}"
+    if deterministic and stack is None:
+        raise ValueError(
+            "deterministic: batch-invariant steps run on the native CPU decode stack, which this "
+            f"engine cannot use ({note or _stack_requirements(device)})"
+        )
     bursts = (
         stack is not None
         and native_decode.usable_embedding(lm.model.embed_tokens)
@@ -134,4 +149,21 @@ def choose_execution(model: torch.nn.Module, pool: KVPool, device: torch.device)
         and any(isinstance(m, QuantLinear) for m in model.modules())
     )
     window = lm.args.sliding_window if lm is not None and lm.args.uniform_layers else None
-    return Execution(device, attention, stack, bursts, bf16_extends, window, note)
+    return Execution(
+        device,
+        attention,
+        stack,
+        bursts,
+        bf16_extends and not deterministic,
+        window,
+        note,
+        batch_invariant=deterministic,
+    )
+
+
+def _stack_requirements(device: torch.device) -> str:
+    if device.type != "cpu":
+        return f"the model runs on {device}"
+    if not decode_stack.available():
+        return "the native kernels are not built here"
+    return "it needs float32 activations and a float32, bfloat16 or int8 KV cache"

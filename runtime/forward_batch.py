@@ -25,6 +25,8 @@ class ForwardBatch:
     # the same layout in the sliding layers' window pages, where the model has both kinds of
     # layers (a model whose layers all slide has its window pages in `attn`)
     attn_window: AttentionMetadata | None = None
+    # the LM head's rows as each row alone gets them (`kernels/batch_invariant.py`)
+    batch_invariant: bool = False
 
     def attn_for(self, layer_id: int) -> AttentionMetadata:
         """The layout layer `layer_id` reads and writes its KV through."""

@@ -65,6 +65,7 @@ class ModelRunner:
         default_generator: torch.Generator,
         jump_forward: bool = True,
         window: WindowPages | None = None,
+        deterministic: bool = False,
     ) -> None:
         self.model = model
         self.kv_pool = kv_pool
@@ -74,7 +75,8 @@ class ModelRunner:
         self.default_generator = default_generator
         self.jump_forward = jump_forward  # the engine jumps over forced text: bursts end there
         self._mask_pool: ThreadPoolExecutor | None = None  # fills grammar masks beside the forward
-        self.execution = choose_execution(model, kv_pool, device)  # the model-wide choices, once
+        # the model-wide choices, once
+        self.execution = choose_execution(model, kv_pool, device, deterministic)
         self.tables = PageTables(
             self.page_size, device, window if kv_pool.has_window_layers else None
         )
@@ -131,6 +133,7 @@ class ModelRunner:
                 attention=self.execution.attention,
                 num_kv_heads=self.model.args.num_kv_heads,
                 bf16_extends=self.execution.bf16_extends,
+                batch_invariant=self.execution.batch_invariant,
             )
             for window, rows_window in spaces
         ]
@@ -142,6 +145,7 @@ class ModelRunner:
             logits_indices=torch.tensor(logit_rows, dtype=torch.long, device=self.device),
             native_stack=self.execution.native_stack if layers is Layers.NATIVE_STACK else None,
             attn_window=metas[1] if len(metas) > 1 else None,
+            batch_invariant=self.execution.batch_invariant,
         )
         return PreparedBatch(
             input_ids=torch.tensor(ids, dtype=torch.long, device=self.device),

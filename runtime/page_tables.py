@@ -79,6 +79,7 @@ class PageTables:
         attention: str,
         num_kv_heads: int,
         bf16_extends: bool,
+        batch_invariant: bool = False,
     ) -> AttentionMetadata:
         """The step's attention layout. `extends`: (request, first position, end, first row of the
         flat batch) per extend or verify entry; `decodes`: one token each, after them. `window`:
@@ -114,6 +115,7 @@ class PageTables:
             decode_kv_slots=decode_slots,
             decode_kv_lens=decode_lens,
             bf16_extends=bf16_extends,
+            batch_invariant=batch_invariant,
         )
         if attention == "native":
             meta.cpu = attention_cpu.cpu_rows(meta, rows_window)

@@ -39,6 +39,7 @@ constexpr Field FIELDS[] = {
     PLAIT_FIELD(PlaitDecodeShape, head_dim), PLAIT_FIELD(PlaitDecodeShape, intermediate),
     PLAIT_FIELD(PlaitDecodeShape, eps), PLAIT_FIELD(PlaitDecodeShape, attn_scale),
     PLAIT_FIELD(PlaitDecodeShape, kv_type), PLAIT_FIELD(PlaitDecodeShape, activation),
+    PLAIT_FIELD(PlaitDecodeShape, invariant),
 
     PLAIT_FIELD(PlaitDecodeBurst, embed), PLAIT_FIELD(PlaitDecodeBurst, embed_rows),
     PLAIT_FIELD(PlaitDecodeBurst, embed_blocks), PLAIT_FIELD(PlaitDecodeBurst, embed_row_bytes),

@@ -483,12 +483,16 @@ void attend(const float* qr, const T* k, const T* v, const float* ks, const floa
 
 namespace {
 
+// The slots of each chunk a row's context is split in where results must not depend on the batch:
+// a row's chunks, and so the order its partial sums merge in, then follow its own length alone.
+constexpr int64_t INVARIANT_SPLIT_SLOTS = 256;
+
 template <class T>
 void attention_rows(const float* q, const T* k, const T* v, const float* ks,
                     const float* vs, const int64_t* tables, int64_t table_width, const int64_t* q_index,
                     const int64_t* table_index, const int64_t* first, const int64_t* kv_len, float* out,
                     int64_t num_rows, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
-                    int num_threads) {
+                    int invariant, int num_threads) {
     const int64_t hd = num_heads * head_dim;
     int64_t longest = 0, slots_read = 0;
     for (int64_t r = 0; r < num_rows; ++r) {
@@ -501,27 +505,37 @@ void attention_rows(const float* q, const T* k, const T* v, const float* ks,
     // engine changes its threads (runtime/governor.py). One decode row reads its K/V from memory
     // at one core's pace: splitting from 64 slots (it was 1,024) took one row's attention over
     // 30 layers' caches, read from memory, from 210 to 160 us at 80 slots and 1,170 to 940 at 500.
+    // `invariant`: chunks of INVARIANT_SPLIT_SLOTS for every row instead, whatever the batch.
     const int64_t cores = plait::num_procs();
     int64_t splits = 1;
-    if (num_rows < 2 * cores)
+    if (!invariant && num_rows < 2 * cores)
         splits = std::max<int64_t>(1, std::min<int64_t>((2 * cores + num_rows - 1) / num_rows, longest / 32));
     if (slots_read < 64) num_threads = 1;  // one short row: waking the team costs more
-    const int64_t chunk = (longest + splits - 1) / splits;
-    std::vector<float> part_acc, part_m, part_l;
-    if (splits > 1) {
-        part_acc.resize(num_rows * splits * hd);
-        part_m.assign(num_rows * splits * num_heads, -INFINITY);
-        part_l.assign(num_rows * splits * num_heads, 0.0f);
+    const int64_t chunk = invariant ? INVARIANT_SPLIT_SLOTS : (longest + splits - 1) / splits;
+    std::vector<int64_t> task0(num_rows + 1, 0);  // row r's chunks are tasks [task0[r], task0[r + 1])
+    for (int64_t r = 0; r < num_rows; ++r) {
+        const int64_t n = kv_len[r] - first[r];
+        task0[r + 1] = task0[r] + (invariant ? std::max<int64_t>(1, (n + chunk - 1) / chunk) : splits);
     }
-    plait::parallel_for(num_rows * splits, num_threads, true, [&](int64_t t) {
+    const int64_t tasks = task0[num_rows];
+    std::vector<int64_t> task_row(tasks);
+    for (int64_t r = 0; r < num_rows; ++r)
+        for (int64_t t = task0[r]; t < task0[r + 1]; ++t) task_row[t] = r;
+    std::vector<float> part_acc, part_m, part_l;
+    if (tasks > num_rows) {
+        part_acc.resize(tasks * hd);
+        part_m.assign(tasks * num_heads, -INFINITY);
+        part_l.assign(tasks * num_heads, 0.0f);
+    }
+    plait::parallel_for(tasks, num_threads, true, [&](int64_t t) {
         plait::FlushDenormals ftz;  // far-off keys' weights underflow; denormal math is ~100x slower
         thread_local std::vector<float> acc, m, l;
-        const int64_t r = t / splits, s = t % splits;
+        const int64_t r = task_row[t], s = t - task0[r];
         const int64_t n = kv_len[r] - first[r];
         const int64_t j0 = std::min(n, s * chunk), j1 = std::min(n, (s + 1) * chunk);
         const int64_t* slots = tables + table_index[r] * table_width + first[r];
         const float* qr = q + q_index[r] * hd;
-        if (splits > 1) {
+        if (task0[r + 1] - task0[r] > 1) {
             if (j1 > j0)
                 attend<T>(qr, k, v, ks, vs, slots, j0, j1, num_heads, num_kv_heads, head_dim, scale,
                           part_acc.data() + t * hd, part_m.data() + t * num_heads, part_l.data() + t * num_heads);
@@ -542,17 +556,16 @@ void attention_rows(const float* q, const T* k, const T* v, const float* ks,
             for (int64_t d = 0; d < head_dim; ++d) o[i * head_dim + d] = acc[i * head_dim + d] * inv;
         }
     });
-    if (splits == 1) return;
-    for (int64_t r = 0; r < num_rows; ++r) {  // merge the chunks of each row
+    for (int64_t r = 0; r < num_rows; ++r) {  // merge the chunks of each split row
+        if (task0[r + 1] - task0[r] == 1) continue;
         float* o = out + q_index[r] * hd;
         for (int64_t i = 0; i < num_heads; ++i) {
             float mx = -INFINITY;
-            for (int64_t s = 0; s < splits; ++s) mx = std::max(mx, part_m[(r * splits + s) * num_heads + i]);
+            for (int64_t t = task0[r]; t < task0[r + 1]; ++t) mx = std::max(mx, part_m[t * num_heads + i]);
             float total = 0.0f;
             float* oi = o + i * head_dim;
             std::fill(oi, oi + head_dim, 0.0f);
-            for (int64_t s = 0; s < splits; ++s) {
-                const int64_t t = r * splits + s;
+            for (int64_t t = task0[r]; t < task0[r + 1]; ++t) {
                 const float w = part_l[t * num_heads + i] > 0.0f ? std::exp(part_m[t * num_heads + i] - mx) : 0.0f;
                 total += w * part_l[t * num_heads + i];
                 const float* a = part_acc.data() + t * hd + i * head_dim;
@@ -571,22 +584,22 @@ extern "C" void plait_paged_attention_rows(
     const float* q, const void* k, const void* v, const float* k_scale, const float* v_scale, int kv_type,
     const int64_t* tables, int64_t table_width, const int64_t* q_index, const int64_t* table_index,
     const int64_t* first, const int64_t* kv_len, float* out, int64_t num_rows, int64_t num_heads,
-    int64_t num_kv_heads, int64_t head_dim, float scale, int num_threads) {
+    int64_t num_kv_heads, int64_t head_dim, float scale, int invariant, int num_threads) {
     switch (kv_type) {
         case 0:
             attention_rows<float>(q, static_cast<const float*>(k), static_cast<const float*>(v), nullptr, nullptr,
                                 tables, table_width, q_index, table_index, first, kv_len, out, num_rows,
-                                num_heads, num_kv_heads, head_dim, scale, num_threads);
+                                num_heads, num_kv_heads, head_dim, scale, invariant, num_threads);
             break;
         case 1:
             attention_rows<uint16_t>(q, static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), nullptr,
                                  nullptr, tables, table_width, q_index, table_index, first, kv_len, out,
-                                 num_rows, num_heads, num_kv_heads, head_dim, scale, num_threads);
+                                 num_rows, num_heads, num_kv_heads, head_dim, scale, invariant, num_threads);
             break;
         case 2:
             attention_rows<int8_t>(q, static_cast<const int8_t*>(k), static_cast<const int8_t*>(v), k_scale, v_scale,
                                tables, table_width, q_index, table_index, first, kv_len, out, num_rows,
-                               num_heads, num_kv_heads, head_dim, scale, num_threads);
+                               num_heads, num_kv_heads, head_dim, scale, invariant, num_threads);
             break;
     }
 }

@@ -22,9 +22,10 @@
 
 namespace {
 
-inline void linear(const PlaitQLinear& l, const float* x, int64_t m, float* y, int threads) {
-    plait_qmatmul_f32(x, m, l.in_features, l.out_features, l.qweight, static_cast<int>(l.format), l.group,
-                      l.scales, l.mins, l.bias, y, threads);
+inline void linear(const PlaitQLinear& l, const float* x, int64_t m, float* y, int threads, bool invariant) {
+    (invariant ? plait_qmatmul_rows_f32 : plait_qmatmul_f32)(x, m, l.in_features, l.out_features, l.qweight,
+                                                             static_cast<int>(l.format), l.group, l.scales, l.mins,
+                                                             l.bias, y, threads);
 }
 
 // The index of the first maximum of row[0, n), as numpy's and torch's argmax (NaN-free rows).
@@ -78,7 +79,7 @@ void mixture(const PlaitMoE& m, const PlaitDecodeShape* s, const float* h, float
     const int64_t T = s->tokens, D = s->hidden, E = m.num_experts, K = m.top_k, I = m.intermediate;
     std::vector<float> probs(T * E), weights(T * K), picked(T * K * D);
     std::vector<int64_t> ids(T * K);
-    linear(m.router, h, T, probs.data(), num_threads);
+    linear(m.router, h, T, probs.data(), num_threads, s->invariant != 0);
     for (int64_t t = 0; t < T; ++t) {
         float* p = probs.data() + t * E;
         float top = p[0], sum = 0.0f;
@@ -108,9 +109,9 @@ void mixture(const PlaitMoE& m, const PlaitDecodeShape* s, const float* h, float
         if (n == 0) continue;
         rows.resize(n * D), gate_up.resize(n * 2 * I), act.resize(n * I), y.resize(n * D);
         for (int64_t r = 0; r < n; ++r) std::memcpy(rows.data() + r * D, h + pairs[r] / K * D, D * sizeof(float));
-        linear(m.gate_up[e], rows.data(), n, gate_up.data(), num_threads);
+        linear(m.gate_up[e], rows.data(), n, gate_up.data(), num_threads, s->invariant != 0);
         gated(s->activation, gate_up.data(), act.data(), n, I, num_threads);
-        linear(m.down[e], act.data(), n, y.data(), num_threads);
+        linear(m.down[e], act.data(), n, y.data(), num_threads, s->invariant != 0);
         for (int64_t r = 0; r < n; ++r) std::memcpy(picked.data() + pairs[r] * D, y.data() + r * D, D * sizeof(float));
     }
     for (int64_t t = 0; t < T; ++t) {
@@ -160,7 +161,7 @@ extern "C" int64_t plait_decode_layers(const PlaitDecodeLayer* layers, int64_t n
         } else {
             plait_add_rms_norm_f32(x, residual, L.input_norm, h, T, D, s->eps, num_threads);
         }
-        linear(L.qkv, h, T, qkv, num_threads);
+        linear(L.qkv, h, T, qkv, num_threads, s->invariant != 0);
         if (L.q_norm != nullptr) norm_qk(L, s, qkv, qkv_width);
         plait_rope_f32(qkv, qkv + q_size, positions, L.inv_freq, T, s->num_heads, s->num_kv_heads, hd, qkv_width,
                        qkv_width, num_threads);
@@ -169,16 +170,16 @@ extern "C" int64_t plait_decode_layers(const PlaitDecodeLayer* layers, int64_t n
         for (int64_t t = 0; t < T; ++t) std::memcpy(q + t * q_size, qkv + t * qkv_width, q_size * sizeof(float));
         plait_paged_attention_rows(q, L.k_cache, L.v_cache, L.k_scale, L.v_scale, kv_type, R.tables, R.table_width,
                                    R.q_index, R.table_index, R.first, R.kv_len, attn, R.num_rows, s->num_heads,
-                                   s->num_kv_heads, hd, s->attn_scale, num_threads);
-        linear(L.o, attn, T, x, num_threads);
+                                   s->num_kv_heads, hd, s->attn_scale, static_cast<int>(s->invariant), num_threads);
+        linear(L.o, attn, T, x, num_threads, s->invariant != 0);
         if (L.attn_out_norm != nullptr) plait_rms_norm_f32(x, L.attn_out_norm, x, T, D, s->eps, num_threads);
         plait_add_rms_norm_f32(x, residual, L.post_norm, h, T, D, s->eps, num_threads);
         if (L.moe != nullptr) {
             mixture(*L.moe, s, h, x, num_threads);
         } else {
-            linear(L.gate_up, h, T, gate_up, num_threads);
+            linear(L.gate_up, h, T, gate_up, num_threads, s->invariant != 0);
             gated(s->activation, gate_up, act, T, inter, num_threads);
-            linear(L.down, act, T, x, num_threads);
+            linear(L.down, act, T, x, num_threads, s->invariant != 0);
         }
         if (L.mlp_out_norm != nullptr) plait_rms_norm_f32(x, L.mlp_out_norm, x, T, D, s->eps, num_threads);
     }
@@ -256,7 +257,7 @@ extern "C" int64_t plait_decode_burst(const PlaitDecodeLayer* layers, int64_t nu
         plait_decode_layers(layers, num_layers, s, table, positions.data(), slots.data(), x, residual, 0, scratch,
                             num_threads);
         plait_add_rms_norm_f32(x, residual, g->final_norm, h, B, D, s->eps, num_threads);
-        linear(g->head, h, B, logits, num_threads);
+        linear(g->head, h, B, logits, num_threads, s->invariant != 0);
         if (g->logit_softcap > 0.0f)
             for (int64_t i = 0; i < B * V; ++i) logits[i] = g->logit_softcap * std::tanh(logits[i] / g->logit_softcap);
         bool all_stopped = true;

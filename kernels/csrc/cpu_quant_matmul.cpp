@@ -95,6 +95,34 @@ extern "C" void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t 
     float_qmatmul(x, M, K, N, qweight, format, group, scales, mins, bias, y, num_threads);
 }
 
+// plait_qmatmul_f32 where each row of y is what that row of x alone gives (batch-invariant
+// inference): the integer rows at every M (on AVX2 in runs of MAX_Q8_M rows, each row rounded to
+// int8 and summed alone there), float32 weights by dense_matmul_rows, and the formats the integer
+// rows do not take one row of x at a time.
+extern "C" void plait_qmatmul_rows_f32(const float* x, int64_t M, int64_t K, int64_t N, const void* qweight,
+                                       int format, int64_t group, const void* scales, const void* mins,
+                                       const float* bias, float* y, int num_threads) {
+    if (format == PLAIT_FORMAT_FLOAT32) {
+        dense_matmul_rows(x, M, K, N, static_cast<const float*>(qweight), bias, y, num_threads);
+        return;
+    }
+#ifdef __AVX2__
+    if (q8_usable(K, format, group)) {
+        for (int64_t m0 = 0; m0 < M; m0 += MAX_Q8_M) {
+            const int64_t m = std::min(MAX_Q8_M, M - m0);
+#ifdef PLAIT_VNNI512
+            q8_qmatmul_vnni(x + m0 * K, m, K, N, qweight, format, group, scales, mins, bias, y + m0 * N, num_threads);
+#else
+            q8_qmatmul_avx2(x + m0 * K, m, K, N, qweight, format, group, scales, mins, bias, y + m0 * N, num_threads);
+#endif
+        }
+        return;
+    }
+#endif
+    for (int64_t m = 0; m < M; ++m)
+        float_qmatmul(x + m * K, 1, K, N, qweight, format, group, scales, mins, bias, y + m * N, num_threads);
+}
+
 // Dequantizes rows [0, N) into out[N, K] (the reference, and the large-M path: one pass over the
 // weights, then a float32 GEMM whose cost dwarfs it).
 extern "C" void plait_dequantize_f32(const void* qweight, int format, int64_t N, int64_t K, int64_t group,

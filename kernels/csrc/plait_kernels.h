@@ -77,6 +77,7 @@ struct PlaitDecodeShape {  // kernels/decode_stack.py: DecodeShape
     float eps, attn_scale;
     int64_t kv_type;     // PlaitKVType
     int64_t activation;  // PlaitActivation
+    int64_t invariant;   // 1: each row's results as that row alone gets them (batch-invariant)
 };
 
 struct PlaitDecodeBurst {  // kernels/decode_stack.py: DecodeBurst
@@ -139,7 +140,8 @@ void plait_paged_attention_rows(const float* q, const void* k, const void* v, co
                                 const float* v_scale, int kv_type, const int64_t* tables, int64_t table_width,
                                 const int64_t* q_index, const int64_t* table_index, const int64_t* first,
                                 const int64_t* kv_len, float* out, int64_t num_rows, int64_t num_heads,
-                                int64_t num_kv_heads, int64_t head_dim, float scale, int num_threads);
+                                int64_t num_kv_heads, int64_t head_dim, float scale, int invariant,
+                                int num_threads);
 int64_t plait_first_bad_slot(const int64_t* slots, int64_t num_tokens, int64_t num_slots);
 int64_t plait_store_kv(const float* k, const float* v, int64_t row_stride, const int64_t* slots, int64_t num_tokens,
                        int64_t num_kv_heads, int64_t head_dim, int kv_type, void* k_cache, void* v_cache,
@@ -164,6 +166,9 @@ void plait_gelu_tanh_mul_f32(const float* gate_up, float* out, int64_t rows, int
 void plait_qmatmul_f32(const float* x, int64_t M, int64_t K, int64_t N, const void* qweight, int format,
                        int64_t group, const void* scales, const void* mins, const float* bias, float* y,
                        int num_threads);
+void plait_qmatmul_rows_f32(const float* x, int64_t M, int64_t K, int64_t N, const void* qweight, int format,
+                            int64_t group, const void* scales, const void* mins, const float* bias, float* y,
+                            int num_threads);
 void plait_dequantize_f32(const void* qweight, int format, int64_t N, int64_t K, int64_t group,
                           const void* scales, const void* mins, float* out, int num_threads);
 void plait_dequantize_bf16(const void* qweight, int format, int64_t N, int64_t K, int64_t group,

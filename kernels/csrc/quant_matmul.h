@@ -331,5 +331,8 @@ void q8_qmatmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, const void
 #endif
 void dense_matmul(const float* x, int64_t M, int64_t K, int64_t N, const float* w, const float* bias, float* y,
                   int num_threads);  // dense_gemv.cpp
+// dense_matmul with each row's sums in one order at every M (plait_qmatmul_rows_f32)
+void dense_matmul_rows(const float* x, int64_t M, int64_t K, int64_t N, const float* w, const float* bias, float* y,
+                       int num_threads);  // dense_gemv.cpp
 
 }  // namespace plait::qmm

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from plait.kernels import cpu_fused
+from plait.kernels.batch_invariant import matmul_rows
 from plait.kernels.quant_matmul import dense_matmul
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.models.args import (
@@ -24,6 +25,7 @@ from plait.runtime.models.args import (
 )
 from plait.runtime.models.layers import MLP, Attention, RMSNorm, Rope, RotaryEmbedding
 from plait.runtime.models.moe import SparseMoE
+from plait.runtime.models.quantized import QuantLinear
 from plait.runtime.models.registry import MOE_GGUF_LAYERS, Family, register
 
 
@@ -110,9 +112,17 @@ class LlamaForCausalLM(nn.Module):
         hidden = self.model(input_ids, positions, batch, num_layers)  # [T, hidden]
         if batch.logits_indices is not None:
             hidden = hidden[batch.logits_indices]
+        if batch.batch_invariant:
+            return head_rows(self.lm_head, hidden)
         if type(self.lm_head) is nn.Linear:  # float32 on the CPU: the native GEMV for decode rows
             return dense_matmul(hidden, self.lm_head.weight, self.lm_head.bias).float()
         return self.lm_head(hidden).float()
+
+
+def head_rows(head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """The LM head's logits for `hidden`, each row's as that row alone gets them."""
+    weight = head.qw if isinstance(head, QuantLinear) else head.weight
+    return matmul_rows(hidden, weight, head.bias)
 
 
 def llama_args_from_hf(config: dict[str, Any], architecture: str) -> ModelArgs:

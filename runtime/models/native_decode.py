@@ -30,7 +30,9 @@ if TYPE_CHECKING:
 
 
 class NativeDecodeStack:
-    def __init__(self, lm: LlamaForCausalLM, pool: KVPool) -> None:
+    def __init__(self, lm: LlamaForCausalLM, pool: KVPool, batch_invariant: bool = False) -> None:
+        """`batch_invariant`: each row's linears and attention as that row alone gets them (the
+        engine's `deterministic` mode, `kernels/batch_invariant.py`)."""
         model, args = lm.model, lm.args
         first = model.layers[0]
         attn = first.self_attn
@@ -89,6 +91,7 @@ class NativeDecodeStack:
             attn.scale,
             kv_type_code(pool.dtype),
             decode_stack.ACTIVATION_CODE[args.activation],
+            int(batch_invariant),
         )
         self.scratch = torch.empty(0)
 

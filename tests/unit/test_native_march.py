@@ -58,6 +58,7 @@ def test_the_avx2_paths_match_the_reference_on_an_avx512_machine() -> None:
             "no:cacheprovider",
             "tests/unit/test_quant_matmul.py",
             "tests/unit/test_quant_matmul_kquants.py",
+            "tests/unit/test_batch_invariant.py",
             "tests/unit/test_kernels_attention_cpu.py",
             "tests/unit/test_kernels_extend_attention_cpu.py",
             "tests/unit/test_kv_cache_dtypes.py",
