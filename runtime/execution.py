@@ -20,6 +20,7 @@ import torch
 from plait.kernels import attention_cpu, cpu_fused, decode_stack, quant_matmul
 from plait.kernels.dispatch import use_triton
 from plait.kernels.kv_cache import kv_type_code
+from plait.kernels.layer_ops import LayerOps, choose_layer_ops
 from plait.kernels.tuning import DEQUANT_GEMM_MIN_ROWS
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.models import native_decode
@@ -41,6 +42,7 @@ class Layers(enum.Enum):
 class Execution:
     device: torch.device
     attention: str  # who attends CPU rows and decodes: "triton", "native" or "torch"
+    ops: LayerOps  # the layers' norms, rotation, activation and attention (by `attention`)
     native_stack: NativeDecodeStack | None  # all layers in one native call; None: never
     bursts: bool  # whole decode steps natively (the stack, a native embedding, norm and head)
     bf16_extends: bool  # quantized weights on an AMX CPU: long prefill chunks attend in bfloat16
@@ -70,6 +72,7 @@ class Execution:
         """The choices, as `plait serve` logs them at start."""
         return {
             "device": str(self.device),
+            "layer_ops": self.ops.name,
             "attention": self.attention,
             "layers": "native stack for small steps"
             if self.native_stack is not None
@@ -113,12 +116,7 @@ def choose_execution(
         getattr(lm.model.embed_tokens, "weight", None) if lm is not None else None
     )  # None: QuantEmbedding
     probe = torch.empty(0, dtype=embed.dtype if embed is not None else torch.float32, device=device)
-    if use_triton(probe):
-        attention = "triton"
-    elif attention_cpu.use_native_attention(probe, pool.layer(0)[0]):
-        attention = "native"
-    else:
-        attention = "torch"
+    attention = choose_attention(probe, pool)
     stack, note = None, ""
     if (
         lm is not None
@@ -152,6 +150,7 @@ def choose_execution(
     return Execution(
         device,
         attention,
+        choose_layer_ops(device, probe.dtype, attention),
         stack,
         bursts,
         bf16_extends and not deterministic,
@@ -159,6 +158,18 @@ def choose_execution(
         note,
         batch_invariant=deterministic,
     )
+
+
+def choose_attention(probe: torch.Tensor, pool: KVPool) -> str:
+    """Who attends, for activations like `probe` over `pool`'s caches: Triton on CUDA over a cache
+    of the activations' dtype, the native rows over a float32, bfloat16 or int8 CPU cache, torch's
+    reference otherwise."""
+    k_cache = pool.layer(0)[0]
+    if use_triton(probe):
+        return "triton" if k_cache.dtype == probe.dtype and pool.scales(0) is None else "torch"
+    if attention_cpu.use_native_attention(probe, k_cache):
+        return "native"
+    return "torch"
 
 
 def _stack_requirements(device: torch.device) -> str:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from plait.kernels.attention import AttentionMetadata
+from plait.kernels.layer_ops import LayerOps
 from plait.runtime.kv_pool import KVPool
 
 if TYPE_CHECKING:
@@ -19,6 +20,7 @@ class ForwardBatch:
     kv_pool: KVPool
     attn: AttentionMetadata
     logits_indices: torch.Tensor | None  # rows of the flat batch whose logits are needed
+    ops: LayerOps  # the layers' norms, rotation, activation and attention (`kernels/layer_ops.py`)
     native_stack: NativeDecodeStack | None = (
         None  # the step's layers in one native call (`Execution.layers_for`)
     )

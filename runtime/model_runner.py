@@ -143,6 +143,7 @@ class ModelRunner:
             kv_pool=self.kv_pool,
             attn=metas[0],
             logits_indices=torch.tensor(logit_rows, dtype=torch.long, device=self.device),
+            ops=self.execution.ops,
             native_stack=self.execution.native_stack if layers is Layers.NATIVE_STACK else None,
             attn_window=metas[1] if len(metas) > 1 else None,
             batch_invariant=self.execution.batch_invariant,

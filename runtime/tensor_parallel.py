@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from plait.kernels.kv_cache import resolve_kv_dtype
+from plait.kernels.layer_ops import LayerOps, choose_layer_ops
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.models.tensor_parallel import check_shardable, shard_llama
@@ -181,6 +182,7 @@ def run_worker(rank: int, rendezvous: Rendezvous | None, config: Any) -> None:
     """Ranks 1..N-1: load and shard the model, then run every forward pass rank 0 announces."""
     from plait.runtime.engine import resolve_device, resolve_dtype
     from plait.runtime.engine_setup import window_layers
+    from plait.runtime.execution import choose_attention
     from plait.runtime.model_loader import load_model
 
     rendezvous = rendezvous or Rendezvous.from_torchrun()
@@ -198,6 +200,7 @@ def run_worker(rank: int, rendezvous: Rendezvous | None, config: Any) -> None:
     args = shard_llama(model, rank, config.tp_size, group)
     channel = Channel(group, device)
     pool: KVPool | None = None
+    ops: LayerOps | None = None
     with torch.inference_mode():
         while True:
             message = channel.receive()
@@ -223,11 +226,13 @@ def run_worker(rank: int, rendezvous: Rendezvous | None, config: Any) -> None:
                     windowed,
                     num_window_pages,
                 )
+                probe = torch.empty(0, dtype=dtype, device=device)
+                ops = choose_layer_ops(device, dtype, choose_attention(probe, pool))
                 continue
             _, input_ids, positions, attn, attn_window, num_layers = message
             assert pool is not None, "rank 0 sends the pool size before the first step"
             batch = ForwardBatch(
-                kv_pool=pool, attn=attn, logits_indices=None, attn_window=attn_window
+                kv_pool=pool, attn=attn, logits_indices=None, ops=ops, attn_window=attn_window
             )
             model.model(input_ids, positions, batch, num_layers)  # logits are rank 0's alone
 

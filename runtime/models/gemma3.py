@@ -16,10 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from plait.kernels import cpu_fused
+from plait.kernels.layer_ops import Rope
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.models.args import ModelArgs, common_from_gguf, common_from_hf
-from plait.runtime.models.layers import MLP, Attention, RMSNorm, Rope, RotaryEmbedding
+from plait.runtime.models.layers import MLP, Attention, RMSNorm, RotaryEmbedding
 from plait.runtime.models.llama import LlamaForCausalLM
 from plait.runtime.models.registry import LLAMA_GGUF_LAYERS, Family, register
 
@@ -38,14 +38,15 @@ class Gemma3DecoderLayer(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None, rope: Rope, batch: ForwardBatch
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(this layer's normed MLP output, the residual stream before it), as the Llama layer."""
+        ops = batch.ops
         if residual is None:
             residual = x
-            h = self.input_layernorm(x)
+            h = self.input_layernorm(x, ops=ops)
         else:
-            h, residual = self.input_layernorm(x, residual)
-        h = self.post_attention_layernorm(self.self_attn(h, rope, batch))
-        h, residual = self.pre_feedforward_layernorm(h, residual)
-        return self.post_feedforward_layernorm(self.mlp(h)), residual
+            h, residual = self.input_layernorm(x, residual, ops=ops)
+        h = self.post_attention_layernorm(self.self_attn(h, rope, batch), ops=ops)
+        h, residual = self.pre_feedforward_layernorm(h, residual, ops=ops)
+        return self.post_feedforward_layernorm(self.mlp(h, ops), ops=ops), residual
 
 
 class Gemma3Model(nn.Module):
@@ -71,21 +72,17 @@ class Gemma3Model(nn.Module):
         stack = batch.native_stack  # set by the runner for a step it plans on the native stack
         if stack is not None and (num_layers is None or num_layers > 0):
             return stack.forward_layers(x, positions, batch, num_layers, self.norm)
-        ropes = [self._rope(emb, positions, x) for emb in (self.rotary_emb, self.local_rotary_emb)]
+        ropes: list[Rope] = [
+            batch.ops.rope(positions, emb.inv_freq, x.dtype)
+            for emb in (self.rotary_emb, self.local_rotary_emb)
+        ]
         residual = None
         for layer in self.layers[:num_layers]:
             rope = ropes[0] if layer.self_attn.sliding_window is None else ropes[1]
             x, residual = layer(x, residual, rope, batch)
         if residual is None:  # no layers ran
-            return self.norm(x)
-        return self.norm(x, residual)[0]
-
-    @staticmethod
-    def _rope(emb: RotaryEmbedding, positions: torch.Tensor, x: torch.Tensor) -> Rope:
-        if cpu_fused.usable(x):
-            return Rope(None, None, positions, emb.inv_freq)
-        cos, sin = emb(positions)
-        return Rope(cos.to(x.dtype), sin.to(x.dtype), positions, emb.inv_freq)
+            return self.norm(x, ops=batch.ops)
+        return self.norm(x, residual, ops=batch.ops)[0]
 
 
 class Gemma3ForCausalLM(LlamaForCausalLM):

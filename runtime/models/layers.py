@@ -1,19 +1,19 @@
 """The building blocks every family's decoder is made of: RMSNorm, rotary embeddings, attention over
 paged KV (with optional q/k norms and a sliding window), and the gated MLP with the family's
-activation. Each operation calls its kernel's dispatch point (native CPU, Triton, or torch).
+activation. Each block holds its weights and calls the operations object it is given
+(`kernels/layer_ops.py`: native CPU, Triton or torch, chosen once per engine and handed over in
+each step's `ForwardBatch`); the projections are modules of their own (`nn.Linear` or
+`QuantLinear`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from plait.kernels import attention, cpu_fused, norm_rope
-from plait.kernels.dispatch import use_triton
+from plait.kernels.layer_ops import LayerOps, Rope
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.models.args import ModelArgs
 from plait.runtime.tuning import CPU_MLP_ROWS
@@ -26,27 +26,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, *, ops: LayerOps
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """rmsnorm(x) * weight; with `residual`, (rmsnorm(x + residual) * weight, x + residual)."""
-        if cpu_fused.usable(x):
-            if residual is None:
-                return cpu_fused.rms_norm(x, self.weight, self.eps)
-            return cpu_fused.add_rms_norm(x, residual, self.weight, self.eps)
-        if x.dim() == 2 and use_triton(x):  # CUDA: one pass over memory (kernels/norm_rope.py)
-            if residual is None:
-                return norm_rope.rms_norm_triton(x, self.weight, self.eps)
-            return norm_rope.fused_add_rms_norm_triton(x, residual, self.weight, self.eps)
-        if residual is not None:
-            residual = x + residual
-            return self._norm(residual), residual
-        return self._norm(x)
-
-    def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return ops.rms_norm(x, self.weight, self.eps, residual)
 
 
 def rope_inv_freq(args: ModelArgs, local: bool = False) -> torch.Tensor:
@@ -84,32 +67,12 @@ def rope_inv_freq(args: ModelArgs, local: bool = False) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
+    """The inverse frequencies of one rope base, as a buffer that follows the model's device (the
+    operations object turns them into a forward's rotation, `LayerOps.rope`)."""
+
     def __init__(self, args: ModelArgs, local: bool = False) -> None:
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(args, local), persistent=False)
-
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, head_dim / 2]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [T, head_dim]
-        return emb.cos(), emb.sin()
-
-
-@dataclass
-class Rope:
-    """What every layer needs to rotate q and k: cos/sin tables, or (on the CPU fused path) the
-    positions and inverse frequencies the kernel computes them from."""
-
-    cos: torch.Tensor | None
-    sin: torch.Tensor | None
-    positions: torch.Tensor
-    inv_freq: torch.Tensor
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [T, heads, head_dim]; cos, sin: [T, head_dim]
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return (x * cos[:, None, :] + rotated * sin[:, None, :]).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -132,27 +95,13 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
 
     def forward(self, x: torch.Tensor, rope: Rope, batch: ForwardBatch) -> torch.Tensor:
-        num_tokens = x.shape[0]
+        num_tokens, ops = x.shape[0], batch.ops
         qkv = self.qkv_proj(x)
         if self.q_norm is not None:
-            qkv = self._norm_qk(qkv)
-        if rope.cos is None:  # the CPU fused path: rotate q and k inside qkv, in place
-            qkv = qkv.contiguous()
-            cpu_fused.rope_(
-                qkv, rope.positions, rope.inv_freq, self.num_heads, self.num_kv_heads, self.head_dim
-            )
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
-        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        if rope.cos is not None and use_triton(q):  # CUDA: in place on the qkv views
-            norm_rope.rotary_triton(q, rope.cos, rope.sin)
-            norm_rope.rotary_triton(k, rope.cos, rope.sin)
-        elif rope.cos is not None:
-            q = apply_rotary(q, rope.cos, rope.sin)
-            k = apply_rotary(k, rope.cos, rope.sin)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+            qkv = self._norm_qk(qkv, ops)
+        q, k, v = ops.rotate(qkv, rope, self.num_heads, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = batch.kv_pool.layer(self.layer_id)
-        out = attention.paged_attention(
+        out = ops.attend(
             q,
             k,
             v,
@@ -165,13 +114,13 @@ class Attention(nn.Module):
         )  # [T, num_heads, head_dim]
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
-    def _norm_qk(self, qkv: torch.Tensor) -> torch.Tensor:
+    def _norm_qk(self, qkv: torch.Tensor, ops: LayerOps) -> torch.Tensor:
         """qkv [T, q_size + 2 kv_size] with each query and key head RMS-normalized (before
         rotary)."""
         num_tokens = qkv.shape[0]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = self.q_norm(q.reshape(num_tokens * self.num_heads, self.head_dim))
-        k = self.k_norm(k.reshape(num_tokens * self.num_kv_heads, self.head_dim))
+        q = self.q_norm(q.reshape(num_tokens * self.num_heads, self.head_dim), ops=ops)
+        k = self.k_norm(k.reshape(num_tokens * self.num_kv_heads, self.head_dim), ops=ops)
         return torch.cat([q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v], dim=-1)
 
 
@@ -185,7 +134,7 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=False)
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
         rows = x.shape[0]
         if x.device.type == "cpu" and x.dim() == 2 and rows > CPU_MLP_ROWS:
             # NOTE: glibc maps allocations over 32 MB fresh from the OS each time, so a long
@@ -193,15 +142,9 @@ class MLP(nn.Module):
             # Blocks of rows keep every activation under that size, reused from the heap.
             out = torch.empty(rows, self.down_proj.out_features, dtype=x.dtype)
             for s in range(0, rows, CPU_MLP_ROWS):
-                out[s : s + CPU_MLP_ROWS] = self._forward(x[s : s + CPU_MLP_ROWS])
+                out[s : s + CPU_MLP_ROWS] = self._forward(x[s : s + CPU_MLP_ROWS], ops)
             return out
-        return self._forward(x)
+        return self._forward(x, ops)
 
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        if cpu_fused.usable(gate_up):
-            return self.down_proj(cpu_fused.gated_mul(gate_up, self.activation))
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        if self.activation == "gelu_tanh":
-            return self.down_proj(F.gelu(gate, approximate="tanh") * up)
-        return self.down_proj(F.silu(gate) * up)
+    def _forward(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
+        return self.down_proj(ops.gated_mul(self.gate_up_proj(x), self.activation))

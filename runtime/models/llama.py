@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from plait.kernels import cpu_fused
 from plait.kernels.batch_invariant import matmul_rows
+from plait.kernels.layer_ops import Rope
 from plait.kernels.quant_matmul import dense_matmul
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.models.args import (
@@ -23,7 +23,7 @@ from plait.runtime.models.args import (
     common_from_hf,
     sliding_window_from_hf,
 )
-from plait.runtime.models.layers import MLP, Attention, RMSNorm, Rope, RotaryEmbedding
+from plait.runtime.models.layers import MLP, Attention, RMSNorm, RotaryEmbedding
 from plait.runtime.models.moe import SparseMoE
 from plait.runtime.models.quantized import QuantLinear
 from plait.runtime.models.registry import MOE_GGUF_LAYERS, Family, register
@@ -42,14 +42,15 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (this layer's MLP output, the residual stream before it); the next layer (or
         the final norm) adds the two, fused with its norm."""
+        ops = batch.ops
         if residual is None:
             residual = x
-            h = self.input_layernorm(x)
+            h = self.input_layernorm(x, ops=ops)
         else:
-            h, residual = self.input_layernorm(x, residual)
+            h, residual = self.input_layernorm(x, residual, ops=ops)
         h = self.self_attn(h, rope, batch)
-        h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h), residual
+        h, residual = self.post_attention_layernorm(h, residual, ops=ops)
+        return self.mlp(h, ops), residual
 
 
 class LlamaModel(nn.Module):
@@ -68,21 +69,16 @@ class LlamaModel(nn.Module):
         num_layers: int | None = None,
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [T, hidden]
-        inv_freq = self.rotary_emb.inv_freq
         stack = batch.native_stack  # set by the runner for a step it plans on the native stack
         if stack is not None and (num_layers is None or num_layers > 0):
             return stack.forward_layers(x, positions, batch, num_layers, self.norm)
-        if cpu_fused.usable(x):
-            rope = Rope(None, None, positions, inv_freq)
-        else:
-            cos, sin = self.rotary_emb(positions)
-            rope = Rope(cos.to(x.dtype), sin.to(x.dtype), positions, inv_freq)
+        rope = batch.ops.rope(positions, self.rotary_emb.inv_freq, x.dtype)
         residual = None
         for layer in self.layers[:num_layers]:
             x, residual = layer(x, residual, rope, batch)
         if residual is None:  # no layers ran
-            return self.norm(x)
-        return self.norm(x, residual)[0]
+            return self.norm(x, ops=batch.ops)
+        return self.norm(x, residual, ops=batch.ops)[0]
 
 
 class LlamaForCausalLM(nn.Module):

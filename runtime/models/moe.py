@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plait.kernels.layer_ops import LayerOps
 from plait.kernels.quant_matmul import dense_matmul
 from plait.runtime.models.args import ModelArgs
 
@@ -42,7 +43,9 @@ class Experts(nn.Module):
         self.gate_up_proj = ExpertWeights(args.num_experts, 2 * size, args.hidden_size)
         self.down_proj = ExpertWeights(args.num_experts, args.hidden_size, size)
 
-    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, ops: LayerOps
+    ) -> torch.Tensor:
         """x [T, hidden]; ids, weights [T, top_k]: each token's experts and their weights."""
         num_tokens, top_k = ids.shape
         flat = ids.reshape(-1)  # [T * top_k], token t's picks at t * top_k ..
@@ -54,17 +57,16 @@ class Experts(nn.Module):
         for expert, count in enumerate(counts):
             if count:
                 end = start + count
-                out[start:end] = self._expert(expert, rows[start:end])
+                out[start:end] = self._expert(expert, rows[start:end], ops)
                 start = end
         mixed = torch.empty_like(out)
         mixed[order] = out  # back in (token, pick) order
         # [T, top_k, hidden] weighted by the router, summed over the picks
         return (mixed.view(num_tokens, top_k, -1) * weights[..., None]).sum(1)
 
-    def _expert(self, expert: int, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj.project(expert, x).split(self.intermediate_size, -1)
-        act = F.gelu(gate, approximate="tanh") if self.activation == "gelu_tanh" else F.silu(gate)
-        return self.down_proj.project(expert, act * up)
+    def _expert(self, expert: int, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
+        gate_up = self.gate_up_proj.project(expert, x)
+        return self.down_proj.project(expert, ops.gated_mul(gate_up, self.activation))
 
 
 class SparseMoE(nn.Module):
@@ -77,11 +79,11 @@ class SparseMoE(nn.Module):
         self.gate = nn.Linear(args.hidden_size, args.num_experts, bias=False)
         self.experts = Experts(args)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
         # [T, E], the router in float32 (by the kernel the native stack's mixture runs it with)
         logits = dense_matmul(x, self.gate.weight) if type(self.gate) is nn.Linear else self.gate(x)
         probs = F.softmax(logits.float(), dim=-1)
         weights, ids = probs.topk(self.top_k, dim=-1)  # [T, top_k]
         if self.norm_topk_prob:
             weights = weights / weights.sum(-1, keepdim=True)
-        return self.experts(x, ids, weights.to(x.dtype))
+        return self.experts(x, ids, weights.to(x.dtype), ops)

@@ -128,7 +128,7 @@ class NativeDecodeStack:
         `norm`, from the (scaled) embeddings x [T, hidden]: a model's forward on the stack."""
         count = len(self.layers) if num_layers is None else min(num_layers, len(self.layers))
         x, residual = self.run(x, positions, batch, count)
-        return norm(x, residual)[0]
+        return norm(x, residual, ops=batch.ops)[0]
 
     def run(
         self,

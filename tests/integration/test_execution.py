@@ -70,3 +70,30 @@ def test_each_step_is_planned_from_its_shape(tiny_llama_dir) -> None:
     )  # the 40-token prefill
     assert [tuple(p[:2]) for p in plans[1:]] == [(1, Layers.NATIVE_STACK)] * 2
     assert all(p[2] is runner.execution.native_stack for p in plans[1:])
+
+
+@native
+def test_layers_run_the_operations_chosen_at_start(tiny_llama_dir, monkeypatch) -> None:
+    """The layers call the operations object the engine chose once; nothing asks the device, the
+    dtype or the environment again while a step runs (a long prompt: layer by layer)."""
+    from plait.kernels import attention_cpu, cpu_fused, layer_ops
+
+    with Engine(model_path=str(tiny_llama_dir), max_total_tokens=1024) as engine:
+        ops = engine.runner.execution.ops
+        assert type(ops) is layer_ops.NativeCpuOps and ops.attention == "native"
+        assert engine.stats()["execution_layer_ops"] == "native"
+
+        def asked(*args):
+            raise AssertionError("a layer probed for its kernels during a step")
+
+        for module, name in (
+            (cpu_fused, "usable"),
+            (layer_ops, "use_triton"),
+            (attention_cpu, "use_native_attention"),
+        ):
+            monkeypatch.setattr(module, name, asked)
+        out = engine.generate(
+            input_ids=list(range(10, 90)), sampling_params={"max_new_tokens": 3, "temperature": 0}
+        )
+        assert len(out["output_ids"]) == 3
+        assert engine.runner.execution.layers_for(80, 80) is Layers.LAYERWISE  # the prefill

@@ -1,8 +1,9 @@
 """The model's Triton paths (RMSNorm, residual add + RMSNorm, rotary embedding, sampling), which
-CUDA tensors take, run end to end through an Engine on the CPU in Triton's interpreter: the model
-module's and the sampler's `use_triton` are forced on (and the native CPU kernels off, which would
-otherwise take the norms first). Greedy tokens equal the torch path's; seeded sampling is
-reproducible (tests/unit/test_sampling_triton_path.py checks what the draws may be)."""
+CUDA tensors take, run end to end through an Engine on the CPU in Triton's interpreter: the layer
+operations' chooser's and the sampler's `use_triton` are forced on (and the native CPU kernels off,
+which the chooser would otherwise prefer for float32 on the CPU). Greedy tokens equal the torch
+path's; seeded sampling is reproducible (tests/unit/test_sampling_triton_path.py checks what the
+draws may be)."""
 
 from __future__ import annotations
 
@@ -27,18 +28,19 @@ def _generate(model_dir, params):
         num_continuous_decode_steps=1,
     )
     try:
-        return [o["output_ids"] for o in engine.generate(PROMPTS, sampling_params=params)]
+        outs = engine.generate(PROMPTS, sampling_params=params)
+        return engine.stats()["execution_layer_ops"], [o["output_ids"] for o in outs]
     finally:
         engine.shutdown()
 
 
 @pytest.fixture
 def triton_paths(monkeypatch):
+    from plait.kernels import layer_ops
     from plait.runtime import sampling
-    from plait.runtime.models import layers
 
     calls = {"norm": 0, "rotary": 0, "sample": 0}
-    norm_rope = layers.norm_rope
+    norm_rope = layer_ops.norm_rope
 
     def counting(name, fn):
         def wrapped(*args, **kwargs):
@@ -48,7 +50,7 @@ def triton_paths(monkeypatch):
         return wrapped
 
     monkeypatch.setattr(native, "DISABLED", True)
-    monkeypatch.setattr(layers, "use_triton", lambda t: True)
+    monkeypatch.setattr(layer_ops, "use_triton", lambda t: True)
     monkeypatch.setattr(sampling, "use_triton", lambda t: True)
     monkeypatch.setattr(norm_rope, "rms_norm_triton", counting("norm", norm_rope.rms_norm_triton))
     monkeypatch.setattr(
@@ -63,16 +65,16 @@ def triton_paths(monkeypatch):
 
 def test_greedy_tokens_equal_the_torch_path(tiny_llama_dir, monkeypatch, triton_paths) -> None:
     params = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
-    ours = _generate(tiny_llama_dir, params)
-    assert triton_paths["norm"] > 0 and triton_paths["rotary"] > 0
+    ops, ours = _generate(tiny_llama_dir, params)
+    assert ops == "triton" and triton_paths["norm"] > 0 and triton_paths["rotary"] > 0
     monkeypatch.undo()
     monkeypatch.setattr(native, "DISABLED", True)  # the same torch references on both sides
-    assert ours == _generate(tiny_llama_dir, params)
+    assert _generate(tiny_llama_dir, params) == ("torch", ours)
 
 
 def test_seeded_sampling_is_reproducible_and_filtered(tiny_llama_dir, triton_paths) -> None:
     params = {"max_new_tokens": 3, "temperature": 1.0, "top_k": 5, "seed": 7, "ignore_eos": True}
-    first = _generate(tiny_llama_dir, params)
+    _, first = _generate(tiny_llama_dir, params)
     assert triton_paths["sample"] > 0
-    assert first == _generate(tiny_llama_dir, params)
+    assert _generate(tiny_llama_dir, params)[1] == first
     assert all(len(ids) == 3 for ids in first)

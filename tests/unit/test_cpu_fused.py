@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from plait.kernels import cpu_fused
+from plait.kernels.layer_ops import LayerOps, NativeCpuOps, apply_rotary, rotary_tables
 from plait.runtime.models.args import ModelArgs
-from plait.runtime.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
+from plait.runtime.models.layers import RotaryEmbedding
 
 pytestmark = pytest.mark.skipif(
     not cpu_fused.usable(torch.zeros(1)), reason="native CPU kernels did not build"
@@ -20,14 +21,16 @@ GEN = torch.Generator().manual_seed(0)
 
 @pytest.mark.parametrize("rows", [1, 3, 40])
 def test_rms_norm_and_add_rms_norm(rows):
-    norm = RMSNorm(96, 1e-5)
-    norm.weight.data = torch.randn(96, generator=GEN)
+    weight = torch.randn(96, generator=GEN)
     x, res = torch.randn(rows, 96, generator=GEN), torch.randn(rows, 96, generator=GEN)
-    torch.testing.assert_close(cpu_fused.rms_norm(x, norm.weight, 1e-5), norm._norm(x))
-    expected_res = x + res
-    out, new_res = cpu_fused.add_rms_norm(x, res.clone(), norm.weight, 1e-5)
+    reference = LayerOps()
+    torch.testing.assert_close(
+        cpu_fused.rms_norm(x, weight, 1e-5), reference.rms_norm(x, weight, 1e-5, None)
+    )
+    expected_out, expected_res = reference.rms_norm(x, weight, 1e-5, res)
+    out, new_res = cpu_fused.add_rms_norm(x, res.clone(), weight, 1e-5)
     torch.testing.assert_close(new_res, expected_res)
-    torch.testing.assert_close(out, norm._norm(expected_res))
+    torch.testing.assert_close(out, expected_out)
 
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 32), (8, 2, 128)])
@@ -48,7 +51,7 @@ def test_rope_in_place_on_fused_qkv(heads, kv_heads, head_dim):
     q_size, kv_size = heads * head_dim, kv_heads * head_dim
     qkv = torch.randn(tokens, q_size + 2 * kv_size, generator=GEN)
     q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-    cos, sin = rotary(positions)
+    cos, sin = rotary_tables(positions, rotary.inv_freq)
     expected_q = apply_rotary(q.reshape(tokens, heads, head_dim), cos, sin)
     expected_k = apply_rotary(k.reshape(tokens, kv_heads, head_dim), cos, sin)
     expected_v = v.clone()
@@ -96,8 +99,9 @@ def test_mlp_in_row_blocks_equals_one_pass(monkeypatch):
     )
     mlp = layers.MLP(args)
     x = torch.randn(23, 32, generator=GEN)
-    whole = mlp(x)
+    ops = NativeCpuOps()
+    whole = mlp(x, ops)
     monkeypatch.setattr(layers, "CPU_MLP_ROWS", 5)
-    torch.testing.assert_close(mlp(x), whole)
+    torch.testing.assert_close(mlp(x, ops), whole)
     gate, up = mlp.gate_up_proj(x).split(48, dim=-1)
     torch.testing.assert_close(whole, mlp.down_proj(F.silu(gate) * up), atol=1e-5, rtol=1e-5)
