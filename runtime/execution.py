@@ -26,6 +26,7 @@ from plait.runtime.kv_pool import KVPool
 from plait.runtime.models import native_decode
 from plait.runtime.models.llama import LlamaForCausalLM
 from plait.runtime.models.quantized import QuantLinear
+from plait.runtime.sampling import sampling_path
 
 if TYPE_CHECKING:
     from plait.runtime.models.native_decode import NativeDecodeStack
@@ -43,6 +44,7 @@ class Execution:
     device: torch.device
     attention: str  # who attends CPU rows and decodes: "triton", "native" or "torch"
     ops: LayerOps  # the layers' norms, rotation, activation and attention (by `attention`)
+    sampling: str  # how sampled rows draw: "triton", "native" or "torch" (`sampling_path`)
     native_stack: NativeDecodeStack | None  # all layers in one native call; None: never
     bursts: bool  # whole decode steps natively (the stack, a native embedding, norm and head)
     bf16_extends: bool  # quantized weights on an AMX CPU: long prefill chunks attend in bfloat16
@@ -74,6 +76,7 @@ class Execution:
             "device": str(self.device),
             "layer_ops": self.ops.name,
             "attention": self.attention,
+            "sampling": self.sampling,
             "layers": "native stack for small steps"
             if self.native_stack is not None
             else f"layerwise ({self.layers_note})"
@@ -151,6 +154,7 @@ def choose_execution(
         device,
         attention,
         choose_layer_ops(device, probe.dtype, attention),
+        sampling_path(device, torch.float32),  # the LM head's logits are float32
         stack,
         bursts,
         bf16_extends and not deterministic,

@@ -414,7 +414,9 @@ class ModelRunner:
                 batch_logits, [reqs[i] for i in sample_reqs], [results[i] for i in sample_reqs]
             )
             rows_state = [self._sampling_row(reqs[i], []) for i in sample_reqs]
-            for j, token in enumerate(sample(batch_logits, rows_state).tolist()):
+            for j, token in enumerate(
+                sample(batch_logits, rows_state, self.execution.sampling).tolist()
+            ):
                 results[sample_reqs[j]].tokens.append(token)
         for i, first in spec:
             k = len(drafts[i])

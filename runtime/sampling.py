@@ -1,6 +1,8 @@
 """From logits to next tokens: penalties, temperature, top-k / top-p / min-p, seeded draws.
 
-Works on a batch of rows, one per request, each with its own `SamplingParams`.
+Works on a batch of rows, one per request, each with its own `SamplingParams`. How sampled rows
+are drawn (`sampling_path`: Triton, the native CPU sampler or torch) is chosen once per engine
+(`runtime/execution.py`) and passed to `sample`.
 """
 
 from __future__ import annotations
@@ -79,13 +81,30 @@ def filter_params(
     )
 
 
-def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-    """logits [B, V] float32 (modified in place) -> next token ids [B] long.
+SAMPLING_PATHS = ("triton", "native", "torch")
+
+
+def sampling_path(device: torch.device, dtype: torch.dtype) -> str:
+    """How logits of `dtype` on `device` are sampled: "triton" on CUDA with Triton, "native" for
+    float32 on the CPU where the native sampler built, "torch" otherwise."""
+    probe = torch.empty(0, dtype=dtype, device=device)
+    if use_triton(probe):
+        return "triton"
+    if probe.device.type == "cpu" and dtype == torch.float32 and sampling_cpu.available():
+        return "native"
+    return "torch"
+
+
+def sample(
+    logits: torch.Tensor, rows: Sequence[SamplingRow], path: str | None = None
+) -> torch.Tensor:
+    """logits [B, V] float32 (modified in place) -> next token ids [B] long; `path` (an engine's,
+    chosen once; None: `sampling_path` of the logits) says how sampled rows are drawn.
 
     On the CPU each sampled row draws one uniform from its generator and picks by inverse CDF
-    (`kernels/sampling_cpu.py`: native, else the same draw in torch). On CUDA with Triton, one
-    kernel filters and draws every sampled row (`sample_triton`, seeded from each row's
-    generator, no host sync); elsewhere `torch.multinomial` draws."""
+    (`kernels/sampling_cpu.py`: "native", or the same draw in torch). With "triton", one kernel
+    filters and draws every sampled row (`sample_triton`, seeded from each row's generator, no
+    host sync); on other devices `torch.multinomial` draws."""
     apply_penalties(logits, rows)
     greedy = [r.params.is_greedy for r in rows]
     out = argmax(logits)
@@ -96,12 +115,13 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     temperature, top_k, top_p, min_p = filter_params(
         [rows[i].params for i in sampled], logits.shape[1], logits.device
     )
-    if use_triton(logits):
+    path = path or sampling_path(logits.device, logits.dtype)
+    if path == "triton":
         return _sample_triton(logits, rows, sampled, idx, out, (temperature, top_k, top_p, min_p))
     on_cpu = logits.device.type == "cpu"
     if on_cpu:
         uniforms = torch.cat([torch.rand(1, generator=rows[i].generator) for i in sampled])
-        if logits.dtype == torch.float32 and sampling_cpu.available():
+        if path == "native":
             picks = sampling_cpu.sample_rows(
                 logits[idx], temperature, top_k, top_p, min_p, uniforms
             )
