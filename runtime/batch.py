@@ -45,7 +45,7 @@ class ScheduleBatch:
     extends: list[ExtendEntry] = field(default_factory=list)
     verifies: list[VerifyEntry] = field(default_factory=list)
     decodes: list[Request] = field(default_factory=list)
-    decode_steps: int = 1  # steps the decodes ran: more than one in a burst (`decode_burst`)
+    decode_steps: int = 1  # steps the decodes ran: more than one in a burst (`BurstRunner.run`)
     # requests outside the batch wait for their turn (queued, mid-prefill or quarantined): a
     # burst of decode steps would hold them up
     others_waiting: bool = False

@@ -1,6 +1,6 @@
 """Streams fed from inside a decode burst.
 
-A burst (`ModelRunner.decode_burst`) runs many decode steps in one native call. Left alone, a
+A burst (`BurstRunner.run`) runs many decode steps in one native call. Left alone, a
 streaming request in it would get its tokens in one clump when the call returns. Instead the
 kernel calls back on the engine thread between steps (the same call that fills grammar masks,
 `kernels/decode_stack.py: BurstMasks`), and `BurstStreams.before_step` hands on the tokens the

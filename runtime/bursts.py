@@ -1,5 +1,5 @@
 """Decode bursts: many decode steps run back to back in one native call
-(`ModelRunner.decode_burst`), the engine loop's way to decode on the CPU without Python between
+(`BurstRunner.run`), the engine loop's way to decode on the CPU without Python between
 steps. `Bursts` decides how long each one may run (the step planner reserves its pages,
 `step_planner.py`); the runner runs it (`ModelRunner.execute`); `burst_streams.py` hands a
 streaming request its tokens while one runs; `constrained/burst_masks.py` fills grammar masks

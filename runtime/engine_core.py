@@ -199,7 +199,7 @@ class EngineCore:
         self.planner = StepPlanner(
             kv=self.scheduler.kv,
             execution=self.runner.execution,
-            can_burst=self.runner.can_burst,
+            can_burst=self.runner.bursts.can_run,
             speculation=self.speculation,
             threads=self.threads,
             bursts=self.bursts,

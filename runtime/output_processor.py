@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from plait.runtime.batch import TokenResult
 from plait.runtime.detokenizer import IncrementalDetokenizer
-from plait.runtime.model_runner import TokenResult
 from plait.runtime.protocol import FinishReason
 from plait.runtime.request import Request, RequestStatus
 from plait.runtime.tokenizer import Tokenizer

@@ -52,7 +52,7 @@ class StepPlan:
 
 class StepPlanner:
     """`can_burst(batch)`: whether the runner can run the batch as a burst
-    (`ModelRunner.can_burst`)."""
+    (`BurstRunner.can_run`)."""
 
     def __init__(
         self,

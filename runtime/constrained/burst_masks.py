@@ -1,6 +1,6 @@
 """Grammar masks inside a decode burst.
 
-A burst (`ModelRunner.decode_burst`) runs many decode steps in one native call. For constrained
+A burst (`BurstRunner.run`) runs many decode steps in one native call. For constrained
 rows the kernel calls back before each step (`kernels/decode_stack.py: BurstMasks`), and
 `GrammarBurst.before_step` advances a copy of each row's grammar with the token the row picked at
 the previous step, fills its mask for the step, and says when the burst should end early:

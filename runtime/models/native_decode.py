@@ -176,7 +176,7 @@ class NativeDecodeStack:
         out: torch.Tensor | None = None,
         masks: decode_stack.BurstMasks | None = None,
     ) -> torch.Tensor:
-        """Up to `steps` steps from `ids` [B] (see `ModelRunner.decode_burst`), greedy unless
+        """Up to `steps` steps from `ids` [B] (see `BurstRunner.run`), greedy unless
         `sampling` says otherwise, among the tokens `masks` allows; `tables`: each row's slots in
         each page space the layers use (`spaces`); `interrupt`, an int32 another thread may set
         non-zero, ends the burst after the current step; `out` [B, steps], if given, is filled

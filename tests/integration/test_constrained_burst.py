@@ -12,7 +12,7 @@ import pytest
 
 from plait import Engine
 from plait.kernels import decode_stack
-from plait.runtime.model_runner import ModelRunner
+from plait.runtime.decode_burst import BurstRunner
 from tests.conftest import write_tiny_checkpoint
 
 pytestmark = pytest.mark.skipif(
@@ -46,7 +46,7 @@ def engines(tmp_path_factory, smollm_tokenizer):
 def bursts(monkeypatch):
     """(rows constrained, tokens per row) of each burst run."""
     seen: list[tuple[list[bool], list[int]]] = []
-    real = ModelRunner.decode_burst
+    real = BurstRunner.run
 
     def record(self, batch, steps, *args, **kwargs):
         results = real(self, batch, steps, *args, **kwargs)
@@ -55,7 +55,7 @@ def bursts(monkeypatch):
         )
         return results
 
-    monkeypatch.setattr(ModelRunner, "decode_burst", record)
+    monkeypatch.setattr(BurstRunner, "run", record)
     return seen
 
 

@@ -14,7 +14,7 @@ import torch
 
 from plait import Engine
 from plait.kernels import decode_stack
-from plait.runtime.model_runner import ModelRunner
+from plait.runtime.decode_burst import BurstRunner
 from tests.conftest import write_tiny_checkpoint
 
 pytestmark = pytest.mark.skipif(
@@ -62,14 +62,14 @@ def engines(request, tmp_path_factory, smollm_tokenizer):
 def bursts(monkeypatch):
     """The tokens each row got from each burst."""
     seen: list[list[list[int]]] = []
-    real = ModelRunner.decode_burst
+    real = BurstRunner.run
 
     def record(self, batch, steps, interrupt=None):
         results = real(self, batch, steps, interrupt)
         seen.append([r.tokens for r in results])
         return results
 
-    monkeypatch.setattr(ModelRunner, "decode_burst", record)
+    monkeypatch.setattr(BurstRunner, "run", record)
     return seen
 
 
@@ -135,7 +135,7 @@ def test_streams_get_each_token_and_add_up_to_the_text(engines):
 def test_a_posted_message_ends_a_burst_after_one_step(engines, monkeypatch):
     single, burst = engines
     seen: list[int] = []
-    real = ModelRunner.decode_burst
+    real = BurstRunner.run
 
     def interrupted(self, batch, steps, interrupt=None):
         burst.abort("no-such-request")  # any message to the engine sets the interrupt
@@ -143,7 +143,7 @@ def test_a_posted_message_ends_a_burst_after_one_step(engines, monkeypatch):
         seen.append(len(results[0].tokens))
         return results
 
-    monkeypatch.setattr(ModelRunner, "decode_burst", interrupted)
+    monkeypatch.setattr(BurstRunner, "run", interrupted)
     held: list[tuple[int, int]] = []  # (pages a running request holds, pages its tokens need)
     after_step = burst.scheduler.after_step
 
@@ -203,7 +203,7 @@ def test_seeded_sampled_requests_burst_and_give_the_tokens_of_single_steps(engin
 
 def test_an_interrupted_sampled_burst_rewinds_its_generator(engines, monkeypatch):
     single, burst = engines
-    real = ModelRunner.decode_burst
+    real = BurstRunner.run
     seen: list[int] = []
 
     def interrupted(self, batch, steps, interrupt=None):
@@ -213,7 +213,7 @@ def test_an_interrupted_sampled_burst_rewinds_its_generator(engines, monkeypatch
         seen.append(len(results[0].tokens))
         return results
 
-    monkeypatch.setattr(ModelRunner, "decode_burst", interrupted)
+    monkeypatch.setattr(BurstRunner, "run", interrupted)
     assert _run(burst, PROMPTS[:1], SAMPLED[:1]) == _run(single, PROMPTS[:1], SAMPLED[:1])
     assert 1 in seen and max(seen) > 1
 

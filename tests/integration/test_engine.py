@@ -224,7 +224,7 @@ def test_failing_forward_aborts_its_batch_frees_pages_and_keeps_serving(tiny_eng
         return run
 
     monkeypatch.setattr(runner, "forward", flaky(runner.forward))
-    monkeypatch.setattr(runner, "decode_burst", flaky(runner.decode_burst))
+    monkeypatch.setattr(runner.bursts, "run", flaky(runner.bursts.run))
     out = tiny_engine.generate("will fail", {**GREEDY, "max_new_tokens": 8})
     assert out["meta_info"]["finish_reason"]["type"] == "abort"
     assert "boom" in out["meta_info"]["finish_reason"]["message"]

@@ -143,13 +143,13 @@ def test_model_drafters_keep_greedy_output(tiny_llama_dir, tiny_engine, algo):
 @pytest.mark.skipif(not decode_stack.burst_available(), reason="native CPU kernels did not build")
 def test_steps_without_drafts_run_as_bursts(tiny_engine, spec_engine, monkeypatch):
     bursts: list[int] = []
-    real = spec_engine.runner.decode_burst
+    real = spec_engine.runner.bursts.run
 
     def spy(batch, steps, interrupt=None):
         bursts.append(steps)
         return real(batch, steps, interrupt)
 
-    monkeypatch.setattr(spec_engine.runner, "decode_burst", spy)
+    monkeypatch.setattr(spec_engine.runner.bursts, "run", spy)
     params = {**GREEDY, "max_new_tokens": 40}
     expected = tiny_engine.generate("x", params)["output_ids"]
     # speculating, a step the drafter found nothing for runs as a short burst: it looks again soon
