@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from plait.runtime.protocol import FinishReason, LogprobOptions, SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+    from plait.radix_cache.node import TreeNode
+    from plait.runtime.constrained.base import Grammar
+    from plait.runtime.detokenizer import IncrementalDetokenizer
+    from plait.runtime.speculative.ngram import NgramIndex
 
 
 class RequestStatus(enum.Enum):
@@ -20,7 +30,7 @@ class RequestStatus(enum.Enum):
 class SpecState:
     """Speculative decoding bookkeeping of one request."""
 
-    index: Any = None  # the n-gram drafter's index over the request's tokens
+    index: NgramIndex | None = None  # the n-gram drafter's index over the request's tokens
     draft_valid: int = 0  # tokens whose KV a separate draft model has computed
     mean_accepted: float = 1.0
     backoff: int = 0
@@ -30,7 +40,7 @@ class SpecState:
     num_accepted: int = 0
 
 
-@dataclass
+@dataclass(eq=False)  # a request is itself: compared and hashed by identity
 class Request:
     rid: str
     prompt_ids: list[int]
@@ -43,12 +53,14 @@ class Request:
     pages: list[int] = field(default_factory=list)
     num_computed: int = 0
     num_cached_pages: int = 0  # leading pages owned by the radix tree, locked via last_node
-    # pages[i:] for i >= pages_stale_from may differ from the model runner's int64 copy of the
-    # table (`page_rows`, see ModelRunner.page_table): the KV cache manager lowers it whenever it
-    # replaces or drops pages; appended pages need no mark
+    # pages[i:] for i >= pages_stale_from may differ from the int64 copy of the table the model
+    # runners read (`page_rows`: a buffer with room to grow and its synced length, built by
+    # `PageTables.page_table`; kept here because the target's and a draft model's runners read the
+    # same pages): the KV cache manager lowers it whenever it replaces or drops pages; appended
+    # pages need no mark
     pages_stale_from: int = 0
-    page_rows: Any = None
-    last_node: Any = None
+    page_rows: tuple[torch.Tensor, int] | None = None
+    last_node: TreeNode | None = None
     # sliding-window models: pages[window_from:] have their window pages (the tree's ones locked
     # for this request), pages before it were released for the sliding layers (`WindowPages`)
     window_from: int = 0
@@ -67,7 +79,7 @@ class Request:
     client_id: str = ""  # whose request it is: the scheduler admits clients fairly
     first_token_time: float | None = None
     finish_time: float | None = None
-    grammar: Any = None  # constrained decoding state (runtime.constrained.Grammar)
+    grammar: Grammar | None = None  # constrained decoding state
     spec: SpecState = field(default_factory=SpecState)
     jump_forward_tokens: int = 0
     # budget-aware closing (`budget_closing.py`): whether it applies, the last closing length
@@ -76,7 +88,8 @@ class Request:
     closing_path: list[int] | None = None
     closing_tokens: int = 0
     closing_found_at: int = 0  # output length when `closing_tokens` was found
-    closing_job: Any = None  # a closing search off the loop (`closing_jobs.py`); waits meanwhile
+    # a closing search off the loop (`closing_jobs.py`): its closing or None; the request waits
+    closing_job: Future[list[int] | None] | None = None
     closing_job_at: int = 0  # output length when it started
     closing_misses: int = 0
     closed_early: bool = False
@@ -86,9 +99,9 @@ class Request:
     healed_text: str = ""
     heal_free: bool = False
     heal_tokens: int = 0
-    detokenizer: Any = None
-    generator: Any = None
-    sink: Any = None  # where the engine delivers updates (a queue or callback)
+    detokenizer: IncrementalDetokenizer | None = None
+    generator: torch.Generator | None = None  # its seed's; None: the engine's shared one
+    sink: Callable[[dict, bool], None] | None = None  # takes (update, final) from the engine
     streaming: bool = False  # its sink takes every update, not only the final one
 
     @property
