@@ -226,6 +226,12 @@ class EngineConfig:
             raise ValueError(
                 "tp_size: tensor parallelism does not support KV tiers (kv_disk, kv_redis) yet"
             )
+        if self.deterministic and self.speculative_algorithm and self.speculation == "auto":
+            raise ValueError(
+                "deterministic: with a speculative_algorithm, set speculation to 'always' or "
+                "'never' ('auto' drafts where measured speeds say so, so which steps verify, and "
+                "a seeded sample's draws, would depend on timing)"
+            )
         if self.tp_size > 1 and self.deterministic:
             raise ValueError("deterministic: tensor parallelism does not support it yet")
         if self.tp_size > 1 and self.speculative_algorithm is not None:

@@ -31,6 +31,12 @@ def _scored(out: dict) -> tuple:
 CASES = {
     "llama-f32": ("llama", {}, {}),
     "llama-int4": ("llama", {}, {"quantization": "int4"}),
+    # verification steps: a draft's rows are extend rows, scored as decode rows would be
+    "llama-int4-ngram": (
+        "llama",
+        {},
+        {"quantization": "int4", "speculative_algorithm": "ngram", "speculation": "always"},
+    ),
     "qwen2-int8-kv8": ("qwen2", {}, {"quantization": "int8", "kv_cache_dtype": "int8"}),
     # sliding and global layers: two page spaces, each row's window its own
     "gemma3-int4": (
@@ -110,6 +116,17 @@ def test_a_seeded_sample_does_not_depend_on_its_batch(deterministic_engine) -> N
         outs = engine.generate(input_ids=prompts[:size], sampling_params=params[:size])
         assert outs[0]["output_ids"] == alone, f"in a batch of {size}"
     assert engine.stats()["total_burst_steps"] > 0
+
+
+def test_deterministic_speculation_is_not_left_to_timing() -> None:
+    from plait.runtime.config import EngineConfig
+
+    with pytest.raises(ValueError, match="deterministic: .*speculation to 'always' or 'never'"):
+        EngineConfig.from_kwargs(deterministic=True, speculative_algorithm="ngram")
+    config = EngineConfig.from_kwargs(
+        deterministic=True, speculative_algorithm="ngram", speculation="always"
+    )
+    assert config.deterministic and config.speculation == "always"
 
 
 def test_deterministic_needs_the_native_stack(tiny_llama_dir, monkeypatch) -> None:
