@@ -31,6 +31,7 @@ from plait.runtime.engine_setup import (
     resolve_dtype,
     window_layers,
 )
+from plait.runtime.engine_stats import engine_stats
 from plait.runtime.events import BatchScheduled, EngineEvents
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.model_loader import load_model
@@ -163,7 +164,8 @@ class EngineCore:
         # set by `post` from any thread: a running decode burst ends after its current step
         self._interrupt = ctypes.c_int32(0)
         self._stopped = threading.Event()
-        self._totals = {
+        # counted by the loop and the applier since start (`stats()`: total_*)
+        self.totals = {
             "requests": 0,
             "prompt_tokens": 0,
             "generated_tokens": 0,
@@ -180,7 +182,7 @@ class EngineCore:
             scheduler=self.scheduler,
             page_size=self.page_size,
             jump_forward=not self.config.disable_jump_forward,
-            totals=self._totals,
+            totals=self.totals,
             check_invariants=self.config.check_invariants,
             events=self.events,
         )
@@ -313,8 +315,8 @@ class EngineCore:
     def _handle(self, kind: str, item: Any) -> None:
         if kind == "add":
             for req in item:
-                self._totals["requests"] += 1
-                self._totals["prompt_tokens"] += len(req.prompt_ids)
+                self.totals["requests"] += 1
+                self.totals["prompt_tokens"] += len(req.prompt_ids)
                 try:
                     self.processor.start(req)
                     self.scheduler.add(req)
@@ -386,59 +388,7 @@ class EngineCore:
     # introspection and shutdown ----------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        sched = self.scheduler
-        total = self.allocator.num_total
-        free = self.allocator.num_free
-        cached = self.cache.total_size()
-        return {
-            "kv_pages_total": total,
-            "kv_pages_free": free,
-            "kv_pages_cached": cached,
-            "kv_pages_evictable": self.cache.evictable_size(),
-            "kv_pages_in_use": total - free - cached,
-            "page_size": self.page_size,
-            "num_running": sum(not r.finished for r in (*sched.running, *sched.prefilling)),
-            "num_waiting": len(sched.all_requests()) - len(sched.running) - len(sched.prefilling),
-            "cache_hit_rate": sched.cached_prompt_tokens / sched.prompt_tokens
-            if sched.prompt_tokens
-            else 0.0,
-            "num_retracted": sched.num_retracted,
-            "total_computed_tokens": sched.computed_tokens,
-            **self.speculation.stats(),
-            "new_token_ratio": sched.new_token_ratio,
-            "quantization": self.config.model.quantization,
-            "model_family": self.family,
-            "weight_types": self.weight_types,
-            "cpu_threads": self.threads.current if self.device.type == "cpu" else None,
-            "weight_bytes": self.weight_bytes,
-            "kv_cache_dtype": str(self.kv_dtype).removeprefix("torch."),
-            "kv_bytes_per_token": KVPool.bytes_per_token(
-                self.args.num_layers, self.args.num_kv_heads, self.args.head_dim, self.kv_dtype
-            ),
-            **self._window_stats(total - free),
-            **self.execution_stats,
-            **(self.tiers.stats() if self.tiers is not None else {}),
-            **(self.handoff.stats() if self.handoff is not None else {}),
-            **{f"total_{k}": v for k, v in self._totals.items()},
-        }
-
-    def _window_stats(self, pages_held: int) -> dict[str, int]:
-        """The sliding layers' pages, and the bytes of KV held now (requests and cache, every
-        layer): each held page in the full layers, each held window page in the sliding ones."""
-        window, args = self.window, self.args
-        per_page = self.page_size * KVPool.bytes_per_token(
-            1, args.num_kv_heads, args.head_dim, self.kv_dtype
-        )
-        sliding = window_layers(args).count(True) if window is not None else 0
-        held = pages_held * per_page * (args.num_layers - sliding)
-        if window is None:
-            return {"kv_bytes_held": held}
-        return {
-            "kv_window_pages_total": window.num_pages,
-            "kv_window_pages_free": window.allocator.num_free,
-            "kv_window_pages_evictable": window.available() - window.allocator.num_free,
-            "kv_bytes_held": held + window.num_attached * per_page * sliding,
-        }
+        return engine_stats(self)
 
     def flush_cache(self) -> bool:
         """Empties the prefix cache; refused (False) while requests are running or waiting."""
