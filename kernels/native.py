@@ -38,7 +38,6 @@ from plait import environment
 
 logger = logging.getLogger(__name__)
 
-DISABLE_NATIVE_ENV = environment.DISABLE_NATIVE
 MARCH_ENV = environment.NATIVE_MARCH
 CSRC = Path(__file__).parent / "csrc"
 FLAGS = [

@@ -26,7 +26,6 @@ class Bursts:
     def __init__(self, max_steps: int) -> None:
         self.max_steps = max_steps
         self.decode_step_s: float | None = None  # the last decode-only step's forward time
-        self.burst_step_s: float | None = None  # the same within the last burst
 
     def steps(
         self,
@@ -59,5 +58,3 @@ class Bursts:
         """A step's forward time per decode step, which sizes the next bursts."""
         if not batch.queried:
             self.decode_step_s = step_s
-            if batch.decode_steps > 1:
-                self.burst_step_s = step_s

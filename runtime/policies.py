@@ -26,7 +26,6 @@ class ThreadPolicy:
 
     def __init__(self, device: torch.device, cpu_threads: int | None) -> None:
         self._before = torch.get_num_threads()  # the process's count, given back by `release`
-        self.fixed = cpu_threads
         self.threads = cpu_threads or self._before
         auto = device.type == "cpu" and cpu_threads is None and self.threads > 1
         # NOTE: on GPUs the CPU threads only feed kernel launches; nothing to tune there.

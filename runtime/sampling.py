@@ -81,9 +81,6 @@ def filter_params(
     )
 
 
-SAMPLING_PATHS = ("triton", "native", "torch")
-
-
 def sampling_path(device: torch.device, dtype: torch.dtype) -> str:
     """How logits of `dtype` on `device` are sampled: "triton" on CUDA with Triton, "native" for
     float32 on the CPU where the native sampler built, "torch" otherwise."""
