@@ -92,6 +92,7 @@
     renderCharts(snap.events || []);
     renderEvents(snap.events || []);
     renderTiers(stats);
+    renderExecution(stats);
     renderRequests("live", snap.requests.live, false, snap.show_prompts);
     renderRequests("finished", snap.requests.finished, true, snap.show_prompts);
     state.updates += 1;
@@ -459,6 +460,16 @@
     });
     fillTable(document.querySelector('[data-table="tiers"]'), cols, rows,
               "each " + fmt(stats.kv_tiers_block_tokens, "int") + " tokens");
+  }
+
+  function renderExecution(stats) {  // the engine's execution_* stats, as chosen at start
+    const rows = Object.keys(stats).filter((k) => k.startsWith("execution_")).sort().map((k) => {
+      const name = k.slice("execution_".length);
+      return { attrs: { "data-choice": name }, cells: [name.replace(/_/g, " "),
+                                                       { text: String(stats[k]), cls: "text" }] };
+    });
+    fillTable(document.querySelector('[data-table="execution"]'), ["choice", "taken"], rows,
+              rows.length + " choices");
   }
 
   function renderReplicas(router) {

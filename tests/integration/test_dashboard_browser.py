@@ -26,6 +26,8 @@ const ids = [...document.querySelectorAll('[data-chart="tree"] [data-node-id]')]
 const count = (name) => +(document.querySelector('[data-table="' + name + '"]').dataset.count || 0);
 return {metrics, ids, updates: +document.body.dataset.updates, state: document.body.dataset.state,
         live: count("live"), finished: count("finished"),
+        choices: Object.fromEntries([...document.querySelectorAll('[data-table="execution"] [data-choice]')]
+                                    .map(tr => [tr.dataset.choice, tr.cells[1].textContent])),
         panels: [...document.querySelectorAll("[data-panel]")].map(e => e.dataset.panel),
         series: [...document.querySelectorAll("[data-series]")].map(e => e.dataset.series)};
 """  # noqa: E501
@@ -85,6 +87,7 @@ def test_page_matches_the_snapshot_and_follows_the_server(server, browser):
             "kv-pool",
             "batches",
             "latency",
+            "execution",
             "requests",
         }
         assert {"kv_pages_free", "num_running", "ttft_p50_s", "prefill_tokens_per_step"} <= set(
@@ -116,6 +119,11 @@ def test_page_matches_the_snapshot_and_follows_the_server(server, browser):
         ):
             assert int(metrics[key]) == stats[key], key
         assert int(metrics["tree_nodes"]) == snap["tree"]["num_nodes"]
+        # the execution the engine chose, as its stats say
+        assert page["choices"] == {
+            k.removeprefix("execution_"): str(v) for k, v in stats.items() if "execution_" in k
+        }
+        assert page["choices"]["layer_ops"] == "native" and "batch_invariant" in page["choices"]
         assert sorted(page["ids"]) == sorted(n["id"] for n in snap["tree"]["nodes"])
         assert page["finished"] >= len(shared_prefix_prompts())
 
