@@ -147,6 +147,6 @@ def _summarize(
         cached_pages=evictable + protected,
         evictable_pages=evictable,
         protected_pages=protected,
-        clock=cache._clock,
+        clock=cache.clock,
         truncated=truncated,
     )

@@ -282,6 +282,12 @@ class RadixCache:
     def pretty_print(self, max_key_tokens: int = 8) -> str:
         return format_tree(self.root, max_key_tokens)
 
+    @property
+    def clock(self) -> int:
+        """The cache's logical time: one tick per recorded match or insert since the last flush
+        (a node's `last_access` is a reading of it)."""
+        return self._clock
+
     # internals
 
     def _clear(self) -> None:

@@ -138,9 +138,9 @@ def build_snapshot(
     engine, probe = view.engine, view.probe
     now = time.time()
     cache = engine.cache
-    if view.clock_marks and cache._clock < view.clock_marks[-1][0]:
+    if view.clock_marks and cache.clock < view.clock_marks[-1][0]:
         view.clock_marks.clear()  # the cache was flushed: its clock started again
-    view.clock_marks.append((cache._clock, now))
+    view.clock_marks.append((cache.clock, now))
     stats = engine.stats()
     live = view.requests.live(config.show_prompts)
     if view.history.due(now, config.interval):
