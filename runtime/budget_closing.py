@@ -3,7 +3,7 @@ context) is steered so that what it returns parses, and steered only as much as 
 
 Far from its budget a request samples freely. Once its room is within reach of the closing its
 grammar needs (the tokens to an accepting state, found by `ClosingSearch`) plus what one step may
-add, it *steers*: it keeps a closing that fits its room (`Request.closing_path`), and a sampled
+add, it *steers*: it keeps a closing that fits its room (`ClosingState.path`), and a sampled
 token stands only if a closing still fits after it (the known one without its first token, the
 known one, or, where the room is short, a fresh search). Otherwise the model's next-best allowed
 token that fits stands in for it, and failing those the closing's next token. An output the model
@@ -74,9 +74,9 @@ class BudgetClosing:
         (None: none found); a budget that close to it steers from the first token."""
         if shortest is None:
             return
-        req.closing_tokens = len(shortest)
+        req.closing.tokens = len(shortest)
         if self.room(req) - len(shortest) <= self.slack:
-            req.closing_path = list(shortest)
+            req.closing.path = list(shortest)
 
     # before a step's tokens are appended ------------------------------------------------------
 
@@ -86,7 +86,7 @@ class BudgetClosing:
         token. Only the sampled token gets a fresh search (within `CLOSING_STEP_SECONDS`, and
         only where the room is at most `CLOSING_INLINE_MAX_TOKENS`); the alternatives are
         checked against the known closing."""
-        path = req.closing_path
+        path = req.closing.path
         if path is None or req.grammar is None or not result.tokens:
             return result
         sampled = result.tokens[0]
@@ -106,15 +106,15 @@ class BudgetClosing:
         if chosen is None and not req.grammar.accepts_after(path):
             # NOTE: the known closing no longer leads to an end (a jump it counted on was not
             # taken): the sampled token stands, and the closing is looked for again
-            req.closing_path = None
+            req.closing.path = None
             self._found(req, None, room)
             return result
         if chosen is None:  # the closing goes on; an empty one ends here
             chosen = (path[0], path[1:]) if path else (self.eos_token_id, [])
-        token, req.closing_path = chosen
+        token, req.closing.path = chosen
         if token == sampled:
             return result
-        req.closed_early = True
+        req.closing.closed_early = True
         logprobs = result.logprobs
         if logprobs:
             known = dict(zip(result.alternatives, result.alternative_logprobs))
@@ -131,7 +131,7 @@ class BudgetClosing:
         """For a steering request about to jump over `forced` (`probe`: its grammar after the
         jump): a closing of at most `room` tokens from there, or None (then it does not jump).
         The known closing spells `forced` first; what follows it is tried before a search."""
-        rest = self._after_text(req.closing_path or [], forced.encode("utf-8"))
+        rest = self._after_text(req.closing.path or [], forced.encode("utf-8"))
         if rest is not None and len(rest) <= room and probe.accepts_after(rest):
             return rest
         deadline = time.perf_counter() + CLOSING_STEP_SECONDS
@@ -234,18 +234,23 @@ class BudgetClosing:
         searches, each bounded in time. One expected to be long, or one a quick search missed,
         is looked for off the loop (`jobs`); `job_done` takes it from there."""
         grammar = req.grammar
-        if grammar is None or not req.closing or req.finished or req.closing_job is not None:
+        if (
+            grammar is None
+            or not req.closing.applies
+            or req.finished
+            or req.closing.job is not None
+        ):
             return
         room = self.room(req)
-        if req.closing_path is not None:
-            if room - len(req.closing_path) > self.slack:
-                req.closing_tokens = len(req.closing_path)
-                req.closing_found_at = len(req.output_ids)
-                req.closing_path = None
+        if req.closing.path is not None:
+            if room - len(req.closing.path) > self.slack:
+                req.closing.tokens = len(req.closing.path)
+                req.closing.found_at = len(req.output_ids)
+                req.closing.path = None
             return
         if room > self._predicted(req) + self.slack:
             return
-        if self._expected(req) > CLOSING_INLINE_MAX_TOKENS or req.closing_misses:
+        if self._expected(req) > CLOSING_INLINE_MAX_TOKENS or req.closing.misses:
             self.jobs.start(req, self._search(), max(room, 0))
             return
         tokens = self._search().shortest_completion(
@@ -256,17 +261,17 @@ class BudgetClosing:
     def steps_before(self, req: Request) -> int | None:
         """How many tokens `req` may take before `check` would look at it again (None: no
         limit; 0 while it steers), so that a decode burst ends where single steps would look."""
-        if req.grammar is None or not req.closing or req.closing_job is not None:
+        if req.grammar is None or not req.closing.applies or req.closing.job is not None:
             return None
-        if req.closing_path is not None:
+        if req.closing.path is not None:
             return 0
         gap = self.room(req) - self._predicted(req) - self.slack
         return max(0, -(-gap // (1 + CLOSING_GROWTH_PER_TOKEN)))
 
     def job_done(self, req: Request) -> None:
         """Takes the finished off-loop search of `req`, as `check` takes its own."""
-        job, req.closing_job = req.closing_job, None
-        if req.finished or job is None or len(req.output_ids) != req.closing_job_at:
+        job, req.closing.job = req.closing.job, None
+        if req.finished or job is None or len(req.output_ids) != req.closing.job_at:
             return
         try:
             tokens = job.result()
@@ -275,22 +280,22 @@ class BudgetClosing:
         self._found(req, tokens, self.room(req))
 
     def _expected(self, req: Request) -> int:
-        known = req.closing_tokens or req.closing_found_at  # a search has measured it
-        return req.closing_tokens if known else CLOSING_MIN_EXPECTED
+        known = req.closing.tokens or req.closing.found_at  # a search has measured it
+        return req.closing.tokens if known else CLOSING_MIN_EXPECTED
 
     def _predicted(self, req: Request) -> int:
-        since = len(req.output_ids) - req.closing_found_at
+        since = len(req.output_ids) - req.closing.found_at
         return self._expected(req) + CLOSING_GROWTH_PER_TOKEN * since
 
     def _found(self, req: Request, tokens: list[int] | None, room: int) -> None:
         """Steers with `tokens` once the room is down to them (plus `slack`); otherwise records
         their length for the next look. A search that found nothing counts a miss: looked for
         again after some tokens, a few times at most."""
-        req.closing_found_at = len(req.output_ids)
+        req.closing.found_at = len(req.output_ids)
         if tokens is None:
-            req.closing_misses += 1
-            req.closing = req.closing_misses < CLOSING_MAX_MISSES
+            req.closing.misses += 1
+            req.closing.applies = req.closing.misses < CLOSING_MAX_MISSES
             return
-        req.closing_tokens = len(tokens)
+        req.closing.tokens = len(tokens)
         if room - len(tokens) <= self.slack:
-            req.closing_path = list(tokens)
+            req.closing.path = list(tokens)

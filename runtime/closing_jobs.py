@@ -27,19 +27,19 @@ class ClosingJobs:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plait-closing")
         probe = req.grammar.copy()  # type: ignore[union-attr]
-        req.closing_job = self._pool.submit(
+        req.closing.job = self._pool.submit(
             search.shortest_completion, probe, room, time_limit=CLOSING_BACKGROUND_SECONDS
         )
-        req.closing_job_at = len(req.output_ids)
+        req.closing.job_at = len(req.output_ids)
 
     @staticmethod
     def done(reqs: list[Request]) -> list[Request]:
-        return [r for r in reqs if r.closing_job is not None and r.closing_job.done()]
+        return [r for r in reqs if r.closing.job is not None and r.closing.job.done()]
 
     @staticmethod
     def wait(reqs: list[Request], timeout: float) -> None:
         """Until one of `reqs`' searches is done, or `timeout` seconds."""
-        jobs: list[Future] = [r.closing_job for r in reqs if r.closing_job is not None]
+        jobs: list[Future] = [r.closing.job for r in reqs if r.closing.job is not None]
         if jobs:
             concurrent.futures.wait(
                 jobs, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED

@@ -187,7 +187,7 @@ def _burst_logits(req: Request) -> bool:
     allowed (masked between the burst's steps), unless token healing may still lift it."""
     p = req.params
     return (
-        not req.heal_free
+        not req.healing.free
         and not p.frequency_penalty
         and not p.presence_penalty
         and p.repetition_penalty == 1.0

@@ -114,14 +114,19 @@ class Engine:
         for req in reqs:
             p = req.params
             self._heal(req)
-            if p.regex is None and p.json_schema is None and p.ebnf is None and not req.healed_text:
+            if (
+                p.regex is None
+                and p.json_schema is None
+                and p.ebnf is None
+                and not req.healing.text
+            ):
                 continue
             key = make_grammar_key(
                 regex=p.regex,
                 json_schema=p.json_schema,
                 grammar=p.ebnf,
                 json_whitespace=p.json_whitespace or self.config.json_whitespace,
-                prefix=req.healed_text,
+                prefix=req.healing.text,
             )
             pending.append((req, self._grammar_cache().get_future(key)))
         return pending
@@ -135,8 +140,8 @@ class Engine:
         healing = self.core.constraint_tools.result().healer.heal(req.prompt_ids)
         if healing is not None:
             req.prompt_ids = healing.prompt_ids
-            req.healed_text = healing.text
-            req.heal_free = p.regex is None and p.json_schema is None and p.ebnf is None
+            req.healing.text = healing.text
+            req.healing.free = p.regex is None and p.json_schema is None and p.ebnf is None
 
     def _closing_search(self) -> Any:
         return self.core.closing_search()
@@ -149,8 +154,10 @@ class Engine:
         req.grammar = compiled.new_grammar()
         p = req.params
         enabled = self.config.budget_closing if p.budget_closing is None else p.budget_closing
-        req.closing = enabled and p.max_new_tokens > 0 and not p.ignore_eos and not req.heal_free
-        if not req.closing:
+        req.closing.applies = (
+            enabled and p.max_new_tokens > 0 and not p.ignore_eos and not req.healing.free
+        )
+        if not req.closing.applies:
             return
         if not compiled.probed:  # once per grammar: every request of it shares the result
             found = self._closing_search().shortest_completion(

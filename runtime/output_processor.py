@@ -93,13 +93,15 @@ class OutputProcessor:
             if token in params.stop_token_ids:
                 return self.finish(req, FinishReason("stop", matched=token))
         new_text = req.detokenizer.add([token])
-        if req.heal_tokens == n_out - 1 and len(req.text) + len(new_text) <= len(req.healed_text):
-            req.heal_tokens += 1  # it only rewrites the healed text: the prompt's, not output
+        if req.healing.tokens == n_out - 1 and len(req.text) + len(new_text) <= len(
+            req.healing.text
+        ):
+            req.healing.tokens += 1  # it only rewrites the healed text: the prompt's, not output
         if new_text:
             req.text += new_text
-            if req.heal_free and len(req.text) >= len(req.healed_text):
+            if req.healing.free and len(req.text) >= len(req.healing.text):
                 req.grammar = None  # healed: the rest is free
-                req.heal_free = False
+                req.healing.free = False
             if (
                 params.stop
                 and n_out >= params.min_new_tokens
@@ -138,7 +140,7 @@ class OutputProcessor:
             return None
         kept = len(output_ids) - edit.num_dropped
         length = kept + len(edit.new_token_ids)
-        healing = min(req.heal_tokens, kept)  # kept tokens that only rewrite the healed text
+        healing = min(req.healing.tokens, kept)  # kept tokens that only rewrite the healed text
         if (
             length - healing >= req.params.max_new_tokens
             or len(req.prompt_ids) + length >= self.context_len
@@ -171,7 +173,7 @@ class OutputProcessor:
             plan.healing,
         )
         path = None
-        if req.closing_path is not None:
+        if req.closing.path is not None:
             probe = grammar.copy()
             if closing is None or not probe.replace_tail(edit.num_dropped, edit.new_token_ids):
                 return None
@@ -185,8 +187,8 @@ class OutputProcessor:
         if not grammar.replace_tail(edit.num_dropped, edit.new_token_ids):
             return None
         if path is not None:
-            req.closing_path = path
-        req.heal_tokens = healing
+            req.closing.path = path
+        req.healing.tokens = healing
         del req.output_ids[kept:]
         req.output_ids.extend(edit.new_token_ids)
         req.jump_forward_tokens += len(edit.new_token_ids)
@@ -209,7 +211,7 @@ class OutputProcessor:
     def _match_stop(self, req: Request, num_new_chars: int) -> bool:
         longest = max(len(s) for s in req.params.stop)
         # NOTE: the healed text is the prompt's: a stop string matches only what follows it
-        window_start = max(len(req.text) - num_new_chars - longest + 1, len(req.healed_text))
+        window_start = max(len(req.text) - num_new_chars - longest + 1, len(req.healing.text))
         best: tuple[int, str] | None = None
         for s in req.params.stop:
             i = req.text.find(s, window_start)
@@ -228,7 +230,7 @@ class OutputProcessor:
     def finish(self, req: Request, reason: FinishReason, flush: bool = True) -> None:
         if flush and req.detokenizer is not None and reason.type != "abort":
             req.text += req.detokenizer.flush()
-        if req.closed_early and reason.type == "stop" and reason.matched in self.eos_ids:
+        if req.closing.closed_early and reason.type == "stop" and reason.matched in self.eos_ids:
             # steered to its end by its budget (`budget_closing.py`): the budget ended it
             reason = FinishReason("length", length=req.num_output_tokens)
         req.finish_reason = reason

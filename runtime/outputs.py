@@ -30,7 +30,11 @@ def _top_entries(
 def build_output(req: Request, tokenizer: Tokenizer, text: str) -> dict[str, Any]:
     end = req.finish_time or time.perf_counter()
     reason = req.finish_reason
-    if req.closed_early and reason is not None and req.params.closed_finish_reason == "stop":
+    if (
+        req.closing.closed_early
+        and reason is not None
+        and req.params.closed_finish_reason == "stop"
+    ):
         reason = FinishReason("stop")  # the output is complete; `closed_early` still says how
     meta: dict[str, Any] = {
         "id": req.rid,
@@ -42,10 +46,10 @@ def build_output(req: Request, tokenizer: Tokenizer, text: str) -> dict[str, Any
     }
     if req.grammar is not None:
         meta["jump_forward_tokens"] = req.jump_forward_tokens
-        meta["closed_early"] = req.closed_early
-    if req.healed_text:  # token healing: the backed-up text is the prompt's, not the output's
-        meta["healed_text"] = req.healed_text
-        text = text[len(req.healed_text) :] if text.startswith(req.healed_text) else text[:0]
+        meta["closed_early"] = req.closing.closed_early
+    if req.healing.text:  # token healing: the backed-up text is the prompt's, not the output's
+        meta["healed_text"] = req.healing.text
+        text = text[len(req.healing.text) :] if text.startswith(req.healing.text) else text[:0]
     if req.spec.num_steps:
         meta["spec_verify_ct"] = req.spec.num_steps
         meta["spec_accepted_tokens"] = req.spec.num_accepted

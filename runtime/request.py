@@ -40,6 +40,34 @@ class SpecState:
     num_accepted: int = 0
 
 
+@dataclass
+class ClosingState:
+    """Budget-aware closing of one constrained request (`budget_closing.py`): whether it applies,
+    the last closing length found, the closing it steers by (None: not steering), a search off the
+    loop, and whether the budget changed the output."""
+
+    applies: bool = False
+    path: list[int] | None = None
+    tokens: int = 0
+    found_at: int = 0  # output length when `tokens` was found
+    # a closing search off the loop (`closing_jobs.py`): its closing or None; the request waits
+    job: Future[list[int] | None] | None = None
+    job_at: int = 0  # output length when it started
+    misses: int = 0
+    closed_early: bool = False
+
+
+@dataclass
+class HealState:
+    """Token healing of one request: the text of the prompt token backed up over (the output
+    starts with it, and it is cut from what is returned); `free`: no constraint after it (dropped
+    once written); `tokens`: leading output tokens that only rewrite it (not counted as output)."""
+
+    text: str = ""
+    free: bool = False
+    tokens: int = 0
+
+
 @dataclass(eq=False)  # a request is itself: compared and hashed by identity
 class Request:
     rid: str
@@ -82,23 +110,8 @@ class Request:
     grammar: Grammar | None = None  # constrained decoding state
     spec: SpecState = field(default_factory=SpecState)
     jump_forward_tokens: int = 0
-    # budget-aware closing (`budget_closing.py`): whether it applies, the last closing length
-    # found, the closing it steers by (None: not steering), whether the budget changed the output
-    closing: bool = False
-    closing_path: list[int] | None = None
-    closing_tokens: int = 0
-    closing_found_at: int = 0  # output length when `closing_tokens` was found
-    # a closing search off the loop (`closing_jobs.py`): its closing or None; the request waits
-    closing_job: Future[list[int] | None] | None = None
-    closing_job_at: int = 0  # output length when it started
-    closing_misses: int = 0
-    closed_early: bool = False
-    # token healing: the text of the prompt token backed up over (the output starts with it, and
-    # it is cut from what is returned); `heal_free`: no constraint after it (dropped once written);
-    # `heal_tokens`: leading output tokens that only rewrite it (not counted as output)
-    healed_text: str = ""
-    heal_free: bool = False
-    heal_tokens: int = 0
+    closing: ClosingState = field(default_factory=ClosingState)
+    healing: HealState = field(default_factory=HealState)
     detokenizer: IncrementalDetokenizer | None = None
     generator: torch.Generator | None = None  # its seed's; None: the engine's shared one
     sink: Callable[[dict, bool], None] | None = None  # takes (update, final) from the engine
@@ -122,7 +135,7 @@ class Request:
     def num_output_tokens(self) -> int:
         """Output tokens counted against `max_new_tokens`: not those that only rewrite the text
         token healing backed up over (that text is the prompt's)."""
-        return len(self.output_ids) - self.heal_tokens
+        return len(self.output_ids) - self.healing.tokens
 
     @property
     def budget_left(self) -> int:

@@ -71,7 +71,7 @@ class Scheduler:
     def max_tokens(self, req: Request) -> int:
         """All tokens this request can ever hold KV for."""
         # NOTE: a healed request's output may begin with the healed token, besides its budget
-        total = len(req.prompt_ids) + req.params.max_new_tokens + bool(req.healed_text)
+        total = len(req.prompt_ids) + req.params.max_new_tokens + bool(req.healing.text)
         return max(min(total, self.context_len), len(req.prompt_ids))
 
     def fits_pool(self, req: Request) -> bool:
@@ -246,7 +246,7 @@ class Scheduler:
             self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO
         )
         # NOTE: a request whose closing is being looked for off the loop waits (closing_jobs.py)
-        batch.decodes.extend(r for r in self.running if r.closing_job is None)
+        batch.decodes.extend(r for r in self.running if r.closing.job is None)
 
     def retract(self, req: Request) -> None:
         """Frees a running request's pages (caching what it computed) and requeues it first."""

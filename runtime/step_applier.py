@@ -107,7 +107,7 @@ class StepApplier:
         if result.tokens:
             if req.first_token_time is None:
                 req.first_token_time = time.perf_counter()
-            if req.closing_path is not None:
+            if req.closing.path is not None:
                 # an extend caches the request's whole pages after the step (`after_step`)
                 result = self.closing.steer(req, result, prefilled=r.extend is not None)
             added = self.processor.append_tokens(req, result)
@@ -130,7 +130,7 @@ class StepApplier:
         # NOTE: not over the healed text alone: that would re-append the very token healing
         # backed up over, instead of letting the model choose the merged one; nor while a closing
         # is looked for off the loop: the search is of this state, and the request waits for it
-        if self.jump_forward and not _healing(req) and req.closing_job is None:
+        if self.jump_forward and not _healing(req) and req.closing.job is None:
             self._jump_forward(req)
 
     def _jump_forward(self, req: Request) -> None:
@@ -158,7 +158,7 @@ class StepApplier:
     def take_closings(self, running: list[Request]) -> None:
         """Before a step: requests whose off-loop closing search is done go back to decoding,
         steering where their room is down to the closing found."""
-        held = [r for r in running if r.closing_job is not None]
+        held = [r for r in running if r.closing.job is not None]
         for req in ClosingJobs.done(held) if held else ():
             self.closing.job_done(req)
 
@@ -192,7 +192,7 @@ def _healing(req: Request) -> bool:
     """Whether the output has yet to cover the text token healing backed up over, and what the
     grammar forces does not reach past it (then the jump retokenizes across the boundary, which
     is what healing is for)."""
-    if not req.healed_text or len(req.text) >= len(req.healed_text):
+    if not req.healing.text or len(req.text) >= len(req.healing.text):
         return False
     forced = req.grammar.try_jump_forward() if req.grammar is not None else None
-    return forced is None or len(req.text) + len(forced) <= len(req.healed_text)
+    return forced is None or len(req.text) + len(forced) <= len(req.healing.text)

@@ -220,7 +220,7 @@ def _plain_greedy(req: Request) -> bool:
 def _alternatives(logits: torch.Tensor, reqs: list[Request], results: list[TokenResult]) -> None:
     """The allowed tokens a request steering toward its closing may take instead of the sampled
     one (`budget_closing.py`): its `CLOSING_CANDIDATES` best by the masked logits."""
-    rows = [j for j, req in enumerate(reqs) if req.closing_path is not None]
+    rows = [j for j, req in enumerate(reqs) if req.closing.path is not None]
     if not rows:
         return
     k = min(CLOSING_CANDIDATES, logits.shape[-1])
