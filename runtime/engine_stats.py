@@ -32,6 +32,8 @@ def engine_stats(core: EngineCore) -> dict[str, Any]:
         if sched.prompt_tokens
         else 0.0,
         "num_retracted": sched.num_retracted,
+        "prompt_tokens_scheduled": sched.prompt_tokens,  # with cached_prompt_tokens: the hit rate
+        "prompt_tokens_cached": sched.cached_prompt_tokens,
         "total_computed_tokens": sched.computed_tokens,
         **core.speculation.stats(),
         "new_token_ratio": sched.new_token_ratio,

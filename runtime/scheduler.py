@@ -320,8 +320,36 @@ class Scheduler:
         seen = [*self.waiting, *self.prefilling, *self.running]
         return seen + [r for r in self.suspects if r.status is RequestStatus.WAITING]
 
+    def requests_by_state(self) -> list[tuple[str, Request]]:
+        """Each request it holds, once, with its state: "decode", "prefill", "waiting",
+        "retracted" (waiting with output already) or "quarantined". Readable from another thread:
+        each queue is copied, again if the loop changed it meanwhile."""
+        seen: set[int] = set()
+        out: list[tuple[str, Request]] = []
+        for state, queue in (
+            ("decode", self.running),
+            ("prefill", self.prefilling),
+            ("waiting", self.waiting),
+            ("quarantined", self.suspects),
+        ):
+            for req in _copy(queue):
+                if id(req) in seen or req.finished:
+                    continue
+                seen.add(id(req))
+                out.append(("retracted" if state == "waiting" and req.output_ids else state, req))
+        return out
+
     def check(self) -> None:
         self.kv.check(self.prefilling + self.running)
+
+
+def _copy(queue: list[Request] | deque[Request]) -> list[Request]:
+    for _ in range(3):
+        try:
+            return list(queue)
+        except RuntimeError:  # a deque the loop changed while it was read
+            continue
+    return []
 
 
 def _remove(queue: list[Request] | deque[Request], req: Request) -> None:

@@ -144,14 +144,13 @@ def build_snapshot(
     stats = engine.stats()
     live = view.requests.live(config.show_prompts)
     if view.history.due(now, config.interval):
-        sched = engine.scheduler
         last = view.history.rows[-1]["time"] if view.history.rows else now - config.interval
         since_t = min(last, now - LATENCY_WINDOW_S)
         view.history.sample(
             now,
             stats,
-            sched.prompt_tokens,
-            sched.cached_prompt_tokens,
+            stats["prompt_tokens_scheduled"],
+            stats["prompt_tokens_cached"],
             steps=_newer(probe.steps, last, lambda s: s.time),
             ttft=_newer(probe.ttft, since_t, lambda x: x[0]),
             itl=_newer(probe.itl, since_t, lambda x: x[0]),

@@ -82,26 +82,10 @@ class RequestLog:
 
     def live(self, show_prompts: bool = False) -> list[dict[str, Any]]:
         """Every request the scheduler holds, plus submitted ones it has not taken in yet."""
-        sched = self.engine.scheduler
         now = time.perf_counter()
-        seen: set[int] = set()
-        out: list[dict[str, Any]] = []
-        groups = (
-            ("decode", sched.running),
-            ("prefill", sched.prefilling),
-            ("waiting", sched.waiting),
-            ("quarantined", sched.suspects),
-        )
-        for status, queue in groups:
-            for req in copy_list(queue):
-                if id(req) in seen or req.finished:
-                    continue
-                seen.add(id(req))
-                if status == "waiting" and req.output_ids:
-                    status_of = "retracted"
-                else:
-                    status_of = status
-                out.append(self.summary(req, status_of, now, show_prompts))
+        held = self.engine.scheduler.requests_by_state()
+        seen = {id(req) for _, req in held}
+        out = [self.summary(req, state, now, show_prompts) for state, req in held]
         for req in copy_list(self.recent):
             if id(req) not in seen and not req.finished:
                 out.append(self.summary(req, "submitted", now, show_prompts))
