@@ -2,10 +2,10 @@
 
 Every page is in exactly one place: the allocator's free list, the radix tree (`cached`; locked
 while a request reads it) or a request's own tail of pages (`in use`). Request `pages[:n]` with
-`n = req.num_cached_pages` belong to the tree and are locked through `req.last_node`.
+`n = req.kv.num_cached_pages` belong to the tree and are locked through `req.kv.last_node`.
 
 A model with sliding-window layers also has `window` (`WindowPages`): each of a request's pages
-from `req.window_from` on has a window page for those layers (the tree's ones locked for the
+from `req.kv.window_from` on has a window page for those layers (the tree's ones locked for the
 request); as the request moves on, the pages its window no longer reaches give theirs back
 (`slide`), so the sliding layers hold only about `window` tokens per request. A cached prefix
 is reused only as far as the window of its next token still has its window pages.
@@ -66,27 +66,27 @@ class KVCacheManager:
         else:
             result = self.cache.match_prefix(tokens, usable=self.window.usable)
         self.cache.lock(result.node)
-        req.last_node = result.node
-        req.pages = list(result.pages)
-        req.pages_stale_from = 0
-        req.num_cached_pages = req.matched_pages = len(result.pages)
-        req.num_computed = result.num_tokens
+        req.kv.last_node = result.node
+        req.kv.pages = list(result.pages)
+        req.kv.pages_stale_from = 0
+        req.kv.num_cached_pages = req.kv.matched_pages = len(result.pages)
+        req.kv.num_computed = result.num_tokens
         if self.window is not None:
-            req.window_from = self.window.first_needed(result.num_tokens)
-            self.window.lock(req.pages[req.window_from :])
+            req.kv.window_from = self.window.first_needed(result.num_tokens)
+            self.window.lock(req.kv.pages[req.kv.window_from :])
         return result.num_tokens
 
     def unmatch(self, req: Request) -> None:
         """Undoes `match` for a request that was not admitted after all."""
         if self.window is not None:
-            self.window.unlock(req.pages[req.window_from :])
-        self.cache.unlock(req.last_node)
-        req.last_node = None
-        req.pages = []
-        req.pages_stale_from = 0
-        req.num_cached_pages = req.matched_pages = 0
-        req.num_computed = 0
-        req.window_from = 0
+            self.window.unlock(req.kv.pages[req.kv.window_from :])
+        self.cache.unlock(req.kv.last_node)
+        req.kv.last_node = None
+        req.kv.pages = []
+        req.kv.pages_stale_from = 0
+        req.kv.num_cached_pages = req.kv.matched_pages = 0
+        req.kv.num_computed = 0
+        req.kv.window_from = 0
 
     # growth ------------------------------------------------------------------------------
 
@@ -102,7 +102,7 @@ class KVCacheManager:
     def grow(self, req: Request, num_tokens: int) -> bool:
         """Extends the page table to cover `num_tokens` positions (each new page with its window
         page, where the model has sliding layers); False when out of pages."""
-        missing = self.pages_for(num_tokens) - len(req.pages)
+        missing = self.pages_for(num_tokens) - len(req.kv.pages)
         if missing <= 0:
             return True
         pages = self.allocate(missing)
@@ -111,7 +111,7 @@ class KVCacheManager:
         if self.window is not None and not self.window.attach(pages):
             self.allocator.free(pages)
             return False
-        req.pages.extend(pages)
+        req.kv.pages.extend(pages)
         return True
 
     def slide(self, req: Request) -> None:
@@ -121,43 +121,44 @@ class KVCacheManager:
         those and the ones of the prefix it found cached are only unlocked: they stay with the
         tree, which is asked for the same prompt again (another `select` choice, a program's
         next call), until their window pages are needed elsewhere."""
-        if self.window is None or req.last_node is None:
+        kv = req.kv
+        if self.window is None or kv.last_node is None:
             return
-        end = min(self.window.first_needed(req.num_computed - self.slack), len(req.pages))
-        if end <= req.window_from:
+        end = min(self.window.first_needed(kv.num_computed - self.slack), len(kv.pages))
+        if end <= kv.window_from:
             return
-        cached = req.num_cached_pages
+        cached = kv.num_cached_pages
         prompt = len(req.prompt_ids)
         tail = range(self.window.first_needed(prompt - self.page_size), self.pages_for(prompt))
-        passed = range(req.window_from, min(end, cached))
-        self.window.unlock(req.pages[i] for i in passed)
+        passed = range(kv.window_from, min(end, cached))
+        self.window.unlock(kv.pages[i] for i in passed)
         self.window.detach(
-            req.pages[i]
+            kv.pages[i]
             for i in passed
-            if i >= req.matched_pages and i not in tail and not self.window.locks[req.pages[i]]
+            if i >= kv.matched_pages and i not in tail and not self.window.locks[kv.pages[i]]
         )
-        self.window.detach(req.pages[max(req.window_from, cached) : end])
-        req.window_from = end
+        self.window.detach(kv.pages[max(kv.window_from, cached) : end])
+        kv.window_from = end
 
     def rewind(self, req: Request, num_valid: int) -> None:
         """The request's tokens after `num_valid` changed (a jump-forward retokenized its tail):
         their KV is stale. A finished request gives its pages back at once, caching the valid
         prefix; a running one recomputes the tail before it decodes again (`Scheduler.schedule`)."""
-        req.num_computed = min(req.num_computed, num_valid)
+        req.kv.num_computed = min(req.kv.num_computed, num_valid)
         if req.finished:
             self.release(req, keep=True)
 
     def can_rewind(self, req: Request, position: int) -> bool:
         """Whether the request still has the window pages to recompute from `position` on."""
-        return self.window is None or self.window.first_needed(position) >= req.window_from
+        return self.window is None or self.window.first_needed(position) >= req.kv.window_from
 
     def trim(self, req: Request) -> None:
         """Frees pages past the request's tokens (left over from rejected draft tokens)."""
-        keep = max(self.pages_for(req.num_tokens), req.num_cached_pages)
-        if len(req.pages) > keep:
-            self._free(req.pages[keep:])
-            del req.pages[keep:]
-            req.pages_stale_from = min(req.pages_stale_from, keep)
+        keep = max(self.pages_for(req.num_tokens), req.kv.num_cached_pages)
+        if len(req.kv.pages) > keep:
+            self._free(req.kv.pages[keep:])
+            del req.kv.pages[keep:]
+            req.kv.pages_stale_from = min(req.kv.pages_stale_from, keep)
 
     # caching and release ----------------------------------------------------------------
 
@@ -165,47 +166,48 @@ class KVCacheManager:
         """Inserts the request's computed whole pages into the tree and re-locks at the new end."""
         if self.cache.disable:
             return
-        full = req.num_computed // self.page_size
-        if full <= req.num_cached_pages:
+        full = req.kv.num_computed // self.page_size
+        if full <= req.kv.num_cached_pages:
             return
         tokens = req.all_ids[: full * self.page_size]
-        already = self.cache.insert(tokens, req.pages[:full]) // self.page_size
+        already = self.cache.insert(tokens, req.kv.pages[:full]) // self.page_size
         result = self.cache.match_prefix(tokens, record=False)
-        start = req.num_cached_pages
+        start = req.kv.num_cached_pages
         if self.window is not None:
             # where another request cached these tokens first, the tree's pages take ours' place;
             # one that lost its window page takes ours (the same positions' KV)
-            for i in range(max(start, req.window_from), already):
+            for i in range(max(start, req.kv.window_from), already):
                 if self.window.of[result.pages[i]] < 0:
-                    self.window.move(req.pages[i], result.pages[i])
-            self.window.lock(result.pages[max(start, req.window_from) : full])
-        self._free(req.pages[start:already])  # another request cached these first
+                    self.window.move(req.kv.pages[i], result.pages[i])
+            self.window.lock(result.pages[max(start, req.kv.window_from) : full])
+        self._free(req.kv.pages[start:already])  # another request cached these first
         self.cache.lock(result.node)
-        self.cache.unlock(req.last_node)
+        self.cache.unlock(req.kv.last_node)
         if self.tiers is not None:
             self.tiers.cached(result.node, result.pages, already * self.page_size, len(tokens))
-        req.pages[:full] = result.pages
-        req.pages_stale_from = 0  # once per request: not worth proving which pages kept their place
-        req.num_cached_pages = full
-        req.last_node = result.node
+        req.kv.pages[:full] = result.pages
+        # once per request: not worth proving which pages kept their place
+        req.kv.pages_stale_from = 0
+        req.kv.num_cached_pages = full
+        req.kv.last_node = result.node
 
     def release(self, req: Request, keep: bool) -> None:
         """Gives back everything the request holds; with `keep`, its computed pages stay cached."""
-        if req.last_node is None:
-            self._free(req.pages)
+        if req.kv.last_node is None:
+            self._free(req.kv.pages)
         else:
             if keep:
                 self.cache_prefix(req)
             if self.window is not None:
-                self.window.unlock(req.pages[req.window_from : req.num_cached_pages])
-            self._free(req.pages[req.num_cached_pages :])
-            self.cache.unlock(req.last_node)
-        req.pages = []
-        req.pages_stale_from = 0
-        req.num_cached_pages = req.matched_pages = 0
-        req.last_node = None
-        req.num_computed = 0
-        req.window_from = 0
+                self.window.unlock(req.kv.pages[req.kv.window_from : req.kv.num_cached_pages])
+            self._free(req.kv.pages[req.kv.num_cached_pages :])
+            self.cache.unlock(req.kv.last_node)
+        req.kv.pages = []
+        req.kv.pages_stale_from = 0
+        req.kv.num_cached_pages = req.kv.matched_pages = 0
+        req.kv.last_node = None
+        req.kv.num_computed = 0
+        req.kv.window_from = 0
 
     def _free(self, pages: list[int]) -> None:
         if pages:
@@ -218,7 +220,7 @@ class KVCacheManager:
         (and, for the sliding layers, every window page free or held once, as `WindowPages`
         says, each request's pages from `window_from` on holding theirs)."""
         reqs = list(reqs)
-        owned = [p for r in reqs for p in r.pages[r.num_cached_pages :]]
+        owned = [p for r in reqs for p in r.kv.pages[r.kv.num_cached_pages :]]
         total = self.allocator.num_free + self.cache.total_size() + len(owned)
         assert total == self.allocator.num_total, (
             f"page accounting: free {self.allocator.num_free} + cached {self.cache.total_size()} "
@@ -229,13 +231,15 @@ class KVCacheManager:
         if self.window is None:
             return
         for r in reqs:
-            own_released = r.pages[r.num_cached_pages : r.window_from]
-            assert all(self.window.of[p] >= 0 for p in r.pages[r.window_from :]), (
-                f"request {r.rid}: a page after window_from {r.window_from} has no window page"
+            own_released = r.kv.pages[r.kv.num_cached_pages : r.kv.window_from]
+            assert all(self.window.of[p] >= 0 for p in r.kv.pages[r.kv.window_from :]), (
+                f"request {r.rid}: a page after window_from {r.kv.window_from} has no window page"
             )
             assert all(self.window.of[p] < 0 for p in own_released), (
-                f"request {r.rid}: an own page before window_from {r.window_from} kept its "
+                f"request {r.rid}: an own page before window_from {r.kv.window_from} kept its "
                 "window page"
             )
-        locks = Counter(p for r in reqs for p in r.pages[r.window_from : r.num_cached_pages])
+        locks = Counter(
+            p for r in reqs for p in r.kv.pages[r.kv.window_from : r.kv.num_cached_pages]
+        )
         self.window.check(set(self.cache.pages()), dict(locks))

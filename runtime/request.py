@@ -41,6 +41,28 @@ class SpecState:
 
 
 @dataclass
+class KVState:
+    """Where a request's KV lives (the KV cache manager's, `kv_cache_manager.py`): its page table
+    and how many leading tokens of `all_ids` have KV in it."""
+
+    pages: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    num_cached_pages: int = 0  # leading pages owned by the radix tree, locked via last_node
+    # pages[i:] for i >= pages_stale_from may differ from the int64 copy of the table the model
+    # runners read (`page_rows`: a buffer with room to grow and its synced length, built by
+    # `PageTables.page_table`; kept here because the target's and a draft model's runners read the
+    # same pages): the KV cache manager lowers it whenever it replaces or drops pages; appended
+    # pages need no mark
+    pages_stale_from: int = 0
+    page_rows: tuple[torch.Tensor, int] | None = None
+    last_node: TreeNode | None = None
+    # sliding-window models: pages[window_from:] have their window pages (the tree's ones locked
+    # for this request), pages before it were released for the sliding layers (`WindowPages`)
+    window_from: int = 0
+    matched_pages: int = 0  # pages[:matched_pages] were the tree's when the request was admitted
+
+
+@dataclass
 class ClosingState:
     """Budget-aware closing of one constrained request (`budget_closing.py`): whether it applies,
     the last closing length found, the closing it steers by (None: not steering), a search off the
@@ -77,22 +99,7 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
-    # KV state: the page table and how many leading tokens of all_ids have KV in it
-    pages: list[int] = field(default_factory=list)
-    num_computed: int = 0
-    num_cached_pages: int = 0  # leading pages owned by the radix tree, locked via last_node
-    # pages[i:] for i >= pages_stale_from may differ from the int64 copy of the table the model
-    # runners read (`page_rows`: a buffer with room to grow and its synced length, built by
-    # `PageTables.page_table`; kept here because the target's and a draft model's runners read the
-    # same pages): the KV cache manager lowers it whenever it replaces or drops pages; appended
-    # pages need no mark
-    pages_stale_from: int = 0
-    page_rows: tuple[torch.Tensor, int] | None = None
-    last_node: TreeNode | None = None
-    # sliding-window models: pages[window_from:] have their window pages (the tree's ones locked
-    # for this request), pages before it were released for the sliding layers (`WindowPages`)
-    window_from: int = 0
-    matched_pages: int = 0  # pages[:matched_pages] were the tree's when the request was admitted
+    kv: KVState = field(default_factory=KVState)
     admit_order: int = -1
     cached_tokens: int = 0
     # Results

@@ -93,10 +93,12 @@ class Scheduler:
 
     def _try_admit(self, req: Request, reserved: int) -> bool:
         cached = self.kv.match(req)
-        needed = self.kv.pages_for(req.num_tokens) - req.num_cached_pages + self._future_pages(req)
+        needed = (
+            self.kv.pages_for(req.num_tokens) - req.kv.num_cached_pages + self._future_pages(req)
+        )
         # its first chunk's pages, each with a window page where the model has sliding layers
-        first = min(req.num_tokens, req.num_computed + self.config.chunked_prefill_size)
-        window_needed = self.kv.pages_for(first) - len(req.pages)
+        first = min(req.num_tokens, req.kv.num_computed + self.config.chunked_prefill_size)
+        window_needed = self.kv.pages_for(first) - len(req.kv.pages)
         if (
             needed + reserved > self.kv.available_pages()
             or window_needed > self.kv.available_window_pages()
@@ -132,10 +134,10 @@ class Scheduler:
         jump-forward retokenized computes it as an extend, like a prompt chunk, before it decodes
         again, or is retracted where its window pages are gone that far back (it is recomputed
         after a match)."""
-        for req in [r for r in self.running if r.finished or r.num_computed < r.num_tokens - 1]:
+        for req in [r for r in self.running if r.finished or r.kv.num_computed < r.num_tokens - 1]:
             if req.finished:
                 self.running.remove(req)
-            elif not self.kv.can_rewind(req, req.num_computed):
+            elif not self.kv.can_rewind(req, req.kv.num_computed):
                 self.retract(req)
             else:
                 self.running.remove(req)
@@ -218,7 +220,7 @@ class Scheduler:
         return shared - cached >= IN_BATCH_PREFIX_THRESHOLD
 
     def _add_extend(self, batch: ScheduleBatch, req: Request, budget: int) -> int:
-        start = req.num_computed
+        start = req.kv.num_computed
         end = min(req.num_tokens, start + budget, start + self.config.chunked_prefill_size)
         if not self.kv.grow(req, end):
             return 0  # waits for pages; decode of others frees them or retraction does
@@ -252,7 +254,7 @@ class Scheduler:
         """Frees a running request's pages (caching what it computed) and requeues it first."""
         if self.events.wants(RequestRetracted):
             self.events.emit(
-                RequestRetracted(time.perf_counter(), req.rid, req.num_tokens, len(req.pages))
+                RequestRetracted(time.perf_counter(), req.rid, req.num_tokens, len(req.kv.pages))
             )
         if req in self.running:
             self.running.remove(req)
@@ -270,14 +272,14 @@ class Scheduler:
         and releases finished ones."""
         self.computed_tokens += batch.num_tokens
         for e in batch.extends:
-            e.req.num_computed = e.end
+            e.req.kv.num_computed = e.end
             self.kv.slide(e.req)
         for v in batch.verifies:  # KV is valid for the last real token and the accepted drafts
-            v.req.num_computed = min(v.end + v.num_accepted, v.req.num_tokens)
+            v.req.kv.num_computed = min(v.end + v.num_accepted, v.req.num_tokens)
             self.kv.trim(v.req)
             self.kv.slide(v.req)
         for req in batch.decodes:
-            req.num_computed = req.num_tokens - 1
+            req.kv.num_computed = req.num_tokens - 1
             self.kv.trim(req)  # pages a burst grew past the tokens it kept
             self.kv.slide(req)
         still: list[Request] = []

@@ -137,7 +137,7 @@ class StepApplier:
         before = req.num_tokens
         replaced = self.processor.try_jump_forward(
             req,
-            min_kept_tokens=req.num_cached_pages * self.page_size,
+            min_kept_tokens=req.kv.num_cached_pages * self.page_size,
             closing=self.closing.after_jump,
         )
         if replaced is not None:
@@ -150,7 +150,7 @@ class StepApplier:
         this step (`prefilled`: the step extends `req`, so its whole pages will be cached)."""
         if not self.jump_forward or _healing(req):
             return None
-        cached = req.num_cached_pages * self.page_size
+        cached = req.kv.num_cached_pages * self.page_size
         if prefilled:
             cached = max(cached, req.num_tokens // self.page_size * self.page_size)
         return self.processor.plan_jump(req, output_ids, grammar, cached)

@@ -151,7 +151,7 @@ def test_a_posted_message_ends_a_burst_after_one_step(engines, monkeypatch):
         after_step(batch)
         kv = burst.scheduler.kv
         held.extend(
-            (len(r.pages), max(kv.pages_for(r.num_tokens), r.num_cached_pages))
+            (len(r.kv.pages), max(kv.pages_for(r.num_tokens), r.kv.num_cached_pages))
             for r in batch.decodes
             if not r.finished
         )

@@ -44,7 +44,7 @@ def request(ids: list[int], first_page: int, page_size: int) -> Request:
     req = Request(rid=f"r{first_page}", prompt_ids=ids, params=SamplingParams(max_new_tokens=1))
     num_pages = -(-len(ids) // page_size)
     # deliberately non-contiguous pages, in reverse order
-    req.pages = [first_page + 2 * i for i in range(num_pages)][::-1]
+    req.kv.pages = [first_page + 2 * i for i in range(num_pages)][::-1]
     return req
 
 

@@ -169,7 +169,7 @@ def test_abort_mid_prefill_and_mid_decode(tiny_llama_dir, reference):
         # its 300-token prompt needs ~40 steps of 8 tokens: abort it part-way through (a tiny model
         # runs a step in well under a millisecond, so no fixed sleep lands there reliably)
         while not any(
-            r.rid == "abort-prefill" and r.num_computed > 0
+            r.rid == "abort-prefill" and r.kv.num_computed > 0
             for r in sched.prefilling + sched.running
         ):
             assert "prefill" not in results, "the request finished before it could be aborted"

@@ -69,7 +69,7 @@ class SlotModel:
 
     def slots(self, req: Request, position: int) -> tuple[int, int]:
         page, offset = divmod(position, self.page_size)
-        logical = req.pages[page]
+        logical = req.kv.pages[page]
         return logical * self.page_size + offset, self.window.of[logical] * self.page_size + offset
 
     def run(self, req: Request, start: int, end: int) -> None:
