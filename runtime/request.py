@@ -1,4 +1,7 @@
-"""One generation request as the scheduler sees it: Python ints and lists, no tensors."""
+"""One generation request as the engine keeps it: its prompt and sampling parameters, its output,
+and its state in typed parts (`kv`: where its KV lives; `spec`: speculative decoding; `closing`:
+budget-aware closing; `healing`: token healing), plus how its updates are delivered. Python data
+throughout, but for the int64 page rows the model runners share (`KVState.page_rows`)."""
 
 from __future__ import annotations
 
