@@ -319,21 +319,43 @@ def paged_attention(
     sliding_window: int | None = None,
     kv_scales: KVScales = None,
 ) -> torch.Tensor:
-    """The dispatch point: Triton kernels on CUDA tensors (a cache of the model's dtype), the
-    native row kernel on float32 CPU queries (when it builds), the torch reference elsewhere."""
-    if use_triton(q) and kv_scales is None and k_cache.dtype == q.dtype:
-        from plait.kernels.attention_triton import paged_attention_triton
-
-        return paged_attention_triton(
-            q, k, v, k_cache, v_cache, meta, scale, sliding_window, meta.triton
-        )
+    """The dispatch point for callers outside an engine (an engine chooses once,
+    `layer_ops.LayerOps.attend`): Triton kernels on CUDA tensors (a cache of the model's dtype),
+    the native row kernel on float32 CPU queries (when it builds), the torch reference elsewhere."""
     from plait.kernels import attention_cpu
 
-    if attention_cpu.use_native_attention(q, k_cache):
-        return attention_cpu.paged_attention_cpu(
-            q, k, v, k_cache, v_cache, meta, scale, sliding_window, kv_scales
-        )
-    return paged_attention_ref(q, k, v, k_cache, v_cache, meta, scale, sliding_window, kv_scales)
+    if use_triton(q) and kv_scales is None and k_cache.dtype == q.dtype:
+        kind = "triton"
+    elif attention_cpu.use_native_attention(q, k_cache):
+        kind = "native"
+    else:
+        kind = "torch"
+    return attend_with(kind, q, k, v, k_cache, v_cache, meta, scale, sliding_window, kv_scales)
+
+
+def attend_with(
+    kind: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+    kv_scales: KVScales = None,
+) -> torch.Tensor:
+    """`paged_attention` by the kernel `kind` names: "triton", "native" or "torch"."""
+    args = (q, k, v, k_cache, v_cache, meta, scale, sliding_window)
+    if kind == "triton":
+        from plait.kernels.attention_triton import paged_attention_triton
+
+        return paged_attention_triton(*args, meta.triton)
+    if kind == "native":
+        from plait.kernels.attention_cpu import paged_attention_cpu
+
+        return paged_attention_cpu(*args, kv_scales)
+    return paged_attention_ref(*args, kv_scales)
 
 
 def attend_extends(

@@ -131,16 +131,9 @@ class LayerOps:
         kv_scales: KVScales,
     ) -> torch.Tensor:
         """Stores the new k/v in the layer's caches and attends over them: [T, heads, D]."""
-        args = (q, k, v, k_cache, v_cache, meta, scale, sliding_window)
-        if self.attention == "native":
-            from plait.kernels.attention_cpu import paged_attention_cpu
-
-            return paged_attention_cpu(*args, kv_scales)
-        if self.attention == "triton":
-            from plait.kernels.attention_triton import paged_attention_triton
-
-            return paged_attention_triton(*args, meta.triton)
-        return attention.paged_attention_ref(*args, kv_scales)
+        return attention.attend_with(
+            self.attention, q, k, v, k_cache, v_cache, meta, scale, sliding_window, kv_scales
+        )
 
 
 class NativeCpuOps(LayerOps):
