@@ -1,8 +1,8 @@
 """The engine configuration's command-line flags: one per field of `EngineConfig` and its parts
 (with SGLang's and vLLM's spellings where theirs differ), the parser every `plait` command uses
 (help with defaults, a value a configuration refuses as a usage error naming its flag), and the
-`Engine(...)` keywords the parsed flags give. `plait/cli.py` and `server/cli.py` build their
-commands on it; neither reads the other.
+`Engine(...)` keywords the parsed flags give. `plait/cli.py`, `plait/bench_cli.py` and
+`server/cli.py` build their commands on it; the server's never reads the facade's.
 """
 
 from __future__ import annotations
