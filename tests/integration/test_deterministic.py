@@ -129,6 +129,16 @@ def test_deterministic_speculation_is_not_left_to_timing() -> None:
     assert config.deterministic and config.speculation == "always"
 
 
+def test_the_serve_flag_and_sglangs_spelling_set_it() -> None:
+    from plait.runtime.config_flags import Parser, add_engine_args, engine_config
+
+    parser = Parser(prog="plait serve")
+    add_engine_args(parser)
+    for flag in ("--deterministic", "--enable-deterministic-inference"):
+        assert engine_config(parser.parse_args([flag])).deterministic
+    assert not engine_config(parser.parse_args([])).deterministic
+
+
 def test_deterministic_needs_the_native_stack(tiny_llama_dir, monkeypatch) -> None:
     monkeypatch.setattr(native, "DISABLED", True)
     with pytest.raises(ValueError, match="deterministic: .*native CPU decode stack"):
