@@ -270,8 +270,8 @@ class Engine:
         each one's updates reach `put` as (index, output, final), every update when streaming,
         the final one otherwise."""
         for i, req in enumerate(reqs):
-            req.sink = _indexed_sink(put, i, stream_all=stream)
-            req.streaming = stream
+            req.delivery.sink = _indexed_sink(put, i, stream_all=stream)
+            req.delivery.streaming = stream
         self._submit(reqs)
 
     def _abort_all(self, reqs: list[Request]) -> None:

@@ -102,7 +102,7 @@ class Handoff:
             return sink
 
         for i, req in enumerate(reqs):
-            req.sink = sink_of(i, req)
+            req.delivery.sink = sink_of(i, req)
         engine._submit(reqs)
         got: list[tuple[dict, Any]] = [({}, None)] * len(reqs)
         try:

@@ -170,7 +170,7 @@ class ModelRunner:
         started = time.perf_counter()
         streamed = {}
         if plan.burst:
-            rows = [(i, r) for i, r in enumerate(batch.decodes) if r.streaming]
+            rows = [(i, r) for i, r in enumerate(batch.decodes) if r.delivery.streaming]
             if rows and streams is not None:
                 out = torch.full((len(batch.decodes), plan.decode_steps), -1, dtype=torch.long)
                 hook = streams(rows, out.numpy())  # out: [B, steps]

@@ -47,7 +47,7 @@ class OutputProcessor:
         self.context_len = context_len
 
     def start(self, req: Request) -> None:
-        req.detokenizer = IncrementalDetokenizer(
+        req.delivery.detokenizer = IncrementalDetokenizer(
             self.tokenizer,
             skip_special_tokens=req.params.skip_special_tokens,
             spaces_between_special_tokens=req.params.spaces_between_special_tokens,
@@ -92,7 +92,7 @@ class OutputProcessor:
                 return self.finish(req, FinishReason("stop", matched=token))
             if token in params.stop_token_ids:
                 return self.finish(req, FinishReason("stop", matched=token))
-        new_text = req.detokenizer.add([token])
+        new_text = req.delivery.detokenizer.add([token])
         if req.healing.tokens == n_out - 1 and len(req.text) + len(new_text) <= len(
             req.healing.text
         ):
@@ -160,7 +160,7 @@ class OutputProcessor:
         toward its closing jumps only where `closing` finds one that fits after the jump.
         """
         grammar = req.grammar
-        if grammar is None or req.detokenizer.has_pending:
+        if grammar is None or req.delivery.detokenizer.has_pending:
             return None  # the forced text would start inside a held-back character
         plan = self.plan_jump(req, req.output_ids, grammar, min_kept_tokens)
         if plan is None:
@@ -195,7 +195,7 @@ class OutputProcessor:
         req.spec.index = None  # the n-gram index saw the replaced tokens
         req.spec.draft_valid = min(req.spec.draft_valid, len(req.prompt_ids) + kept)
         req.text += text
-        req.detokenizer = IncrementalDetokenizer(
+        req.delivery.detokenizer = IncrementalDetokenizer(
             self.tokenizer,
             skip_special_tokens=req.params.skip_special_tokens,
             spaces_between_special_tokens=req.params.spaces_between_special_tokens,
@@ -228,8 +228,8 @@ class OutputProcessor:
         return True
 
     def finish(self, req: Request, reason: FinishReason, flush: bool = True) -> None:
-        if flush and req.detokenizer is not None and reason.type != "abort":
-            req.text += req.detokenizer.flush()
+        if flush and req.delivery.detokenizer is not None and reason.type != "abort":
+            req.text += req.delivery.detokenizer.flush()
         if req.closing.closed_early and reason.type == "stop" and reason.matched in self.eos_ids:
             # steered to its end by its budget (`budget_closing.py`): the budget ended it
             reason = FinishReason("length", length=req.num_output_tokens)

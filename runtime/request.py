@@ -1,7 +1,8 @@
 """One generation request as the engine keeps it: its prompt and sampling parameters, its output,
 and its state in typed parts (`kv`: where its KV lives; `spec`: speculative decoding; `closing`:
-budget-aware closing; `healing`: token healing), plus how its updates are delivered. Python data
-throughout, but for the int64 page rows the model runners share (`KVState.page_rows`)."""
+budget-aware closing; `healing`: token healing; `delivery`: how its updates reach the caller).
+Python data throughout, but for the int64 page rows the model runners share (`KVState.page_rows`).
+"""
 
 from __future__ import annotations
 
@@ -93,6 +94,17 @@ class HealState:
     tokens: int = 0
 
 
+@dataclass
+class Delivery:
+    """How a request's updates reach its caller: the detokenizer that turns its tokens into text,
+    the sink that takes (update, final) from the engine, and whether that sink takes every update
+    (a stream) or only the final one."""
+
+    detokenizer: IncrementalDetokenizer | None = None
+    sink: Callable[[dict, bool], None] | None = None
+    streaming: bool = False
+
+
 @dataclass(eq=False)  # a request is itself: compared and hashed by identity
 class Request:
     rid: str
@@ -122,10 +134,8 @@ class Request:
     jump_forward_tokens: int = 0
     closing: ClosingState = field(default_factory=ClosingState)
     healing: HealState = field(default_factory=HealState)
-    detokenizer: IncrementalDetokenizer | None = None
     generator: torch.Generator | None = None  # its seed's; None: the engine's shared one
-    sink: Callable[[dict, bool], None] | None = None  # takes (update, final) from the engine
-    streaming: bool = False  # its sink takes every update, not only the final one
+    delivery: Delivery = field(default_factory=Delivery)
 
     @property
     def all_ids(self) -> list[int]:

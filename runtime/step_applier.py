@@ -179,11 +179,11 @@ class StepApplier:
     def deliver(self, req: Request) -> None:
         if req.finished and self.events.wants(RequestFinished):
             self.events.request_finished(req)
-        if req.sink is None:
+        if req.delivery.sink is None:
             return
         out = build_output(req, self.tokenizer, self.processor.stream_text(req))
         try:
-            req.sink(out, req.finished)
+            req.delivery.sink(out, req.finished)
         except Exception:
             logger.error("delivering request %s failed: %s", req.rid, traceback.format_exc())
 

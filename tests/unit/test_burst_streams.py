@@ -8,7 +8,7 @@ import numpy as np
 
 from plait.runtime.burst_streams import BurstStreams
 from plait.runtime.protocol import FinishReason, SamplingParams
-from plait.runtime.request import Request, RequestStatus
+from plait.runtime.request import Delivery, Request, RequestStatus
 
 
 class Processor:
@@ -28,7 +28,9 @@ class Processor:
 
 
 def request(rid: str) -> Request:
-    return Request(rid=rid, prompt_ids=[1, 2, 3], params=SamplingParams(), streaming=True)
+    return Request(
+        rid=rid, prompt_ids=[1, 2, 3], params=SamplingParams(), delivery=Delivery(streaming=True)
+    )
 
 
 def test_each_step_is_delivered_on_its_own_and_the_rest_is_the_callers():
