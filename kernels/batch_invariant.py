@@ -57,6 +57,7 @@ def matmul_rows(
             y = _one_row_at_a_time(x2, n, lambda row: quant_matmul_ref(row, weight, bias))
         return y.reshape(*lead, n)
     w = weight.float().contiguous()
+    b = None if bias is None else bias.float().contiguous()  # held: the kernel reads its memory
     if native_ok:
         y = torch.empty(x2.shape[0], n, dtype=torch.float32)
         if x2.shape[0]:
@@ -70,12 +71,12 @@ def matmul_rows(
                 k,
                 0,
                 0,
-                0 if bias is None else bias.float().contiguous().data_ptr(),
+                0 if b is None else b.data_ptr(),
                 y.data_ptr(),
                 torch.get_num_threads(),
             )
     else:
-        y = _one_row_at_a_time(x2, n, lambda row: torch.nn.functional.linear(row, w, bias))
+        y = _one_row_at_a_time(x2, n, lambda row: torch.nn.functional.linear(row, w, b))
     return y.reshape(*lead, n)
 
 

@@ -79,11 +79,13 @@ def rope_(
     assert qkv.is_contiguous() and positions.dtype == torch.long and inv_freq.dtype == torch.float32
     tokens, width = qkv.shape
     k = qkv[:, num_heads * head_dim :]
+    # held while the kernel reads them (a copy where they were not contiguous)
+    positions, inv_freq = positions.contiguous(), inv_freq.contiguous()
     _lib().plait_rope_f32(
         qkv.data_ptr(),
         k.data_ptr(),
-        positions.contiguous().data_ptr(),
-        inv_freq.contiguous().data_ptr(),
+        positions.data_ptr(),
+        inv_freq.data_ptr(),
         tokens,
         num_heads,
         num_kv_heads,

@@ -466,7 +466,7 @@ def call_native_matmul(
     y = torch.empty(m, n, dtype=torch.float32)
     if m:
         mins = 0 if qw.mins is None else qw.mins.data_ptr()
-        b = 0 if bias is None else bias.contiguous().data_ptr()
+        bias = None if bias is None else bias.contiguous()  # held while the kernel reads it
         fn(
             x.data_ptr(),
             m,
@@ -477,7 +477,7 @@ def call_native_matmul(
             qw.group,
             qw.scales.data_ptr(),
             mins,
-            b,
+            0 if bias is None else bias.data_ptr(),
             y.data_ptr(),
             torch.get_num_threads(),
         )
@@ -506,7 +506,7 @@ def dense_matmul(
         return torch.nn.functional.linear(x, weight, bias)
     x2 = x.reshape(m, k).contiguous()
     y = torch.empty(m, n, dtype=torch.float32)
-    b = 0 if bias is None else bias.contiguous().data_ptr()
+    bias = None if bias is None else bias.contiguous()  # held while the kernel reads it
     _kernels()[0](
         x2.data_ptr(),
         m,
@@ -517,7 +517,7 @@ def dense_matmul(
         k,
         0,
         0,
-        b,
+        0 if bias is None else bias.data_ptr(),
         y.data_ptr(),
         torch.get_num_threads(),
     )
