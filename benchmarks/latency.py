@@ -33,6 +33,7 @@ import torch
 
 from plait.benchmarks.common import best_of, check_decoded, cpu_model, print_table, write_json
 from plait.kernels.quant_matmul import bf16_gemm_enabled, cpu_kind, native_isa
+from plait.runtime.config_flags import engine_kwargs
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 FORMATS = ("float32", "bfloat16", "native", "int8", "int4", "deterministic")
@@ -116,14 +117,20 @@ def measure_plait(
     decode_len: int,
     repeats: int,
     kv_cache_dtype: str = "auto",
+    engine_args: dict | None = None,
 ) -> dict:
+    """`engine_args`: the command's engine flags (`--cpu-threads`, `--page-size`, ...); the model,
+    the format's dtype and quantization, the KV cache's dtype and the pool size are the bench's."""
     from plait.runtime.engine import Engine
 
     engine = Engine(
-        model_path=model_path,
-        max_total_tokens=max(prompt_len + decode_len + 64, 1024),
-        kv_cache_dtype=kv_cache_dtype,
-        **_format_kwargs(fmt),
+        **{
+            **(engine_args or {}),
+            "model_path": model_path,
+            "max_total_tokens": max(prompt_len + decode_len + 64, 1024),
+            "kv_cache_dtype": kv_cache_dtype,
+            **_format_kwargs(fmt),
+        }
     )
     try:
         ids = _prompt_ids(engine.tokenizer, prompt_len)
@@ -180,7 +187,10 @@ def measure_plait(
             for name, m in engine.model.named_modules()
             if hasattr(m, "in_features") and name != "lm_head"
         )
-        weight_bytes = engine.stats()["weight_bytes"]
+        stats = engine.stats()
+        weight_bytes = stats["weight_bytes"]
+        # what the engine chose at start: the paths these figures are of
+        execution = {k.removeprefix("execution_"): v for k, v in stats.items() if "execution_" in k}
         reads = sorted(r for r in read_runs if r)
         weights_read_s = reads[len(reads) // 2] if reads else None
         a = engine.args  # causal attention: QK^T and PV over half the T x T scores, every head
@@ -196,6 +206,7 @@ def measure_plait(
         "decode_share_of_roofline": decode_share,
         "perplexity": perplexity,
         "prefill_flops_per_token": 2 * linear_params + attention_flops // prompt_len,
+        "execution": execution,
     }
 
 
@@ -316,7 +327,15 @@ def bench_model(
     results: dict[str, dict[str, Any]] = {}
     rows: list[list[Any]] = []
     for fmt in formats:
-        ours = measure_plait(model_path, fmt, args.prompt_len, args.decode_len, repeats, kv_dtype)
+        ours = measure_plait(
+            model_path,
+            fmt,
+            args.prompt_len,
+            args.decode_len,
+            repeats,
+            kv_dtype,
+            engine_kwargs(args),
+        )
         ref = (
             off_main_thread(
                 measure_transformers, model_path, fmt, args.prompt_len, args.decode_len, repeats
