@@ -197,42 +197,25 @@ def test_bench_latency_takes_the_engine_flags_and_the_deterministic_format(
     import json
 
     out_path = tmp_path / "latency.json"
-    common = ["--prompt-len", "24", "--decode-len", "4", "--repeats", "1", "--kv-context", "0"]
-    out = run(
-        "bench",
-        "latency",
-        "--model",
-        str(tiny_llama_dir),
-        "--formats",
-        "float32,deterministic",
-        *common,
-        "--no-transformers",
-        "--no-llama-cpp",
-        "--output",
-        str(out_path),
-    )
-    assert out.returncode == 0, out.stderr
-    results = json.loads(out_path.read_text())["results"]
-    assert results["float32"]["plait"]["execution"]["batch_invariant"] == "off"
-    assert results["deterministic"]["plait"]["execution"]["batch_invariant"] == "on"
+
+    def invariance(formats: str, *flags: str) -> dict[str, str]:
+        out = run(
+            "bench",
+            "latency",
+            "--model",
+            str(tiny_llama_dir),
+            "--formats",
+            formats,
+            *("--prompt-len", "24", "--decode-len", "4", "--repeats", "1", "--kv-context", "0"),
+            *("--no-transformers", "--no-llama-cpp", "--output", str(out_path), *flags),
+        )
+        assert out.returncode == 0, out.stderr
+        results = json.loads(out_path.read_text())["results"]
+        return {f: results[f]["plait"]["execution"]["batch_invariant"] for f in formats.split(",")}
+
+    assert invariance("float32,deterministic") == {"float32": "off", "deterministic": "on"}
     # an engine flag reaches the engines the bench builds
-    out = run(
-        "bench",
-        "latency",
-        "--model",
-        str(tiny_llama_dir),
-        "--formats",
-        "float32",
-        *common,
-        "--no-transformers",
-        "--no-llama-cpp",
-        "--deterministic",
-        "--output",
-        str(out_path),
-    )
-    assert out.returncode == 0, out.stderr
-    results = json.loads(out_path.read_text())["results"]
-    assert results["float32"]["plait"]["execution"]["batch_invariant"] == "on"
+    assert invariance("float32", "--deterministic") == {"float32": "on"}
 
 
 def test_bench_latency_reports_roofline_and_perplexity_per_format(tiny_llama_dir, tmp_path):
