@@ -128,7 +128,7 @@ def decode_step_ms(engine: Any, decode_len: int, repeats: int) -> float:
 
 
 def run_overhead_bench(args: argparse.Namespace) -> int:
-    from plait.benchmarks.latency import FORMATS, _format_kwargs
+    from plait.benchmarks.latency_runs import FORMATS, _format_kwargs
     from plait.runtime.engine import Engine, off_main_thread
 
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]

@@ -6,7 +6,7 @@
    and off.
 
 Beside each plait run: forward steps per second, and their share of the roofline (the steps/s of
-a plain read of the weights one step reads, where they lie: `latency.measure_weights_read`): a
+a plain read of the weights one step reads, where they lie: `roofline.measure_weights_read`): a
 step reads every weight once however many
 requests it serves, so at high concurrency the share shows how close batching gets to the limit.
 """
@@ -172,7 +172,7 @@ def run_throughput_bench(args: argparse.Namespace) -> int:
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")] if args.transformers else []
     prompts = random_prompts(args.num_requests, args.min_prompt_len, args.max_prompt_len)
     results: dict[str, Any] = {"random": [], "transformers": [], "shared_prefix": []}
-    from plait.benchmarks.latency import measure_bandwidth, measure_weights_read, roofline_steps_s
+    from plait.benchmarks.roofline import measure_bandwidth, measure_weights_read, roofline_steps_s
     from plait.runtime.engine import off_main_thread
 
     bandwidth = off_main_thread(measure_bandwidth)

@@ -1,0 +1,48 @@
+"""The machine's limits the speed benches measure against: its read bandwidth (a probe far larger
+than the caches), the time to read the weights one decode step reads where they lie, the decode
+roofline those give (steps/s if a step only read its weights), and the float32 matmul rate of a
+prefill-shaped product.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from plait.benchmarks.common import best_of
+
+
+def measure_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
+    """Read bandwidth in bytes/s: the best time to sum a float32 tensor far larger than the
+    caches."""
+    x = torch.ones(int(gib * (1 << 30)) // 4)
+    x.sum()
+    seconds = best_of(lambda: x.sum(), repeats)
+    return x.numel() * 4 / seconds
+
+
+def measure_weights_read(engine: Any, repeats: int = 5) -> float | None:
+    """The best time to read the weights one decode step reads, where they lie (a plain streaming
+    read on the engine's thread count), or None off the CPU or without the native kernels."""
+    from plait.kernels.memory_read import read_seconds
+    from plait.runtime.engine import off_main_thread
+    from plait.runtime.models.quantized import weight_tensors
+
+    tensors = [t.contiguous() for t in weight_tensors(engine.model)]
+    if any(t.device.type != "cpu" for t in tensors):
+        return None
+    return off_main_thread(read_seconds, tensors, repeats)
+
+
+def roofline_steps_s(weights_read_s: float | None, bandwidth: float, weight_bytes: int) -> float:
+    """Steps/s if a decode step only read its weights: at the pace those very bytes were read,
+    else at the machine's measured bandwidth."""
+    return 1.0 / weights_read_s if weights_read_s else bandwidth / weight_bytes
+
+
+def measure_matmul_flops(repeats: int = 5) -> float:
+    """float32 FLOP/s of a prefill-shaped matmul ([512, 576] x [576, 3072])."""
+    a, b = torch.randn(512, 576), torch.randn(576, 3072)
+    a @ b
+    return 2 * 512 * 576 * 3072 / best_of(lambda: a @ b, repeats)
