@@ -87,7 +87,7 @@ class BudgetClosing:
         only where the room is at most `CLOSING_INLINE_MAX_TOKENS`); the alternatives are
         checked against the known closing."""
         path = req.closing.path
-        if path is None or req.grammar is None or not result.tokens:
+        if path is None or req.constraint.grammar is None or not result.tokens:
             return result
         sampled = result.tokens[0]
         room = self.room(req) - 1  # after this token
@@ -103,7 +103,7 @@ class BudgetClosing:
             if rest is not None:
                 chosen = (token, rest)
                 break
-        if chosen is None and not req.grammar.accepts_after(path):
+        if chosen is None and not req.constraint.grammar.accepts_after(path):
             # NOTE: the known closing no longer leads to an end (a jump it counted on was not
             # taken): the sampled token stands, and the closing is looked for again
             req.closing.path = None
@@ -151,7 +151,7 @@ class BudgetClosing:
         """A closing of at most `room` tokens after `token`, or None: the known `path` without
         its first token, the whole of it, the forced rest of the output where jump-forward
         will write it in fewer tokens, or (with a `deadline`) a search."""
-        grammar = req.grammar
+        grammar = req.constraint.grammar
         if room < 0:
             return None
         if path and token == path[0]:
@@ -191,7 +191,7 @@ class BudgetClosing:
         if not jumped.replace_tail(plan.edit.num_dropped, plan.edit.new_token_ids):
             return None
         room = min(
-            req.params.max_new_tokens - (plan.length - plan.healing),
+            req.sampling.params.max_new_tokens - (plan.length - plan.healing),
             self.context_len - 1 - len(req.prompt_ids) - plan.length,
         )
         spelled = self.token_bytes[token] + plan.text.encode("utf-8")
@@ -233,7 +233,7 @@ class BudgetClosing:
         since it was last found (`CLOSING_GROWTH_PER_TOKEN` per token), so a request takes a few
         searches, each bounded in time. One expected to be long, or one a quick search missed,
         is looked for off the loop (`jobs`); `job_done` takes it from there."""
-        grammar = req.grammar
+        grammar = req.constraint.grammar
         if (
             grammar is None
             or not req.closing.applies
@@ -261,7 +261,7 @@ class BudgetClosing:
     def steps_before(self, req: Request) -> int | None:
         """How many tokens `req` may take before `check` would look at it again (None: no
         limit; 0 while it steers), so that a decode burst ends where single steps would look."""
-        if req.grammar is None or not req.closing.applies or req.closing.job is not None:
+        if req.constraint.grammar is None or not req.closing.applies or req.closing.job is not None:
             return None
         if req.closing.path is not None:
             return 0

@@ -26,7 +26,7 @@ class ClosingJobs:
         """Looks for a closing of at most `room` tokens from `req`'s state; `req` waits."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plait-closing")
-        probe = req.grammar.copy()  # type: ignore[union-attr]
+        probe = req.constraint.grammar.copy()  # type: ignore[union-attr]
         req.closing.job = self._pool.submit(
             search.shortest_completion, probe, room, time_limit=CLOSING_BACKGROUND_SECONDS
         )

@@ -51,9 +51,11 @@ class BurstRunner:
         logprobs, and a model whose whole step runs natively (the CPU kernels)."""
         if batch.queried or not self.execution.can_burst(len(batch.decodes)):
             return False
-        if not all(_burst_logits(r) and not r.logprob.return_logprob for r in batch.decodes):
+        if not all(
+            _burst_logits(r) and not r.sampling.logprob.return_logprob for r in batch.decodes
+        ):
             return False
-        return all(r.params.is_greedy for r in batch.decodes) or sampling_cpu.available()
+        return all(r.sampling.params.is_greedy for r in batch.decodes) or sampling_cpu.available()
 
     @torch.inference_mode()
     def run(
@@ -91,18 +93,21 @@ class BurstRunner:
                     self.tables.window_slots(slots) if in_window else slots
                 )
         stop_ids = [
-            sorted(set(r.params.stop_token_ids) | (set() if r.params.ignore_eos else self.eos_ids))
+            sorted(
+                set(r.sampling.params.stop_token_ids)
+                | (set() if r.sampling.params.ignore_eos else self.eos_ids)
+            )
             for r in reqs
         ]
         stack = self.stack
         sampling, rewind = self._sampling(reqs, steps)
         hooks = [] if between_steps is None else [between_steps]
         grammars = None
-        if any(r.grammar is not None for r in reqs):
+        if any(r.constraint.grammar is not None for r in reqs):
             if out is None:
                 out = torch.full((len(reqs), steps), -1, dtype=torch.long)
             grammars = GrammarBurst(
-                [r.grammar for r in reqs],
+                [r.constraint.grammar for r in reqs],
                 stop_ids,
                 out,
                 self.model.args.vocab_size,
@@ -139,18 +144,19 @@ class BurstRunner:
     ) -> tuple[BurstSampling | None, list[tuple[torch.Generator, torch.Tensor]]]:
         """A burst's sampling parameters and uniforms (None when every row is greedy), and the
         request generators to rewind, with their states before the draw."""
-        if all(r.params.is_greedy for r in reqs):
+        if all(r.sampling.params.is_greedy for r in reqs):
             return None, []
         vocab = self.model.lm_head.out_features
         uniforms = torch.zeros(len(reqs), steps)
         rewind = []
         for i, r in enumerate(reqs):
-            if r.params.is_greedy:
+            if r.sampling.params.is_greedy:
                 continue
-            if r.generator is not None:  # a seeded request's own; the shared default is not rewound
-                rewind.append((r.generator, r.generator.get_state()))
-            uniforms[i] = torch.rand(steps, generator=r.generator or self.default_generator)
-        temperature, top_k, top_p, min_p = filter_params([r.params for r in reqs], vocab)
+            generator = r.sampling.generator
+            if generator is not None:  # a seeded request's own; the shared default is not rewound
+                rewind.append((generator, generator.get_state()))
+            uniforms[i] = torch.rand(steps, generator=generator or self.default_generator)
+        temperature, top_k, top_p, min_p = filter_params([r.sampling.params for r in reqs], vocab)
         return BurstSampling(temperature, top_k, top_p, min_p, uniforms), rewind
 
 
@@ -185,7 +191,7 @@ class _BetweenSteps:
 def _burst_logits(req: Request) -> bool:
     """Whether a burst can pick the request's tokens: as `_plain_logits`, but a grammar is
     allowed (masked between the burst's steps), unless token healing may still lift it."""
-    p = req.params
+    p = req.sampling.params
     return (
         not req.healing.free
         and not p.frequency_penalty

@@ -112,7 +112,7 @@ class Engine:
 
         pending = []
         for req in reqs:
-            p = req.params
+            p = req.sampling.params
             self._heal(req)
             if (
                 p.regex is None
@@ -134,8 +134,8 @@ class Engine:
     def _heal(self, req: Request) -> None:
         """Token healing (`constrained/healing.py`): not with logprobs (they index the prompt
         as sent) or without output."""
-        p = req.params
-        if not p.token_healing or req.logprob.return_logprob or p.max_new_tokens == 0:
+        p = req.sampling.params
+        if not p.token_healing or req.sampling.logprob.return_logprob or p.max_new_tokens == 0:
             return
         healing = self.core.constraint_tools.result().healer.heal(req.prompt_ids)
         if healing is not None:
@@ -151,8 +151,8 @@ class Engine:
         output the grammar accepts fits `max_new_tokens` (a `GrammarError` if not)."""
         from plait.runtime.constrained import GrammarError
 
-        req.grammar = compiled.new_grammar()
-        p = req.params
+        req.constraint.grammar = compiled.new_grammar()
+        p = req.sampling.params
         enabled = self.config.budget_closing if p.budget_closing is None else p.budget_closing
         req.closing.applies = (
             enabled and p.max_new_tokens > 0 and not p.ignore_eos and not req.healing.free
@@ -161,7 +161,7 @@ class Engine:
             return
         if not compiled.probed:  # once per grammar: every request of it shares the result
             found = self._closing_search().shortest_completion(
-                req.grammar, CLOSING_PROBE_TOKENS, time_limit=CLOSING_PROBE_SECONDS
+                req.constraint.grammar, CLOSING_PROBE_TOKENS, time_limit=CLOSING_PROBE_SECONDS
             )
             compiled.shortest_output = None if found is None else tuple(found)
             compiled.probed = True
@@ -169,7 +169,7 @@ class Engine:
         if shortest is not None and len(shortest) > p.max_new_tokens:
             # the probe's output is short, not always the shortest: look within the budget
             found = self._closing_search().shortest_completion(
-                req.grammar, p.max_new_tokens, time_limit=CLOSING_PROBE_SECONDS
+                req.constraint.grammar, p.max_new_tokens, time_limit=CLOSING_PROBE_SECONDS
             )
             shortest = shortest if found is None else tuple(found)
         if shortest is not None and len(shortest) > p.max_new_tokens:
@@ -199,7 +199,7 @@ class Engine:
                 compiled = await asyncio.wait_for(waiter, timeout=limit)
             except asyncio.TimeoutError:
                 raise _compile_timeout(req, limit) from None
-            if not compiled.probed and req.params.max_new_tokens:
+            if not compiled.probed and req.sampling.params.max_new_tokens:
                 await asyncio.to_thread(self._start_grammar, req, compiled)  # the closing probe
             else:
                 self._start_grammar(req, compiled)
@@ -215,7 +215,7 @@ class Engine:
             for req in reqs:
                 events.emit(
                     RequestSubmitted(
-                        now, req.rid, len(req.prompt_ids), req.params.max_new_tokens, req
+                        now, req.rid, len(req.prompt_ids), req.sampling.params.max_new_tokens, req
                     )
                 )
         self.core.post("add", reqs)  # one message: submitted together, scheduled together
@@ -383,7 +383,7 @@ class Engine:
 def _compile_timeout(req: Request, limit: float) -> ValueError:
     from plait.runtime.constrained import GrammarError
 
-    p = req.params
+    p = req.sampling.params
     name = "regex" if p.regex is not None else "ebnf" if p.ebnf is not None else "json_schema"
     return GrammarError(
         f"{name}: compiling the constraint took longer than {limit:g} s; simplify it"

@@ -236,7 +236,7 @@ class EngineEvents:
             verify += v.end - v.start + len(v.draft_ids)
             accepted += v.num_accepted
         for e in batch.extends:
-            if e.req.grammar is not None and e.start >= len(e.req.prompt_ids):
+            if e.req.constraint.grammar is not None and e.start >= len(e.req.prompt_ids):
                 jump += e.end - e.start
             else:
                 prefill += e.end - e.start

@@ -181,6 +181,6 @@ def _prefill_only(reqs: list[Request]) -> list[Request]:
         if key in seen:
             continue
         seen.add(key)
-        req.params = SamplingParams(max_new_tokens=0)
+        req.sampling.params = SamplingParams(max_new_tokens=0)
         out.append(req)
     return out

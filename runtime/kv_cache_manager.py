@@ -54,7 +54,7 @@ class KVCacheManager:
     def match_limit(req: Request) -> int:
         """How many leading tokens of the request may come from the cache."""
         limit = req.num_tokens - 1  # at least one token is computed, to get the next logits
-        if req.logprob.return_logprob and not req.input_token_logprobs:
+        if req.sampling.logprob.return_logprob and not req.input_token_logprobs:
             limit = min(limit, req.logprob_start)  # prompt logprobs need their logits computed
         return max(limit, 0)
 

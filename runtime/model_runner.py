@@ -218,7 +218,7 @@ class ModelRunner:
     def _input_logprob_rows(self, e: ExtendEntry | VerifyEntry) -> list[int]:
         """Positions r in [start, end) whose logits score prompt token r + 1 for input logprobs."""
         req = e.req
-        if not req.logprob.return_logprob:
+        if not req.sampling.logprob.return_logprob:
             return []
         prompt_len = len(req.prompt_ids)
         done = max(len(req.input_token_logprobs) - 1, 0)

@@ -49,20 +49,20 @@ class OutputProcessor:
     def start(self, req: Request) -> None:
         req.delivery.detokenizer = IncrementalDetokenizer(
             self.tokenizer,
-            skip_special_tokens=req.params.skip_special_tokens,
-            spaces_between_special_tokens=req.params.spaces_between_special_tokens,
+            skip_special_tokens=req.sampling.params.skip_special_tokens,
+            spaces_between_special_tokens=req.sampling.params.spaces_between_special_tokens,
             prompt_ids=req.prompt_ids,
         )
 
     def record_input_logprobs(self, req: Request, result: TokenResult) -> None:
-        if not req.logprob.return_logprob:
+        if not req.sampling.logprob.return_logprob:
             return
         if not req.input_token_logprobs:
             first = req.prompt_ids[req.logprob_start]
             req.input_token_logprobs.append((None, first))
             req.input_top_logprobs.append(None)
         req.input_token_logprobs.extend(result.input_logprobs)
-        if req.logprob.top_logprobs_num:
+        if req.sampling.logprob.top_logprobs_num:
             req.input_top_logprobs.extend(result.input_top)
 
     def append_tokens(self, req: Request, result: TokenResult) -> int:
@@ -76,14 +76,14 @@ class OutputProcessor:
 
     def append_token(self, req: Request, token: int, result: TokenResult, j: int = 0) -> None:
         """Adds one sampled token; finishes the request when a stop condition holds."""
-        params = req.params
+        params = req.sampling.params
         req.output_ids.append(token)
-        if req.logprob.return_logprob:
+        if req.sampling.logprob.return_logprob:
             req.output_token_logprobs.append((result.logprobs[j], token))
-            if req.logprob.top_logprobs_num:
+            if req.sampling.logprob.top_logprobs_num:
                 req.output_top_logprobs.append(result.tops[j])
         n_out = len(req.output_ids)
-        if req.grammar is not None and not req.grammar.try_advance(token):
+        if req.constraint.grammar is not None and not req.constraint.grammar.try_advance(token):
             return self.finish(
                 req, FinishReason("abort", message=f"grammar: sampled token {token} is not allowed")
             )
@@ -100,7 +100,7 @@ class OutputProcessor:
         if new_text:
             req.text += new_text
             if req.healing.free and len(req.text) >= len(req.healing.text):
-                req.grammar = None  # healed: the rest is free
+                req.constraint.grammar = None  # healed: the rest is free
                 req.healing.free = False
             if (
                 params.stop
@@ -109,7 +109,11 @@ class OutputProcessor:
             ):
                 return None
         self._check_length(req)
-        if not req.finished and req.grammar is not None and req.grammar.is_terminated():
+        if (
+            not req.finished
+            and req.constraint.grammar is not None
+            and req.constraint.grammar.is_terminated()
+        ):
             # nothing but EOS may follow: finish as if it was sampled
             self.finish(req, FinishReason("stop", matched=self.tokenizer.eos_token_id))
         return None
@@ -127,7 +131,7 @@ class OutputProcessor:
         pages are shared (`min_kept_tokens`, prompt included)."""
         from plait.runtime.constrained import retokenize
 
-        if req.finished or req.logprob.return_logprob:
+        if req.finished or req.sampling.logprob.return_logprob:
             return None
         text = grammar.try_jump_forward()
         # NOTE: a forced trailing space is left to the model, whose next token carries it
@@ -142,7 +146,7 @@ class OutputProcessor:
         length = kept + len(edit.new_token_ids)
         healing = min(req.healing.tokens, kept)  # kept tokens that only rewrite the healed text
         if (
-            length - healing >= req.params.max_new_tokens
+            length - healing >= req.sampling.params.max_new_tokens
             or len(req.prompt_ids) + length >= self.context_len
             or len(req.prompt_ids) + kept < min_kept_tokens
         ):
@@ -159,7 +163,7 @@ class OutputProcessor:
         replaced, because their KV pages are shared through the prefix cache. A request steering
         toward its closing jumps only where `closing` finds one that fits after the jump.
         """
-        grammar = req.grammar
+        grammar = req.constraint.grammar
         if grammar is None or req.delivery.detokenizer.has_pending:
             return None  # the forced text would start inside a held-back character
         plan = self.plan_jump(req, req.output_ids, grammar, min_kept_tokens)
@@ -178,7 +182,7 @@ class OutputProcessor:
             if closing is None or not probe.replace_tail(edit.num_dropped, edit.new_token_ids):
                 return None
             room = min(
-                req.params.max_new_tokens - new_len + healing,
+                req.sampling.params.max_new_tokens - new_len + healing,
                 self.context_len - 1 - len(req.prompt_ids) - new_len,
             )
             path = closing(req, probe, text, room)
@@ -191,17 +195,17 @@ class OutputProcessor:
         req.healing.tokens = healing
         del req.output_ids[kept:]
         req.output_ids.extend(edit.new_token_ids)
-        req.jump_forward_tokens += len(edit.new_token_ids)
+        req.constraint.jump_forward_tokens += len(edit.new_token_ids)
         req.spec.index = None  # the n-gram index saw the replaced tokens
         req.spec.draft_valid = min(req.spec.draft_valid, len(req.prompt_ids) + kept)
         req.text += text
         req.delivery.detokenizer = IncrementalDetokenizer(
             self.tokenizer,
-            skip_special_tokens=req.params.skip_special_tokens,
-            spaces_between_special_tokens=req.params.spaces_between_special_tokens,
+            skip_special_tokens=req.sampling.params.skip_special_tokens,
+            spaces_between_special_tokens=req.sampling.params.spaces_between_special_tokens,
             prompt_ids=req.all_ids,
         )
-        if req.params.stop and self._match_stop(req, len(text)):
+        if req.sampling.params.stop and self._match_stop(req, len(text)):
             return edit.num_dropped
         self._check_length(req)
         if not req.finished and grammar.is_terminated():
@@ -209,18 +213,18 @@ class OutputProcessor:
         return edit.num_dropped
 
     def _match_stop(self, req: Request, num_new_chars: int) -> bool:
-        longest = max(len(s) for s in req.params.stop)
+        longest = max(len(s) for s in req.sampling.params.stop)
         # NOTE: the healed text is the prompt's: a stop string matches only what follows it
         window_start = max(len(req.text) - num_new_chars - longest + 1, len(req.healing.text))
         best: tuple[int, str] | None = None
-        for s in req.params.stop:
+        for s in req.sampling.params.stop:
             i = req.text.find(s, window_start)
             if i >= 0 and (best is None or i < best[0]):
                 best = (i, s)
         if best is None:
             return False
         index, matched = best
-        if not req.params.no_stop_trim:
+        if not req.sampling.params.no_stop_trim:
             req.text = req.text[:index]
         else:
             req.text = req.text[: index + len(matched)]
@@ -240,7 +244,7 @@ class OutputProcessor:
     def stream_text(self, req: Request) -> str:
         """The text a stream may show now: everything, except a tail that may begin a stop
         string."""
-        if req.finished or not req.params.stop:
+        if req.finished or not req.sampling.params.stop:
             return req.text
-        hold = max(len(s) for s in req.params.stop) - 1
+        hold = max(len(s) for s in req.sampling.params.stop) - 1
         return req.text[: max(len(req.text) - hold, 0)]

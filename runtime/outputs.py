@@ -33,7 +33,7 @@ def build_output(req: Request, tokenizer: Tokenizer, text: str) -> dict[str, Any
     if (
         req.closing.closed_early
         and reason is not None
-        and req.params.closed_finish_reason == "stop"
+        and req.sampling.params.closed_finish_reason == "stop"
     ):
         reason = FinishReason("stop")  # the output is complete; `closed_early` still says how
     meta: dict[str, Any] = {
@@ -44,8 +44,8 @@ def build_output(req: Request, tokenizer: Tokenizer, text: str) -> dict[str, Any
         "cached_tokens": req.cached_tokens,
         "e2e_latency": end - req.arrival_time,
     }
-    if req.grammar is not None:
-        meta["jump_forward_tokens"] = req.jump_forward_tokens
+    if req.constraint.grammar is not None:
+        meta["jump_forward_tokens"] = req.constraint.jump_forward_tokens
         meta["closed_early"] = req.closing.closed_early
     if req.healing.text:  # token healing: the backed-up text is the prompt's, not the output's
         meta["healed_text"] = req.healing.text
@@ -53,7 +53,7 @@ def build_output(req: Request, tokenizer: Tokenizer, text: str) -> dict[str, Any
     if req.spec.num_steps:
         meta["spec_verify_ct"] = req.spec.num_steps
         meta["spec_accepted_tokens"] = req.spec.num_accepted
-    opts = req.logprob
+    opts = req.sampling.logprob
     if opts.return_logprob:
         with_text = opts.return_text_in_logprobs
         meta["input_token_logprobs"] = [

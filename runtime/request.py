@@ -1,7 +1,9 @@
-"""One generation request as the engine keeps it: its prompt and sampling parameters, its output,
-and its state in typed parts (`kv`: where its KV lives; `spec`: speculative decoding; `closing`:
-budget-aware closing; `healing`: token healing; `delivery`: how its updates reach the caller).
-Python data throughout, but for the int64 page rows the model runners share (`KVState.page_rows`).
+"""One generation request as the engine keeps it: its prompt, its output, and its state in typed
+parts (`sampling`: the caller's sampling parameters and logprob options, and its seed's generator;
+`constraint`: constrained decoding; `kv`: where its KV lives; `spec`: speculative decoding;
+`closing`: budget-aware closing; `healing`: token healing; `delivery`: how its updates reach the
+caller). Python data throughout, but for the int64 page rows the model runners share
+(`KVState.page_rows`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,26 @@ class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
+
+
+@dataclass
+class SamplingState:
+    """What a request asked for and how its tokens are drawn: its sampling parameters (budget,
+    stops, constraint, sampling), its logprob options, and the generator its seed draws from
+    (None: the engine's shared one)."""
+
+    params: SamplingParams
+    logprob: LogprobOptions = field(default_factory=LogprobOptions)
+    generator: torch.Generator | None = None
+
+
+@dataclass
+class ConstraintState:
+    """Constrained decoding of one request: its grammar's state (None: unconstrained, or free once
+    token healing is done) and how many tokens jump-forward appended (text the grammar forced)."""
+
+    grammar: Grammar | None = None
+    jump_forward_tokens: int = 0
 
 
 @dataclass
@@ -109,8 +131,7 @@ class Delivery:
 class Request:
     rid: str
     prompt_ids: list[int]
-    params: SamplingParams
-    logprob: LogprobOptions = field(default_factory=LogprobOptions)
+    sampling: SamplingState
     output_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
@@ -129,12 +150,10 @@ class Request:
     client_id: str = ""  # whose request it is: the scheduler admits clients fairly
     first_token_time: float | None = None
     finish_time: float | None = None
-    grammar: Grammar | None = None  # constrained decoding state
+    constraint: ConstraintState = field(default_factory=ConstraintState)
     spec: SpecState = field(default_factory=SpecState)
-    jump_forward_tokens: int = 0
     closing: ClosingState = field(default_factory=ClosingState)
     healing: HealState = field(default_factory=HealState)
-    generator: torch.Generator | None = None  # its seed's; None: the engine's shared one
     delivery: Delivery = field(default_factory=Delivery)
 
     @property
@@ -160,7 +179,7 @@ class Request:
     @property
     def budget_left(self) -> int:
         """Output tokens it may still add under `max_new_tokens` (the context aside)."""
-        return self.params.max_new_tokens - self.num_output_tokens
+        return self.sampling.params.max_new_tokens - self.num_output_tokens
 
     @property
     def last_id(self) -> int:
@@ -177,6 +196,6 @@ class Request:
     @property
     def logprob_start(self) -> int:
         """First prompt position that gets an input logprob entry (its own logprob is null)."""
-        start = self.logprob.logprob_start_len
+        start = self.sampling.logprob.logprob_start_len
         last = len(self.prompt_ids) - 1
         return last if start < 0 else min(start, last)

@@ -10,7 +10,7 @@ import torch
 
 from plait.runtime import lifecycle
 from plait.runtime.protocol import LogprobOptions, SamplingParams
-from plait.runtime.request import Request
+from plait.runtime.request import Request, SamplingState
 
 
 def build_requests(
@@ -107,14 +107,15 @@ def build_requests(
             req = Request(
                 rid=req_rid,
                 prompt_ids=list(prompt),
-                params=sp,
-                logprob=logprob,
+                sampling=SamplingState(params=sp, logprob=logprob),
                 client_id=client_id or "",
             )
             if timeout is not None:
                 req.deadline = req.arrival_time + timeout
             if sp.seed is not None:
-                req.generator = torch.Generator(device=engine.device).manual_seed(sp.seed + i)
+                req.sampling.generator = torch.Generator(device=engine.device).manual_seed(
+                    sp.seed + i
+                )
             if not engine.scheduler.fits_pool(req):
                 raise ValueError(
                     f"max_new_tokens: the request needs KV for {engine.scheduler.max_tokens(req)} "

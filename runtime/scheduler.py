@@ -71,7 +71,7 @@ class Scheduler:
     def max_tokens(self, req: Request) -> int:
         """All tokens this request can ever hold KV for."""
         # NOTE: a healed request's output may begin with the healed token, besides its budget
-        total = len(req.prompt_ids) + req.params.max_new_tokens + bool(req.healing.text)
+        total = len(req.prompt_ids) + req.sampling.params.max_new_tokens + bool(req.healing.text)
         return max(min(total, self.context_len), len(req.prompt_ids))
 
     def fits_pool(self, req: Request) -> bool:

@@ -47,8 +47,8 @@ class Speculation:
                 context_len - req.num_tokens - 1,
             )
             draft = draft[: max(room, 0)]
-            if draft and req.grammar is not None:
-                grammar = req.grammar.copy()
+            if draft and req.constraint.grammar is not None:
+                grammar = req.constraint.grammar.copy()
                 allowed = 0
                 while allowed < len(draft) and grammar.try_advance(draft[allowed]):
                     allowed += 1

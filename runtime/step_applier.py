@@ -124,7 +124,7 @@ class StepApplier:
     def _close_or_jump(self, req: Request) -> None:
         """After a step: a constrained request near its budget steers toward its closing
         (`BudgetClosing.check`); others jump over the text their grammar forces."""
-        if req.grammar is None or req.finished:
+        if req.constraint.grammar is None or req.finished:
             return
         self.closing.check(req)
         # NOTE: not over the healed text alone: that would re-append the very token healing
@@ -194,5 +194,6 @@ def _healing(req: Request) -> bool:
     is what healing is for)."""
     if not req.healing.text or len(req.text) >= len(req.healing.text):
         return False
-    forced = req.grammar.try_jump_forward() if req.grammar is not None else None
+    grammar = req.constraint.grammar
+    forced = grammar.try_jump_forward() if grammar is not None else None
     return forced is None or len(req.text) + len(forced) <= len(req.healing.text)

@@ -45,7 +45,9 @@ class StepTokens:
         the GIL). Rows in the order `results` samples them: one-token entries, no drafts."""
         reqs, drafts = batch.requests(), batch.drafts()
         grammars = [
-            r.grammar for r, (_, samples), d in zip(reqs, plans, drafts) if samples and not d
+            r.constraint.grammar
+            for r, (_, samples), d in zip(reqs, plans, drafts)
+            if samples and not d
         ]
         if all(g is None for g in grammars):
             return None
@@ -68,7 +70,7 @@ class StepTokens:
     ) -> list[TokenResult]:
         reqs, drafts = batch.requests(), batch.drafts()
         results = [TokenResult() for _ in reqs]
-        want_logprobs = any(r.logprob.return_logprob for r in reqs)
+        want_logprobs = any(r.sampling.logprob.return_logprob for r in reqs)
         logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
         sample_rows: list[int] = []  # one-token requests: their logits row
         sample_reqs: list[int] = []
@@ -85,9 +87,9 @@ class StepTokens:
                 )
                 lp = logprobs[cursor : cursor + n].gather(1, targets[:, None])[:, 0].tolist()
                 results[i].input_logprobs = list(zip(lp, targets.tolist()))
-                if req.logprob.top_logprobs_num:
+                if req.sampling.logprob.top_logprobs_num:
                     results[i].input_top = _top(
-                        logprobs[cursor : cursor + n], req.logprob.top_logprobs_num
+                        logprobs[cursor : cursor + n], req.sampling.logprob.top_logprobs_num
                     )
                 cursor += n
             if samples and drafts[i]:
@@ -127,8 +129,8 @@ class StepTokens:
             )
         if want_logprobs:
             for i, first in [(i, r) for i, r in zip(sample_reqs, sample_rows)] + spec:
-                req = reqs[i]
-                if not req.logprob.return_logprob:
+                opts = reqs[i].sampling.logprob
+                if not opts.return_logprob:
                     continue
                 if results[i].alternatives:
                     picked = logprobs[first, results[i].alternatives]
@@ -136,27 +138,26 @@ class StepTokens:
                 for j, token in enumerate(results[i].tokens):
                     row_lp = logprobs[first + j]
                     results[i].logprobs.append(row_lp[token].item())
-                    if req.logprob.top_logprobs_num:
-                        results[i].tops.append(_top(row_lp[None], req.logprob.top_logprobs_num)[0])
+                    if opts.top_logprobs_num:
+                        results[i].tops.append(_top(row_lp[None], opts.top_logprobs_num)[0])
         return results
 
     def _sampling_row(self, req: Request, draft: list[int]) -> SamplingRow:
         output = req.output_ids + draft if draft else req.output_ids
+        p = req.sampling.params
         banned: list[int] = []
-        if len(output) < req.params.min_new_tokens:
-            banned = sorted(
-                set(req.params.stop_token_ids) | set(() if req.params.ignore_eos else self.eos_ids)
-            )
+        if len(output) < p.min_new_tokens:
+            banned = sorted(set(p.stop_token_ids) | set(() if p.ignore_eos else self.eos_ids))
         return SamplingRow(
-            params=req.params,
+            params=p,
             output_ids=output,
             prompt_ids=req.prompt_ids,
             banned_ids=banned,
-            generator=req.generator or self.default_generator,
+            generator=req.sampling.generator or self.default_generator,
         )
 
     def _verify(self, req: Request, draft: list[int], logits: torch.Tensor) -> list[int]:
-        grammar = req.grammar.copy() if req.grammar is not None else None
+        grammar = req.constraint.grammar.copy() if req.constraint.grammar is not None else None
 
         def mask_row(i: int, row_logits: torch.Tensor) -> None:
             if grammar is None:
@@ -169,7 +170,7 @@ class StepTokens:
 
     @classmethod
     def _apply_grammars(cls, logits: torch.Tensor, reqs: list[Request]) -> None:
-        cls._apply_grammars_to(logits, [r.grammar for r in reqs])
+        cls._apply_grammars_to(logits, [r.constraint.grammar for r in reqs])
 
     @staticmethod
     def _apply_grammars_to(logits: torch.Tensor, grammars: list) -> None:
@@ -201,9 +202,9 @@ def _fill_masks(grammars: list, vocab_size: int) -> tuple[torch.Tensor, list[int
 def _plain_logits(req: Request) -> bool:
     """Whether the request's next token depends on nothing but its raw logits and its sampling
     parameters: no grammar, no penalty, no token banned."""
-    p = req.params
+    p = req.sampling.params
     return (
-        req.grammar is None
+        req.constraint.grammar is None
         and not p.frequency_penalty
         and not p.presence_penalty
         and p.repetition_penalty == 1.0
@@ -214,7 +215,7 @@ def _plain_logits(req: Request) -> bool:
 def _plain_greedy(req: Request) -> bool:
     """Whether the request's next token is the argmax of its raw logits: greedy, no grammar, no
     penalty, no token banned (`_sampling_row`: stop and EOS ids before `min_new_tokens`)."""
-    return req.params.is_greedy and _plain_logits(req)
+    return req.sampling.params.is_greedy and _plain_logits(req)
 
 
 def _alternatives(logits: torch.Tensor, reqs: list[Request], results: list[TokenResult]) -> None:

@@ -114,9 +114,9 @@ class RequestLog:
             "prompt_tokens": len(req.prompt_ids),
             "cached_tokens": req.cached_tokens,
             "generated_tokens": len(req.output_ids),
-            "max_new_tokens": req.params.max_new_tokens,
+            "max_new_tokens": req.sampling.params.max_new_tokens,
             "constraint": constraint_kind(req),
-            "jump_forward_tokens": req.jump_forward_tokens,
+            "jump_forward_tokens": req.constraint.jump_forward_tokens,
             "spec_proposed": spec.num_proposed,
             "spec_accepted": spec.num_accepted,
             "spec_acceptance": spec.num_accepted / spec.num_proposed if spec.num_proposed else None,
@@ -137,11 +137,11 @@ class RequestLog:
 
 
 def constraint_kind(req: Any) -> str | None:
-    params = req.params
+    params = req.sampling.params
     for name in _CONSTRAINTS:
         if getattr(params, name, None) is not None:
             return name
-    return None if req.grammar is None else "grammar"
+    return None if req.constraint.grammar is None else "grammar"
 
 
 def _detail(reason: Any) -> str | None:

@@ -51,7 +51,10 @@ def bursts(monkeypatch):
     def record(self, batch, steps, *args, **kwargs):
         results = real(self, batch, steps, *args, **kwargs)
         seen.append(
-            ([r.grammar is not None for r in batch.decodes], [len(r.tokens) for r in results])
+            (
+                [r.constraint.grammar is not None for r in batch.decodes],
+                [len(r.tokens) for r in results],
+            )
         )
         return results
 

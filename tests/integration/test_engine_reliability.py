@@ -10,12 +10,14 @@ import time
 import pytest
 
 from plait.runtime.protocol import SamplingParams
-from plait.runtime.request import Request
+from plait.runtime.request import Request, SamplingState
 from plait.runtime.schedule_policy import fair_order
 
 
 def _req(rid: str, client: str) -> Request:
-    return Request(rid=rid, prompt_ids=[1, 2], params=SamplingParams(), client_id=client)
+    return Request(
+        rid=rid, prompt_ids=[1, 2], sampling=SamplingState(SamplingParams()), client_id=client
+    )
 
 
 def test_fair_order_round_robins_clients_least_loaded_first():

@@ -11,7 +11,7 @@ from plait.runtime.kv_pool import KVPool
 from plait.runtime.model_loader import load_model
 from plait.runtime.model_runner import ModelRunner
 from plait.runtime.protocol import SamplingParams
-from plait.runtime.request import Request
+from plait.runtime.request import Request, SamplingState
 from tests.conftest import write_tiny_checkpoint
 
 TOL = 1e-4
@@ -41,7 +41,11 @@ def all_logits(runner: ModelRunner, batch: ScheduleBatch) -> torch.Tensor:
 
 
 def request(ids: list[int], first_page: int, page_size: int) -> Request:
-    req = Request(rid=f"r{first_page}", prompt_ids=ids, params=SamplingParams(max_new_tokens=1))
+    req = Request(
+        rid=f"r{first_page}",
+        prompt_ids=ids,
+        sampling=SamplingState(SamplingParams(max_new_tokens=1)),
+    )
     num_pages = -(-len(ids) // page_size)
     # deliberately non-contiguous pages, in reverse order
     req.kv.pages = [first_page + 2 * i for i in range(num_pages)][::-1]

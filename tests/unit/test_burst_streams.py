@@ -8,7 +8,7 @@ import numpy as np
 
 from plait.runtime.burst_streams import BurstStreams
 from plait.runtime.protocol import FinishReason, SamplingParams
-from plait.runtime.request import Delivery, Request, RequestStatus
+from plait.runtime.request import Delivery, Request, RequestStatus, SamplingState
 
 
 class Processor:
@@ -29,7 +29,10 @@ class Processor:
 
 def request(rid: str) -> Request:
     return Request(
-        rid=rid, prompt_ids=[1, 2, 3], params=SamplingParams(), delivery=Delivery(streaming=True)
+        rid=rid,
+        prompt_ids=[1, 2, 3],
+        sampling=SamplingState(SamplingParams()),
+        delivery=Delivery(streaming=True),
     )
 
 

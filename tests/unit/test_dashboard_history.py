@@ -96,6 +96,7 @@ def test_probe_subscribes_to_engine_events_and_takes_itself_off():
     from plait.radix_cache import PageAllocator, RadixCache
     from plait.runtime.events import EVENT_KINDS, EngineEvents, RequestRetracted, StepFinished
     from plait.runtime.protocol import FinishReason
+    from plait.runtime.request import ConstraintState
 
     events, alloc = EngineEvents(), PageAllocator(8)
     cache = RadixCache(1, alloc)
@@ -108,7 +109,7 @@ def test_probe_subscribes_to_engine_events_and_takes_itself_off():
         rid="r",
         output_ids=[],
         prompt_ids=[1, 2],
-        grammar=None,
+        constraint=ConstraintState(),
         finished=False,
         first_token_time=time.perf_counter(),
         arrival_time=time.perf_counter() - 0.5,

@@ -107,9 +107,9 @@ def test_ngram_index_follows_a_request_by_its_new_tokens():
 
 
 def test_request_ids_between_equals_slicing_all_ids():
-    from plait.runtime.request import Request
+    from plait.runtime.request import Request, SamplingState
 
-    req = Request(rid="r", prompt_ids=[1, 2, 3, 4], params=SamplingParams())
+    req = Request(rid="r", prompt_ids=[1, 2, 3, 4], sampling=SamplingState(SamplingParams()))
     req.output_ids = [5, 6, 7]
     for start in range(8):
         for end in range(start, 8):

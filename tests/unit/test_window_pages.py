@@ -10,7 +10,7 @@ import pytest
 from plait.radix_cache import PageAllocator, RadixCache, WindowPages
 from plait.runtime.config import SchedulerConfig
 from plait.runtime.protocol import SamplingParams
-from plait.runtime.request import Request, RequestStatus
+from plait.runtime.request import Request, RequestStatus, SamplingState
 from plait.runtime.scheduler import Scheduler
 
 
@@ -108,7 +108,7 @@ def test_random_traffic_keeps_every_window_read_right(seed):
         if rng.random() < 0.3 and len(budgets) < 8:
             rid = f"r{step}"
             prompt = rng.choice(stems)[: rng.randrange(1, 60)] + [rng.randrange(100)]
-            scheduler.add(Request(rid, prompt, SamplingParams(max_new_tokens=40)))
+            scheduler.add(Request(rid, prompt, SamplingState(SamplingParams(max_new_tokens=40))))
             budgets[rid] = rng.randrange(1, 40)
         batch = scheduler.schedule()
         for e in batch.extends:
