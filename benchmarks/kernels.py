@@ -77,7 +77,7 @@ def add_kernels_args(parser: argparse.ArgumentParser) -> None:
 def block_weight(kind: str, n: int, k: int, seed: int = 0) -> Any:
     """An [n, k] `QuantizedWeight` of `kind`: GGUF blocks quantized by `gguf` where it can (else
     random bytes with valid scales), or plait's own int8 (per channel) / int4 quantization."""
-    from plait.kernels.quant_matmul import quantize_int4, quantize_int8
+    from plait.kernels.quant_weights import quantize_int4, quantize_int8
     from plait.runtime.model_loader.gguf_blocks import quantized_blocks
 
     if kind in ("int8", "int4"):

@@ -20,13 +20,8 @@ from typing import Any
 import torch
 
 from plait.kernels import native
-from plait.kernels.quant_matmul import (
-    FORMAT_CODE,
-    QuantizedWeight,
-    call_native_matmul,
-    native_quant_available,
-    quant_matmul_ref,
-)
+from plait.kernels.quant_matmul import call_native_matmul, native_quant_available
+from plait.kernels.quant_weights import FORMAT_CODE, QuantizedWeight, quant_matmul_ref
 
 
 @cache

@@ -26,7 +26,7 @@ import torch
 from plait.kernels import native
 from plait.kernels.attention_cpu import CpuRows
 from plait.kernels.kv_cache import slot_error
-from plait.kernels.quant_matmul import FORMAT_CODE, QuantizedWeight
+from plait.kernels.quant_weights import FORMAT_CODE, QuantizedWeight
 
 _p, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 

@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-// Weight formats of plait_qmatmul_f32 and PlaitQLinear.format (kernels/quant_matmul.py: format_code):
+// Weight formats of plait_qmatmul_f32 and PlaitQLinear.format (kernels/quant_weights.py: FORMAT_CODE):
 // int8 / int4 values with float16 scales (0, 1), float32 weights (2), int8 / int4 values with
 // float32 scales (3, 4: the k-quants' sub-block scales, see cpu_quant_matmul.cpp).
 enum PlaitWeightFormat : int {
@@ -25,7 +25,7 @@ enum PlaitWeightFormat : int {
 enum PlaitActivation : int { PLAIT_ACT_SILU = 0, PLAIT_ACT_GELU_TANH = 1 };
 // KV cache storage types (kernels/kv_cache.py: kv_type_code).
 enum PlaitKVType : int { PLAIT_KV_FLOAT32 = 0, PLAIT_KV_BFLOAT16 = 1, PLAIT_KV_INT8 = 2 };
-// Activations round to int8 in blocks of this many values (kernels/quant_matmul.py: Q8_BLOCK).
+// Activations round to int8 in blocks of this many values (kernels/quant_weights.py: Q8_BLOCK).
 constexpr int64_t PLAIT_Q8_BLOCK = 32;
 // On AVX2 (no VNNI), up to this many rows of x round to int8; more keep float32 activations
 // (see cpu_quant_matmul.cpp). kernels/tuning.py's DEQUANT_GEMM_MIN_ROWS starts right after it.

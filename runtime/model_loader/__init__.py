@@ -54,7 +54,7 @@ def load_model(
 
     The checkpoint's family, hyperparameters, tensor types and tensor names are checked from its
     header before any weight is read."""
-    from plait.kernels.quant_matmul import QuantizedWeight
+    from plait.kernels.quant_weights import QuantizedWeight
     from plait.runtime.models.quantized import runs_in_blocks
     from plait.runtime.tokenizer import Tokenizer
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from plait.kernels.quant_matmul import QuantizedWeight, pack_int4
+from plait.kernels.quant_weights import QuantizedWeight, pack_int4
 
 BLOCK_BYTES = {
     "Q4_1": 20,

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from plait.kernels.quant_matmul import QuantizedWeight
+from plait.kernels.quant_weights import QuantizedWeight
 from plait.runtime.model_loader.gguf_blocks import BLOCK_TYPES, quantized_blocks
 from plait.runtime.model_loader.gguf_file import GgufFile, GgufTensor, dequantize
 from plait.runtime.models.args import ModelArgs

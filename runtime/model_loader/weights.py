@@ -9,7 +9,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from plait.kernels.quant_matmul import QuantizedWeight
+from plait.kernels.quant_weights import QuantizedWeight
 from plait.runtime.models.args import ModelArgs
 
 _FUSED = {
@@ -136,7 +136,7 @@ def float_weight(
     weight: torch.Tensor | QuantizedWeight | list[QuantizedWeight], dtype: torch.dtype
 ) -> torch.Tensor:
     """A weight as a float tensor: blocks dequantized, a list of experts' blocks stacked."""
-    from plait.kernels.quant_matmul import dequantize_ref
+    from plait.kernels.quant_weights import dequantize_ref
 
     if isinstance(weight, list):
         return torch.stack([dequantize_ref(w) for w in weight]).to(dtype)
@@ -157,7 +157,7 @@ def _stack_experts(
             yield name, tensor
             continue
         if isinstance(tensor, QuantizedWeight):
-            from plait.kernels.quant_matmul import dequantize_ref
+            from plait.kernels.quant_weights import dequantize_ref
 
             tensor = dequantize_ref(tensor)
         pending.setdefault(stacked[0], {})[stacked[1]] = tensor

@@ -15,13 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from plait.kernels.quant_matmul import (
-    QuantizedWeight,
-    dequantize,
-    quant_matmul,
-    quantize_int4,
-    quantize_int8,
-)
+from plait.kernels.quant_matmul import dequantize, quant_matmul
+from plait.kernels.quant_weights import QuantizedWeight, quantize_int4, quantize_int8
 from plait.runtime.models.moe import ExpertWeights
 
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")

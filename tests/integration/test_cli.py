@@ -304,10 +304,11 @@ def test_kernels_stubbed_swaps_the_native_kernels_and_restores_them():
 
     from plait.benchmarks.overhead import kernels_stubbed
     from plait.kernels import quant_matmul as qm
+    from plait.kernels.quant_weights import quantize_int4
 
     if not qm.native_quant_available():
         pytest.skip("native CPU kernels did not build")
-    qw, x = qm.quantize_int4(torch.randn(8, 64)), torch.randn(1, 64)
+    qw, x = quantize_int4(torch.randn(8, 64)), torch.randn(1, 64)
     expected, real = qm.quant_matmul(x, qw), qm._kernels()[0]
     with kernels_stubbed():
         assert qm._kernels()[0] is not real and qm._kernels()[0]() == -1

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from plait.kernels.quant_matmul import dequantize_ref, quantize_int4, quantize_int8
+from plait.kernels.quant_weights import dequantize_ref, quantize_int4, quantize_int8
 from plait.runtime.model_loader import gguf_loader, load_model
 from plait.runtime.model_loader.gguf_blocks import BLOCK_TYPES
 from plait.runtime.models.quantized import QuantLinear

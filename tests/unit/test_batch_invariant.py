@@ -13,7 +13,13 @@ from plait.kernels import attention_cpu
 from plait.kernels import quant_matmul as qm
 from plait.kernels.attention import paged_attention_ref
 from plait.kernels.batch_invariant import matmul_rows
-from plait.kernels.quant_matmul import dequantize_ref, quant_matmul_ref
+from plait.kernels.quant_weights import (
+    QuantizedWeight,
+    dequantize_ref,
+    quant_matmul_ref,
+    quantize_int4,
+    quantize_int8,
+)
 from plait.runtime.model_loader.gguf_blocks import quantized_blocks
 from tests.unit.attention_cases import Case, make_batch, tolerance
 from tests.unit.test_quant_matmul_kquants import BLOCK_TYPES, gguf_blocks
@@ -24,15 +30,15 @@ needs_native = pytest.mark.skipif(
 ROWS = (1, 2, 5, 17, 47, 48, 64, 100)
 
 
-def _weights(kind: str, n: int, k: int) -> qm.QuantizedWeight | torch.Tensor:
+def _weights(kind: str, n: int, k: int) -> QuantizedWeight | torch.Tensor:
     gen = torch.Generator().manual_seed(n + k)
     w = torch.randn(n, k, generator=gen) * 0.1
     if kind == "float32":
         return w
     if kind == "int8":
-        return qm.quantize_int8(w, 64)
+        return quantize_int8(w, 64)
     if kind == "int4":
-        return qm.quantize_int4(w, 32)
+        return quantize_int4(w, 32)
     return quantized_blocks(kind, gguf_blocks(kind, n, k, seed=n), n, k)
 
 

@@ -9,7 +9,7 @@ import ctypes
 import pytest
 import torch
 
-from plait.kernels import decode_stack, native, quant_matmul, tuning
+from plait.kernels import decode_stack, native, quant_matmul, quant_weights, tuning
 from plait.kernels.kv_cache import kv_type_code
 
 pytestmark = pytest.mark.skipif(
@@ -45,7 +45,7 @@ def test_every_library_field_is_mirrored() -> None:
 
 
 def test_codes_match_the_library() -> None:
-    for fmt, code in quant_matmul.FORMAT_CODE.items():
+    for fmt, code in quant_weights.FORMAT_CODE.items():
         assert native.abi_constant(f"format_{fmt}") == code
     for name, dtype in (
         ("float32", torch.float32),
@@ -53,7 +53,7 @@ def test_codes_match_the_library() -> None:
         ("int8", torch.int8),
     ):
         assert native.abi_constant(f"kv_{name}") == kv_type_code(dtype)
-    assert native.abi_constant("q8_block") == quant_matmul.Q8_BLOCK
+    assert native.abi_constant("q8_block") == quant_weights.Q8_BLOCK
     for name, code in decode_stack.ACTIVATION_CODE.items():
         assert native.abi_constant(f"act_{name}") == code
 

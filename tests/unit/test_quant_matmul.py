@@ -10,12 +10,12 @@ import torch
 
 from plait import environment
 from plait.kernels import quant_matmul as qm
-from plait.kernels.quant_matmul import (
+from plait.kernels.quant_matmul import dequantize, quant_matmul
+from plait.kernels.quant_weights import (
     QuantizedWeight,
-    dequantize,
     dequantize_ref,
     pack_int4,
-    quant_matmul,
+    q8_activations,
     quant_matmul_ref,
     quantize_int4,
     quantize_int8,
@@ -280,14 +280,14 @@ def test_q8_activation_rounding_per_block(levels: int, fraction: int) -> None:
     """Half a step with one level; a 256th of one with two (up to float32 rounding at x's scale:
     unseeded, 1.7% of draws missed a bound without that term, by under 5e-8 of |x|)."""
     x = torch.randn(3, 128, generator=torch.Generator().manual_seed(7)) * torch.logspace(-2, 2, 128)
-    back = qm.q8_activations(x, levels)
+    back = q8_activations(x, levels)
     step = x.reshape(3, 4, 32).abs().amax(-1, keepdim=True) / 127
     error = (back - x).reshape(3, 4, 32).abs()
     assert torch.all(
         error <= step / fraction * (1 + 1e-4) + x.reshape(3, 4, 32).abs() * 2**-22 + 1e-7
     )
     assert torch.all(error.amax(-1, keepdim=True) > step / fraction / 8)  # and not much less
-    assert torch.equal(qm.q8_activations(torch.zeros(2, 32), levels), torch.zeros(2, 32))
+    assert torch.equal(q8_activations(torch.zeros(2, 32), levels), torch.zeros(2, 32))
 
 
 @needs_native

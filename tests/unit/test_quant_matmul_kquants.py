@@ -17,7 +17,13 @@ import pytest
 import torch
 
 from plait.kernels import quant_matmul as qm
-from plait.kernels.quant_matmul import dequantize, dequantize_ref, quant_matmul, quant_matmul_ref
+from plait.kernels.quant_matmul import dequantize, quant_matmul
+from plait.kernels.quant_weights import (
+    FORMAT_CODE,
+    QuantizedWeight,
+    dequantize_ref,
+    quant_matmul_ref,
+)
 from plait.runtime.model_loader.gguf_blocks import quantized_blocks
 
 KQUANTS = ["Q5_0", "Q4_K", "Q5_K", "Q6_K"]
@@ -104,9 +110,9 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(kind: str, n: int, 
 def test_scales_and_mins_agree_in_dtype() -> None:
     qw = quantized_blocks("Q4_K", gguf_blocks("Q4_K", 4, 256, seed=0), 4, 256)
     with pytest.raises(ValueError, match="mins must be torch.float32"):
-        qm.QuantizedWeight("int4", qw.qweight, qw.scales, qw.mins.half(), 32)
+        QuantizedWeight("int4", qw.qweight, qw.scales, qw.mins.half(), 32)
     with pytest.raises(ValueError, match="int8 mins need groups of 32"):
-        qm.QuantizedWeight(
+        QuantizedWeight(
             "int8", torch.zeros(4, 256, dtype=torch.int8), torch.ones(4, 16), torch.ones(4, 16), 16
         )
-    assert qw.code == qm.FORMAT_CODE["int4-f32"]
+    assert qw.code == FORMAT_CODE["int4-f32"]
