@@ -59,6 +59,7 @@ LIBRARIES = {
         "quant_matmul_float.cpp",
         "quant_matmul_avx2.cpp",
         "quant_matmul_vnni.cpp",
+        "quant_matmul_vnni_int8.cpp",
         "dense_gemv.cpp",
         "cpu_fused.cpp",
         "cpu_decode.cpp",

@@ -1,7 +1,7 @@
 """Weight-only quantization: the formats of quantized weights, the quantizers, and the torch
 reference of what the native kernels (`quant_matmul.py`) compute.
 
-Two formats, both grouped along the input dimension K, with float16 scales (and minimums), as
+Three formats, all grouped along the input dimension K, with float16 scales (and minimums), as
 GGUF stores them:
 
 - `int8`: symmetric, `w = q * scale`, q in [-127, 127]; one scale per row (per-channel, the
@@ -9,13 +9,19 @@ GGUF stores them:
 - `int4`: asymmetric, `w = q * scale + min`, q in [0, 15], groups of 32 by default — the GGUF
   Q4_1 block, so a Q4_1 file loads without re-quantizing. Two weights per byte: in each group, byte
   j holds weight j (low nibble) and weight j + group/2 (high nibble), as in GGUF.
+- `int5`: five-bit values q in [0, 31], groups of 32, K a multiple of 64, `w = (q - 16) * scale`
+  without minimums (GGUF Q5_0) and `w = q * scale + min` with them (Q5_K). Packed per row in
+  chunks of 64 weights: the chunk's 32 nibble bytes (byte j: weight j low, weight j + 32 high),
+  all chunks' nibbles first, then each chunk's fifth bits as 8 bytes (bit i: weight i), so a row
+  is K / 2 + K / 8 bytes (`pack_int5`): the bytes Q5_0 holds, where int8 values took 1.5x them.
 
 GGUF's k-quants load as these formats with float32 scales (and minimums), never re-quantized:
 their effective scale per 16 or 32 weights (the sub-block's 6- or 8-bit scale times the
 superblock's float16 one) is exact in float32, not in float16. Q4_K is `int4` (its nibbles
-reordered to the order above) with float32 scales and minimums; Q5_K `int8` (values 0..31) with
-float32 scales and minimums per 32; Q6_K `int8` (values q - 32) with float32 scales per 16. Q5_0 is
-plain `int8` with its float16 scales (values q - 16). `dequantize_ref` of each is
+reordered to the order above) with float32 scales and minimums; Q5_K `int5` with float32 scales
+and minimums per 32; Q6_K `int8` (values q - 32) with float32 scales per 16. Q5_0 is `int5` with
+its float16 scales (as `int8`, values q - 16, where K is not a multiple of 64). `dequantize_ref` of
+each is
 `gguf.quants.dequantize` of the file's blocks, bit for bit; the kernels read them at one
 `FORMAT_CODE` each.
 """
@@ -26,10 +32,18 @@ from dataclasses import dataclass
 
 import torch
 
-FORMATS = ("int8", "int4")
+FORMATS = ("int8", "int4", "int5")
 # (format, scale dtype) -> the kernel's format code (csrc/plait_kernels.h: PlaitWeightFormat);
 # "float32" is plain weights, see `quant_matmul.dense_matmul`
-FORMAT_CODE = {"int8": 0, "int4": 1, "float32": 2, "int8-f32": 3, "int4-f32": 4}
+FORMAT_CODE = {
+    "int8": 0,
+    "int4": 1,
+    "float32": 2,
+    "int8-f32": 3,
+    "int4-f32": 4,
+    "int5": 5,
+    "int5-f32": 6,
+}
 Q8_BLOCK = 32  # decode rows round activations to int8 in blocks of this many (see `q8_activations`)
 
 
@@ -38,11 +52,11 @@ class QuantizedWeight:
     """A [N, K] weight matrix in one of `FORMATS`."""
 
     format: str
-    qweight: torch.Tensor  # int8 [N, K] or uint8 [N, K // 2]
+    qweight: torch.Tensor  # int8 [N, K], uint8 [N, K // 2] (int4) or [N, K // 2 + K // 8] (int5)
     scales: torch.Tensor  # float16, or float32 (k-quants) [N, K // group]
-    mins: (
-        torch.Tensor | None
-    )  # scales' dtype [N, K // group]: int4, and int8 with float32 scales (Q5_K)
+    # the scales' dtype [N, K // group]: int4; int5 with float32 scales; int8 with float32 scales
+    # where set (values 0..31 of a Q5_K with K not a multiple of 64)
+    mins: torch.Tensor | None
     group: int
 
     def __post_init__(self) -> None:
@@ -61,6 +75,18 @@ class QuantizedWeight:
             raise ValueError(
                 f"QuantizedWeight: int8 mins need groups of {Q8_BLOCK}, got {self.group}"
             )
+        if self.format == "int5":
+            k = self.scales.shape[1] * self.group
+            if self.group != Q8_BLOCK or k % 64:
+                raise ValueError(
+                    f"QuantizedWeight: int5 needs groups of {Q8_BLOCK} and K a multiple of 64, "
+                    f"got group {self.group}, K {k}"
+                )
+            if (self.mins is None) != (self.scales.dtype == torch.float16):
+                raise ValueError(
+                    "QuantizedWeight: int5 has float16 scales without mins (centered values) "
+                    "or float32 scales with mins"
+                )
 
     @property
     def code(self) -> int:
@@ -94,6 +120,15 @@ class QuantizedWeight:
             self.scales[index].contiguous(),
             None if self.mins is None else self.mins[index].contiguous(),
             self.group,
+        )
+
+    def widened(self) -> QuantizedWeight:
+        """The same weights with int8 values where this holds five-bit ones (q - 16, or q beside
+        minimums), so that they stack with int8 parts (`cat`); other formats as they are."""
+        if self.format != "int5":
+            return self
+        return QuantizedWeight(
+            "int8", _values(self).to(torch.int8), self.scales, self.mins, self.group
         )
 
     @staticmethod
@@ -169,11 +204,44 @@ def unpack_int4(packed: torch.Tensor, group: int) -> torch.Tensor:
     return torch.stack([g & 0x0F, g >> 4], dim=2).reshape(n, half_k * 2)
 
 
+def pack_int5(q: torch.Tensor) -> torch.Tensor:
+    """[N, K] values 0..31 (K a multiple of 64) -> [N, K // 2 + K // 8] bytes: per 64 weights,
+    32 bytes with weight j in the low nibble of byte j and weight j + 32 in the high one, every
+    chunk's nibbles first, then each chunk's fifth bits, 8 bytes little-endian (see module doc)."""
+    n, k = q.shape
+    c = q.reshape(n, k // 64, 2, 32).to(torch.uint8)
+    nibbles = (c[:, :, 0] & 0x0F) | ((c[:, :, 1] & 0x0F) << 4)
+    bits = ((c.reshape(n, k // 64, 8, 8) >> 4) & 1) << torch.arange(8, dtype=torch.uint8)
+    return torch.cat(
+        [nibbles.reshape(n, k // 2), bits.sum(-1, dtype=torch.uint8).reshape(n, -1)], 1
+    )
+
+
+def unpack_int5(packed: torch.Tensor) -> torch.Tensor:
+    """`pack_int5`'s bytes [N, K // 2 + K // 8] -> [N, K] values 0..31."""
+    n, k = packed.shape[0], packed.shape[1] * 8 // 5
+    nib = packed[:, : k // 2].reshape(n, k // 64, 1, 32)
+    low = torch.cat([nib & 0x0F, nib >> 4], dim=2)  # [n, chunks, 2, 32]
+    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
+    bits = (packed[:, k // 2 :].reshape(n, k // 64, 8, 1) >> shifts) & 1  # [n, chunks, 8, 8]
+    return (low.reshape(n, k // 64, 64) | (bits.reshape(n, k // 64, 64) << 4)).reshape(n, k)
+
+
+def _values(qw: QuantizedWeight) -> torch.Tensor:
+    """The integer values q * scale multiplies, [N, K]."""
+    if qw.format == "int8":
+        return qw.qweight
+    if qw.format == "int4":
+        return unpack_int4(qw.qweight, qw.group)
+    q = unpack_int5(qw.qweight)
+    return q if qw.mins is not None else q.to(torch.int8) - 16
+
+
 def dequantize_ref(qw: QuantizedWeight, with_mins: bool = True) -> torch.Tensor:
     """The float32 [N, K] matrix a quantized weight stands for (`with_mins=False`: q * scale
     only)."""
     n, k = qw.shape
-    values = qw.qweight if qw.format == "int8" else unpack_int4(qw.qweight, qw.group)
+    values = _values(qw)
     q = values.float().reshape(n, k // qw.group, qw.group) * qw.scales.float()[..., None]
     return (q + qw.mins.float()[..., None] if with_mins and qw.mins is not None else q).reshape(
         n, k

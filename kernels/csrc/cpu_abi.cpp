@@ -79,6 +79,8 @@ constexpr Named CONSTANTS[] = {
     {"format_float32", PLAIT_FORMAT_FLOAT32},
     {"format_int8-f32", PLAIT_FORMAT_INT8_F32},
     {"format_int4-f32", PLAIT_FORMAT_INT4_F32},
+    {"format_int5", PLAIT_FORMAT_INT5},
+    {"format_int5-f32", PLAIT_FORMAT_INT5_F32},
     {"act_silu", PLAIT_ACT_SILU},
     {"act_gelu_tanh", PLAIT_ACT_GELU_TANH},
     {"kv_float32", PLAIT_KV_FLOAT32},

@@ -13,13 +13,16 @@
 
 // Weight formats of plait_qmatmul_f32 and PlaitQLinear.format (kernels/quant_weights.py: FORMAT_CODE):
 // int8 / int4 values with float16 scales (0, 1), float32 weights (2), int8 / int4 values with
-// float32 scales (3, 4: the k-quants' sub-block scales, see cpu_quant_matmul.cpp).
+// float32 scales (3, 4: the k-quants' sub-block scales), packed five-bit values with float16 scales
+// (5: Q5_0) or float32 scales and minimums (6: Q5_K); see cpu_quant_matmul.cpp.
 enum PlaitWeightFormat : int {
     PLAIT_FORMAT_INT8 = 0,
     PLAIT_FORMAT_INT4 = 1,
     PLAIT_FORMAT_FLOAT32 = 2,
     PLAIT_FORMAT_INT8_F32 = 3,
     PLAIT_FORMAT_INT4_F32 = 4,
+    PLAIT_FORMAT_INT5 = 5,
+    PLAIT_FORMAT_INT5_F32 = 6,
 };
 // The gated MLP's activation (kernels/decode_stack.py: ACTIVATION_CODE).
 enum PlaitActivation : int { PLAIT_ACT_SILU = 0, PLAIT_ACT_GELU_TANH = 1 };
@@ -34,8 +37,8 @@ constexpr int64_t PLAIT_AVX2_MAX_Q8_ROWS = 47;
 // A linear layer's weight: quantized (int8, int4) or plain float32 [out_features, in_features].
 struct PlaitQLinear {  // kernels/decode_stack.py: QLinear
     const void* qweight;
-    const void* scales;  // float16 (formats 0, 1) or float32 (3, 4)
-    const void* mins;    // the same type; int4, and format 3 where set (may be null there)
+    const void* scales;  // float16 (formats 0, 1, 5) or float32 (3, 4, 6)
+    const void* mins;    // the same type; int4, format 6, and format 3 where set (may be null there)
     const float* bias;       // may be null
     int64_t out_features, in_features, group;
     int64_t format;  // PlaitWeightFormat

@@ -1,6 +1,6 @@
 // Shared by the quantized matmul's files: cpu_quant_matmul.cpp (the exported functions, choosing a
 // path), quant_matmul_float.cpp (float tiles and fused rows: every CPU), quant_matmul_avx2.cpp
-// (int8 activations on AVX2), quant_matmul_vnni.cpp (int8 activations on AVX-512 VNNI) and
+// (int8 activations on AVX2), quant_matmul_vnni*.cpp (int8 activations on AVX-512 VNNI) and
 // dense_gemv.cpp (float32 weights). It holds the formats' helpers, the activations' int8 rounding
 // that both integer tiers use, and each tier's entry point. The tier is fixed at build time by the
 // target (`-march`, see kernels/native.py), which is built for the CPU that runs it.
@@ -122,9 +122,74 @@ inline void dequant_int4_row(const uint8_t* q, const S* scales, const S* mins, i
     }
 }
 
+// Five-bit values (formats 5 and 6, GGUF's Q5_0 and Q5_K) in chunks of 64 weights. A row is K / 2
+// bytes of nibbles, then K / 8 bytes of fifth bits: chunk c's 32 nibble bytes at c * 32 hold weight
+// 64c + j in the low nibble of byte j and weight 64c + 32 + j in the high one, so that either half
+// of the bytes is one block of 32 in order; its fifth bits are the 8 bytes at K / 2 + c * 8, bit i
+// (little-endian) that of weight 64c + i. Format 5 has float16 scales and no minimums and is
+// centered, w = (q - 16) * scale; format 6 has float32 scales and minimums, w = q * scale + min.
+// K is a multiple of 64. The kernels read these as the int8 values q - 16 or q, unpacked in
+// registers: the int8 paths' arithmetic on 5/8 of their bytes.
+inline int64_t int5_row_bytes(int64_t K) { return K / 2 + K / 8; }
+inline int int5_offset(int format) { return format == PLAIT_FORMAT_INT5 ? 16 : 0; }
+
+// Block b (weights 32b..32b+31) of an int5 row, as int8 values q - offset
+inline void int5_block(const uint8_t* row, int64_t K, int64_t b, int offset, int8_t* out) {
+    const uint8_t* nib = row + (b / 2) * 32;
+    uint32_t bits;
+    std::memcpy(&bits, row + K / 2 + b * 4, sizeof bits);
+    for (int j = 0; j < 32; ++j) {
+        const int q = ((b % 2 ? nib[j] >> 4 : nib[j]) & 0x0F) | (((bits >> j) & 1u) << 4);
+        out[j] = static_cast<int8_t>(q - offset);
+    }
+}
+
+#ifdef __AVX2__
+// int5_block in a register: the nibbles' half, the fifth bits spread to bytes (byte j takes byte
+// j / 8 of the bits, then its own bit), less the offset.
+inline __m256i int5_block256(const uint8_t* row, int64_t K, int64_t b, int offset) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + (b / 2) * 32));
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i nib = b % 2 ? _mm256_and_si256(_mm256_srli_epi16(v, 4), low4) : _mm256_and_si256(v, low4);
+    uint32_t bits;
+    std::memcpy(&bits, row + K / 2 + b * 4, sizeof bits);
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,  //
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)), spread), bit), bit);
+    const __m256i q = _mm256_or_si256(nib, _mm256_and_si256(set, _mm256_set1_epi8(16)));
+    return _mm256_sub_epi8(q, _mm256_set1_epi8(static_cast<char>(offset)));
+}
+#endif
+
+// w = q * scale (+ min) of an int5 row, block by block
+template <class S>
+inline void dequant_int5_row(const uint8_t* row, const S* scales, const S* mins, int64_t K, int offset, float* out) {
+    for (int64_t b = 0; b < K / 32; ++b) {
+        const float s = s2f(scales[b]), m = mins ? s2f(mins[b]) : 0.0f;
+        float* o = out + b * 32;
+#ifdef __AVX2__
+        alignas(32) int8_t q[32];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(q), int5_block256(row, K, b, offset));
+        const __m256 vs = _mm256_set1_ps(s), vm = _mm256_set1_ps(m);
+        for (int i = 0; i < 4; ++i) {
+            const __m256i qi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * i)));
+            _mm256_storeu_ps(o + 8 * i, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(qi), vs), vm));
+        }
+#else
+        int8_t q[32];
+        int5_block(row, K, b, offset, q);
+        for (int j = 0; j < 32; ++j) o[j] = static_cast<float>(q[j]) * s + m;
+#endif
+    }
+}
+
 // The formats' scale type and value width (plait_kernels.h: PlaitWeightFormat).
-inline bool float32_scales(int format) { return format == PLAIT_FORMAT_INT8_F32 || format == PLAIT_FORMAT_INT4_F32; }
+inline bool float32_scales(int format) {
+    return format == PLAIT_FORMAT_INT8_F32 || format == PLAIT_FORMAT_INT4_F32 || format == PLAIT_FORMAT_INT5_F32;
+}
 inline bool int4_values(int format) { return format == PLAIT_FORMAT_INT4 || format == PLAIT_FORMAT_INT4_F32; }
+inline bool int5_values(int format) { return format == PLAIT_FORMAT_INT5 || format == PLAIT_FORMAT_INT5_F32; }
 
 // Row n of a quantized matrix (any format but float32), dequantized to float32.
 inline void dequant_row(const void* qweight, int format, int64_t n, int64_t K, int64_t group, const void* scales,
@@ -135,6 +200,9 @@ inline void dequant_row(const void* qweight, int format, int64_t n, int64_t K, i
         mn = mn ? mn + n * groups : nullptr;
         if (int4_values(format))
             dequant_int4_row(static_cast<const uint8_t*>(qweight) + n * (K / 2), sc, mn, K, group, out);
+        else if (int5_values(format))
+            dequant_int5_row(static_cast<const uint8_t*>(qweight) + n * int5_row_bytes(K), sc, mn, K,
+                             int5_offset(format), out);
         else
             dequant_int8_row(static_cast<const int8_t*>(qweight) + n * K, sc, mn, K, group, out);
     };
@@ -293,8 +361,8 @@ constexpr int64_t MAX_Q8_M = PLAIT_AVX2_MAX_Q8_ROWS;
 #endif
 static_assert(XBLOCK == PLAIT_Q8_BLOCK, "the activations' blocks are the ABI's");
 
-// Format 3 takes groups of 16 (Q6_K) or 32 (Q5_K, with minimums); format 4 an even number of
-// groups of 32 (Q4_K: K a multiple of 256).
+// Format 3 takes groups of 16 (Q6_K) or 32 (with minimums); formats 4 to 6 an even number of
+// groups of 32.
 inline bool q8_usable(int64_t K, int format, int64_t group) {
     if (K % XBLOCK) return false;
     switch (format) {
@@ -302,6 +370,8 @@ inline bool q8_usable(int64_t K, int format, int64_t group) {
         case PLAIT_FORMAT_INT4: return group == 32;
         case PLAIT_FORMAT_INT8_F32: return group == 16 || group == 32;
         case PLAIT_FORMAT_INT4_F32: return group == 32 && K % 64 == 0;
+        case PLAIT_FORMAT_INT5:
+        case PLAIT_FORMAT_INT5_F32: return group == 32 && K % 64 == 0;
         default: return false;
     }
 }

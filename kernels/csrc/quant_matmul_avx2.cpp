@@ -22,7 +22,8 @@ inline __m256i int4_pair_dot(__m256i lo, __m256i hi, const int8_t* xp, const int
 }
 
 // Format 1 (int4, float16 scales), 0 (int8, float16 scales) or 3 (int8, float32 scales in groups
-// of 16 or 32, minimums where set).
+// of 16 or 32, minimums where set); 5 and 6 as 0 and 3 on five-bit values unpacked per block
+// (int5_block256).
 template <int M>
 void q8_rows(const int8_t* xq, const int8_t* xr, const float* xd, const float* xs, int64_t K, int64_t n_begin, int64_t n_end,
              int64_t N, const void* qweight, int format, int64_t group, const void* scales, const void* mins,
@@ -30,6 +31,13 @@ void q8_rows(const int8_t* xq, const int8_t* xr, const float* xd, const float* x
     const int64_t groups = K / group, blocks = K / XBLOCK;
     const __m256i ones = _mm256_set1_epi16(1), k128 = _mm256_set1_epi16(128);
     const int64_t ahead = std::max<int64_t>(1, INT4_PREFETCH_BYTES / (K / 2));
+    const bool int5 = int5_values(format);
+    const int64_t row_bytes = int5 ? int5_row_bytes(K) : K;  // int8 values
+    const int offset = int5_offset(format);
+    auto weights = [&](const int8_t* row, int64_t b) {  // block b as int8 values
+        return int5 ? int5_block256(reinterpret_cast<const uint8_t*>(row), K, b, offset)
+                    : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 32));
+    };
     for (int64_t n = n_begin; n < n_end; ++n) {
         const half* sc = static_cast<const half*>(scales) + n * groups;
         __m256 acc[M];
@@ -91,12 +99,12 @@ void q8_rows(const int8_t* xq, const int8_t* xr, const float* xd, const float* x
                                              acc[m]);
                 }
             }
-        } else if (format == PLAIT_FORMAT_INT8_F32) {  // groups of 16 (two scales per block) or 32
-            const int8_t* row = static_cast<const int8_t*>(qweight) + n * K;
+        } else if (format == PLAIT_FORMAT_INT8_F32 || format == PLAIT_FORMAT_INT5_F32) {  // groups of 16 (two scales per block) or 32
+            const int8_t* row = static_cast<const int8_t*>(qweight) + n * row_bytes;
             const float* sf = static_cast<const float*>(scales) + n * groups;
             const float* mf = mins ? static_cast<const float*>(mins) + n * groups : nullptr;
             for (int64_t b = 0; b < blocks; ++b) {
-                const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 32));
+                const __m256i w = weights(row, b);
                 const __m256i aw = _mm256_sign_epi8(w, w);
                 // lanes 0-3 hold weights 0..15 of the block, lanes 4-7 weights 16..31
                 const __m256 s = group == 16 ? _mm256_set_m128(_mm_set1_ps(sf[2 * b + 1]), _mm_set1_ps(sf[2 * b]))
@@ -118,9 +126,9 @@ void q8_rows(const int8_t* xq, const int8_t* xr, const float* xd, const float* x
                         acc[m] = _mm256_add_ps(acc[m], _mm256_setr_ps(mf[b] * xs[m * blocks + b], 0, 0, 0, 0, 0, 0, 0));
             }
         } else {  // int8, groups a multiple of 32
-            const int8_t* row = static_cast<const int8_t*>(qweight) + n * K;
+            const int8_t* row = static_cast<const int8_t*>(qweight) + n * row_bytes;
             for (int64_t b = 0; b < blocks; ++b) {
-                const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 32));
+                const __m256i w = weights(row, b);
                 const __m256i aw = _mm256_sign_epi8(w, w);
                 const float s = h2f(sc[(b * XBLOCK) / group]);
                 for (int m = 0; m < M; ++m) {

@@ -1,9 +1,9 @@
 // The quantized matmul's AVX-512 VNNI tier (Intel since Ice Lake, Zen 4 and 5): `vpdpbusd`
 // multiplies u8 by s8 four at a time and adds into int32, one instruction for the AVX2 tier's
-// maddubs + madd, 64 bytes wide. Activations rounded to int8 in two levels at any row count.
-#include "quant_matmul.h"
-
-#include "parallel.h"
+// maddubs + madd, 64 bytes wide. Activations rounded to int8 in two levels at any row count. This
+// file holds the int4 weights (Q4_0, Q4_1, Q4_K) and the tier's entry point; the int8 and five-bit
+// weights are in quant_matmul_vnni_int8.cpp, the tiled driver both use in quant_matmul_vnni.h.
+#include "quant_matmul_vnni.h"
 
 #ifdef PLAIT_VNNI512
 
@@ -113,9 +113,6 @@ void q8_int4_rows_x1_vnni(const int8_t* xq, const int8_t* xr, const float* xd, c
     rows.flush(n_end, bias, y);
 }
 
-inline __m256 reduce512(__m512 v) { return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); }
-
-constexpr int64_t X_TILE_M = 8;  // rows of x per pass over a chunk of weights (int4_rows_vnni, int8_rows_vnni)
 
 // A tile of Mt <= X_TILE_M rows of x. Per quad k and row m, 256 bytes at (k * Mt + m) * 256:
 // q1's 64 low-nibble bytes and 64 high, then q2's the same. Per sixteen groups j and row m, 32
@@ -254,54 +251,6 @@ void int4_row_x1_vnni(const float* x, int64_t K, int64_t N, const uint8_t* qweig
     });
 }
 
-// f(std::integral_constant<int, mt>) for the tile's row count mt (1..X_TILE_M): the kernels take it
-// as a template argument.
-template <class F>
-void with_tile_rows(int64_t mt, F&& f) {
-    switch (mt) {
-        case 1: f(std::integral_constant<int, 1>{}); break;
-        case 2: f(std::integral_constant<int, 2>{}); break;
-        case 3: f(std::integral_constant<int, 3>{}); break;
-        case 4: f(std::integral_constant<int, 4>{}); break;
-        case 5: f(std::integral_constant<int, 5>{}); break;
-        case 6: f(std::integral_constant<int, 6>{}); break;
-        case 7: f(std::integral_constant<int, 7>{}); break;
-        default: f(std::integral_constant<int, 8>{}); break;
-    }
-}
-
-// The driver of int4_rows_vnni and int8_rows_vnni (decode rows, verification, prefill): each row of
-// x quantized in two levels and laid out in its tile (`layout(xq, xr, xd, xs, Mt, i, tile, tile_ds)`,
-// `row_bytes` / `row_floats` a row's share of the tiles), then chunks of `task_rows` weight rows
-// against X_TILE_M rows of x at a time (the chunk stays in cache across the passes over x, and x
-// is read from L2 or memory once per chunk, so many rows of x want larger chunks): `rows(mt, tile, tile_ds,
-// n_begin, n_end, y_rows)`.
-template <class Layout, class Rows>
-void tiled_matmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, int64_t row_bytes, int64_t row_floats,
-                       float* y, int num_threads, Layout&& layout, Rows&& rows) {
-    std::unique_ptr<char[]> xbuf(new char[M * row_bytes + 64]);
-    char* const q = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(xbuf.get()) + 63) & ~uintptr_t(63));
-    std::unique_ptr<float[]> dbuf(new float[M * row_floats + 16]);
-    float* const ds = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(dbuf.get()) + 63) & ~uintptr_t(63));
-    plait::parallel_for(M, M >= 8 ? num_threads : 1, false, [&](int64_t m) {
-        thread_local std::vector<int8_t> tq, tr;
-        thread_local std::vector<float> td, ts;
-        tq.resize(K), tr.resize(K), td.resize(K / XBLOCK), ts.resize(K / XBLOCK);
-        quantize_x_q8(x + m * K, K, tq.data(), tr.data(), td.data(), ts.data());
-        const int64_t m0 = m / X_TILE_M * X_TILE_M;
-        layout(tq.data(), tr.data(), td.data(), ts.data(), std::min(X_TILE_M, M - m0), m - m0, q + m0 * row_bytes,
-               ds + m0 * row_floats);
-    });
-    const int64_t chunk = task_rows(M, N, num_threads), chunks = (N + chunk - 1) / chunk;
-    plait::parallel_for(chunks, num_threads, false, [&](int64_t c) {
-        const int64_t b = c * chunk, e = std::min(N, b + chunk);
-        for (int64_t m0 = 0; m0 < M; m0 += X_TILE_M)
-            with_tile_rows(std::min(X_TILE_M, M - m0), [&](auto mt) {
-                rows(mt, q + m0 * row_bytes, ds + m0 * row_floats, b, e, y + m0 * N);
-            });
-    });
-}
-
 template <class S>
 void int4_matmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, const uint8_t* qweight, const S* scales,
                       const S* mins, const float* bias, float* y, int num_threads) {
@@ -320,195 +269,6 @@ void int4_matmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, const uin
         });
 }
 
-// A tile of Mt <= X_TILE_M rows of x for int8 weights, its two levels joined into int16 values
-// v = 128 q1 + q2. Per 64 weights p (two blocks) and row m, 128 bytes at (p * Mt + m) * 128: two
-// runs of 32 int16, one per `vpdpwssd` (see int8_pairs), lane j of run 0 holding the x values of
-// weights 4j and 4j + 2, of run 1 those of 4j + 1 and 4j + 3. Per sixteen blocks j and row m, the
-// block scales: 16 floats at (j * Mt + m) * 16.
-struct Int8X {
-    const char* q;
-    const float* ds;
-};
-constexpr int64_t INT8_X_BYTES = 128;
-
-// Row i of a tile of Mt rows (see layout_int4_x). With `xs` (int8f_rows_vnni's minimums), each
-// sixteen blocks' scales are followed by their sixteen sums: 32 floats at (j * Mt + m) * 32.
-inline void layout_int8_x(const int8_t* xq, const int8_t* xr, const float* xd, int64_t K, int64_t Mt, int64_t i,
-                          char* q, float* ds, const float* xs = nullptr) {
-    const int64_t stride = xs ? 32 : 16;
-    for (int64_t b = 0; b < K / 32; ++b) {
-        int16_t* p = reinterpret_cast<int16_t*>(q + ((b / 2) * Mt + i) * INT8_X_BYTES);
-        for (int64_t w = 0; w < 32; ++w) {
-            const int64_t at = (b % 2) * 32 + w, j = at / 4, r = at % 4;
-            p[(r % 2) * 32 + 2 * j + r / 2] = static_cast<int16_t>(128 * xq[b * 32 + w] + xr[b * 32 + w]);
-        }
-        float* d = ds + ((b / 16) * Mt + i) * stride + b % 16;
-        d[0] = xd[b];
-        if (xs) d[16] = xs[b];
-    }
-}
-
-// The two int16 runs of 64 int8 weights (v) that meet an Int8X pair of blocks: in each 32-bit
-// lane, bytes 0 and 2, then 1 and 3, sign-extended.
-inline void int8_pairs(__m512i v, __m512i* w) {
-    w[0] = _mm512_srai_epi16(_mm512_slli_epi16(v, 8), 8);
-    w[1] = _mm512_srai_epi16(v, 8);
-}
-
-// Sixteen blocks' weight scales of row `sc` from block j (float16, one per `group` weights). Of a
-// last run only the first `left` lanes count (x's scales are zero past them).
-inline __m512 block_scales16(const half* sc, int64_t j, int64_t left, int64_t group) {
-    if (group == XBLOCK) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << left) - 1), sc + j));
-    const int64_t first = j * XBLOCK / group;
-    if (first == (j + left - 1) * XBLOCK / group) return _mm512_set1_ps(h2f(sc[first]));  // one group (per channel)
-    alignas(64) float s[16] = {};
-    for (int64_t i = 0; i < left; ++i) s[i] = h2f(sc[(j + i) * XBLOCK / group]);
-    return _mm512_load_ps(s);
-}
-
-// int8 weights (groups a multiple of 32) against M <= X_TILE_M rows of x on AVX-512 VNNI, one pass
-// over the weights, as int4_rows_vnni: each 64 weights widened once into two runs of int16
-// (int8_pairs) that meet x's joined levels in `vpdpwssd`. Per 64 weights and row: two vpdpwssd, a
-// convert, the permute that spreads two blocks' scale products and an FMA. `vpdpbusd` on the two
-// levels apart would want one unsigned side (the weights as w + 128, lane biases in x to cancel
-// the 128): an instruction more per row and half as many x bytes again.
-template <int M>
-void int8_rows_vnni(const Int8X& x, int64_t K, int64_t n_begin, int64_t n_end, int64_t N, const int8_t* qweight,
-                    int64_t group, const half* scales, const float* bias, float* y) {
-    const int64_t blocks = K / XBLOCK, groups = K / group;
-    const __m512i spread2 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    const int64_t ahead = std::max<int64_t>(1, INT4_PREFETCH_BYTES / K);
-    RowSums8 sums[M];
-    for (int64_t n = n_begin; n < n_end; ++n) {
-        const int8_t* row = qweight + n * K;
-        const half* sc = scales + n * groups;
-        if (n + ahead < N) {
-            const char* w = reinterpret_cast<const char*>(row + ahead * K);
-            for (int64_t off = 0; off < K; off += 64) _mm_prefetch(w + off, _MM_HINT_T0);
-            const char* s = reinterpret_cast<const char*>(sc + ahead * groups);
-            for (int64_t off = 0; off < groups * int64_t(sizeof(half)); off += 64) _mm_prefetch(s + off, _MM_HINT_T0);
-        }
-        __m512 acc[M];
-        for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
-        const char* q = x.q;
-        const float* ds = x.ds;
-        for (int64_t j = 0; j < blocks; j += 16, ds += M * 16) {
-            const int64_t left = std::min<int64_t>(16, blocks - j);
-            const __m512 s16 = block_scales16(sc, j, left, group);
-            __m512 d[M];
-            for (int m = 0; m < M; ++m) d[m] = _mm512_mul_ps(s16, _mm512_load_ps(ds + m * 16));
-            for (int64_t b = 0; b < left; b += 2, q += M * INT8_X_BYTES) {
-                const __m512i v = left - b >= 2 ? _mm512_loadu_si512(row + (j + b) * XBLOCK)
-                                                : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, row + (j + b) * XBLOCK);
-                __m512i w[2];
-                int8_pairs(v, w);  // a masked-off half is zeros
-                const __m512i at = _mm512_add_epi32(spread2, _mm512_set1_epi32(static_cast<int>(b)));
-                const char* p = q;
-                for (int m = 0; m < M; ++m, p += INT8_X_BYTES) {
-                    const __m512i dot = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_setzero_si512(), w[0], _mm512_load_si512(p)),
-                                                            w[1], _mm512_load_si512(p + 64));
-                    acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(at, d[m]), acc[m]);
-                }
-            }
-        }
-        for (int m = 0; m < M; ++m) sums[m].push(n, reduce512(acc[m]), bias, y + m * N);
-    }
-    for (int m = 0; m < M; ++m) sums[m].flush(n_end, bias, y + m * N);
-}
-
-void int8_matmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, const int8_t* qweight, int64_t group,
-                      const half* scales, const float* bias, float* y, int num_threads) {
-    const int64_t blocks = K / XBLOCK, pairs = (blocks + 1) / 2, sixteens = (blocks + 15) / 16;
-    tiled_matmul_vnni(
-        x, M, K, N, pairs * INT8_X_BYTES, sixteens * 16, y, num_threads,
-        [&](const int8_t* xq, const int8_t* xr, const float* xd, const float*, int64_t Mt, int64_t i, char* tile,
-            float* tile_ds) {
-            if (blocks % 2) std::memset(tile + ((pairs - 1) * Mt + i) * INT8_X_BYTES, 0, INT8_X_BYTES);  // read padding
-            if (blocks % 16) std::memset(tile_ds + ((sixteens - 1) * Mt + i) * 16, 0, 16 * sizeof(float));
-            layout_int8_x(xq, xr, xd, K, Mt, i, tile, tile_ds);
-        },
-        [&](auto mt, const char* tile, const float* tile_ds, int64_t b, int64_t e, float* out) {
-            int8_rows_vnni<decltype(mt)::value>(Int8X{tile, tile_ds}, K, b, e, N, qweight, group, scales, bias, out);
-        });
-}
-
-// int8 weights with float32 scales per 16 (Q6_K) or 32 (Q5_K) weights, and float32 minimums per 32
-// where `mins` is set (Q5_K: w = q * scale + min, q in 0..31), against M <= X_TILE_M rows of x:
-// int8_rows_vnni's dot products (weights widened to int16 runs against x's joined levels), with
-// the scale products built per eight blocks: sixteen per-16-weight scales times x's
-// block scales, each 64 weights' dot lanes (four weights a lane) spread over four of them. The
-// minimums' term is sum_b min[b] * xs[b] over x's exact block sums, as the int4 rows compute it.
-template <int M>
-void int8f_rows_vnni(const Int8X& x, int64_t K, int64_t n_begin, int64_t n_end, int64_t N, const int8_t* qweight,
-                     int64_t group, const float* scales, const float* mins, const float* bias, float* y) {
-    const int64_t blocks = K / XBLOCK, groups = K / group;
-    const __m512i halves = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);  // lane l: block l / 2
-    const __m512i quarters = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);  // lane l: 16 weights l / 4
-    const int64_t ahead = std::max<int64_t>(1, INT4_PREFETCH_BYTES / K);
-    RowSums8 sums[M];
-    for (int64_t n = n_begin; n < n_end; ++n) {
-        const int8_t* row = qweight + n * K;
-        const float* sc = scales + n * groups;
-        const float* mn = mins ? mins + n * blocks : nullptr;
-        if (n + ahead < N) {
-            const char* w = reinterpret_cast<const char*>(row + ahead * K);
-            for (int64_t off = 0; off < K; off += 64) _mm_prefetch(w + off, _MM_HINT_T0);
-            const char* s = reinterpret_cast<const char*>(sc + ahead * groups);
-            for (int64_t off = 0; off < groups * int64_t(sizeof(float)); off += 64) _mm_prefetch(s + off, _MM_HINT_T0);
-        }
-        __m512 acc[M];
-        __m256 acc_min[M];
-        for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps(), acc_min[m] = _mm256_setzero_ps();
-        const char* q = x.q;
-        for (int64_t j = 0; j < blocks; j += 16) {
-            const float* ds = x.ds + (j / 16) * M * 32;
-            for (int64_t h = j; h < std::min(blocks, j + 16); h += 8) {  // eight blocks: sixteen scales of 16 weights
-                const int64_t left = std::min<int64_t>(8, blocks - h);
-                const __mmask8 mask8 = static_cast<__mmask8>((1u << left) - 1);
-                const __m512 ws = group == 16
-                    ? _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << (2 * left)) - 1), sc + 2 * h)
-                    : _mm512_permutexvar_ps(halves, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(mask8, sc + h)));
-                __m512 d[M];
-                for (int m = 0; m < M; ++m) {
-                    const float* dm = ds + m * 32 + (h - j);
-                    d[m] = _mm512_mul_ps(ws, _mm512_permutexvar_ps(halves, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(mask8, dm))));
-                    if (mn) acc_min[m] = _mm256_fmadd_ps(_mm256_maskz_loadu_ps(mask8, mn + h), _mm256_maskz_loadu_ps(mask8, dm + 16), acc_min[m]);
-                }
-                for (int64_t b = 0; b < left; b += 2, q += M * INT8_X_BYTES) {
-                    const __m512i v = left - b >= 2 ? _mm512_loadu_si512(row + (h + b) * XBLOCK)
-                                                    : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, row + (h + b) * XBLOCK);
-                    __m512i w[2];
-                    int8_pairs(v, w);
-                    const __m512i at = _mm512_add_epi32(quarters, _mm512_set1_epi32(static_cast<int>(2 * b)));
-                    const char* p = q;
-                    for (int m = 0; m < M; ++m, p += INT8_X_BYTES) {
-                        const __m512i dot = _mm512_dpwssd_epi32(
-                            _mm512_dpwssd_epi32(_mm512_setzero_si512(), w[0], _mm512_load_si512(p)), w[1], _mm512_load_si512(p + 64));
-                        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(at, d[m]), acc[m]);
-                    }
-                }
-            }
-        }
-        for (int m = 0; m < M; ++m) sums[m].push(n, _mm256_add_ps(reduce512(acc[m]), acc_min[m]), bias, y + m * N);
-    }
-    for (int m = 0; m < M; ++m) sums[m].flush(n_end, bias, y + m * N);
-}
-
-void int8f_matmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, const int8_t* qweight, int64_t group,
-                       const float* scales, const float* mins, const float* bias, float* y, int num_threads) {
-    const int64_t blocks = K / XBLOCK, pairs = (blocks + 1) / 2, sixteens = (blocks + 15) / 16;
-    tiled_matmul_vnni(
-        x, M, K, N, pairs * INT8_X_BYTES, sixteens * 32, y, num_threads,
-        [&](const int8_t* xq, const int8_t* xr, const float* xd, const float* xs, int64_t Mt, int64_t i, char* tile,
-            float* tile_ds) {
-            if (blocks % 2) std::memset(tile + ((pairs - 1) * Mt + i) * INT8_X_BYTES, 0, INT8_X_BYTES);  // read padding
-            layout_int8_x(xq, xr, xd, K, Mt, i, tile, tile_ds, xs);
-        },
-        [&](auto mt, const char* tile, const float* tile_ds, int64_t b, int64_t e, float* out) {
-            int8f_rows_vnni<decltype(mt)::value>(Int8X{tile, tile_ds}, K, b, e, N, qweight, group, scales, mins, bias, out);
-        });
-}
-
 }  // namespace
 
 void q8_qmatmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, const void* qweight, int format, int64_t group,
@@ -521,15 +281,10 @@ void q8_qmatmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, const void
         else
             int4_matmul_vnni(x, M, K, N, w, sc, mn, bias, y, num_threads);
     };
-    const int8_t* w8 = static_cast<const int8_t*>(qweight);
     switch (format) {
         case PLAIT_FORMAT_INT4: int4(static_cast<const half*>(scales), static_cast<const half*>(mins)); break;
         case PLAIT_FORMAT_INT4_F32: int4(static_cast<const float*>(scales), static_cast<const float*>(mins)); break;
-        case PLAIT_FORMAT_INT8_F32:
-            int8f_matmul_vnni(x, M, K, N, w8, group, static_cast<const float*>(scales), static_cast<const float*>(mins),
-                              bias, y, num_threads);
-            break;
-        default: int8_matmul_vnni(x, M, K, N, w8, group, static_cast<const half*>(scales), bias, y, num_threads);
+        default: int8_qmatmul_vnni(x, M, K, N, qweight, format, group, scales, mins, bias, y, num_threads);
     }
 }
 

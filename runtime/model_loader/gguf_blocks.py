@@ -7,9 +7,9 @@ the blocks bit for bit (tests/integration/test_gguf_types.py).
 | Q4_0 | int4, groups of 32 | q (0..15) | d, minimum -8 d (float16, exact) |
 | Q4_1 | int4, groups of 32 | q | d, m (float16, as stored) |
 | Q8_0 | int8, groups of 32 | q | d (float16) |
-| Q5_0 | int8, groups of 32 | q - 16 | d (float16) |
+| Q5_0 | int5, groups of 32 (int8 if 64 does not divide K) | q (int8: q - 16) | d (float16) |
 | Q4_K | int4, groups of 32 | q, nibbles reordered | d * sc, -(dmin * m) (float32) |
-| Q5_K | int8, groups of 32 | q (0..31) | d * sc, -(dmin * m) (float32) |
+| Q5_K | int5, groups of 32 | q (0..31) | d * sc, -(dmin * m) (float32) |
 | Q6_K | int8, groups of 16 | q - 32 | d * sc (float32) |
 
 A k-quant's effective scale is its superblock's float16 scale times a 6-bit (8-bit for Q6_K)
@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from plait.kernels.quant_weights import QuantizedWeight, pack_int4
+from plait.kernels.quant_weights import QuantizedWeight, pack_int4, pack_int5
 
 BLOCK_BYTES = {
     "Q4_1": 20,
@@ -82,8 +82,13 @@ def quantized_blocks(kind: str, raw: np.ndarray, n: int, k: int) -> QuantizedWei
         high = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)  # [B, 32]
         qs = blocks[:, 6:22]
         low = np.concatenate([qs & 0x0F, qs >> 4], axis=1)  # elements 0..15, then 16..31
-        q = ((low | (high << 4)).astype(np.int16) - 16).astype(np.int8).reshape(n, k)
-        return QuantizedWeight("int8", torch.from_numpy(q), torch.from_numpy(scale), None, 32)
+        q = (low | (high << 4)).reshape(n, k)
+        if k % 64 == 0:
+            return QuantizedWeight(
+                "int5", pack_int5(torch.from_numpy(q)), torch.from_numpy(scale), None, 32
+            )
+        q8 = (q.astype(np.int16) - 16).astype(np.int8)
+        return QuantizedWeight("int8", torch.from_numpy(q8), torch.from_numpy(scale), None, 32)
     if kind == "Q4_K":
         scale, low = _k_scales(blocks)
         qs = blocks[:, 16:144].reshape(nb, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(
@@ -105,10 +110,10 @@ def quantized_blocks(kind: str, raw: np.ndarray, n: int, k: int) -> QuantizedWei
         ql = blocks[:, 48:176].reshape(nb, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(
             1, 1, 2, 1
         )
-        q = ((ql & 0x0F).reshape(nb, 8, 32) | ((qh & 1) << 4)).astype(np.int8).reshape(n, k)
+        q = ((ql & 0x0F).reshape(nb, 8, 32) | ((qh & 1) << 4)).reshape(n, k)
         return QuantizedWeight(
-            "int8",
-            torch.from_numpy(q),
+            "int5",
+            pack_int5(torch.from_numpy(q)),
             torch.from_numpy(scale.reshape(n, k // 32)),
             torch.from_numpy(np.ascontiguousarray(low.reshape(n, k // 32))),
             32,

@@ -87,6 +87,9 @@ def check_names(
         )
 
 
+_Weight = torch.Tensor | QuantizedWeight | list[QuantizedWeight]
+
+
 def fuse_hf_weights(
     named: Iterable[tuple[str, torch.Tensor | QuantizedWeight]], args: ModelArgs, dtype: torch.dtype
 ) -> dict[str, torch.Tensor | QuantizedWeight]:
@@ -111,7 +114,7 @@ def fuse_hf_weights(
         missing = [p for p in order if p not in pieces]
         if missing:
             raise ValueError(f"checkpoint: {fused} is missing {', '.join(missing)}")
-        parts_in_order = [pieces[p] for p in order]
+        parts_in_order = [_stackable(pieces[p], pieces.values()) for p in order]
         if all(isinstance(p, QuantizedWeight) for p in parts_in_order) and QuantizedWeight.can_cat(
             parts_in_order
         ):
@@ -130,6 +133,22 @@ def fuse_hf_weights(
     if args.tie_word_embeddings or "lm_head.weight" not in out:
         out.pop("lm_head.weight", None)
     return out
+
+
+def _stackable(piece: _Weight, pieces: Iterable[_Weight]) -> _Weight:
+    """A fused matrix's piece as it stacks with the others: five-bit values widened to int8 where
+    another piece holds int8 ones (a Q5_0 q beside a Q8_0 v), the same weights either way."""
+
+    def formats(p: _Weight) -> set[str]:
+        if isinstance(p, QuantizedWeight):
+            return {p.format}
+        return {w.format for w in p} if isinstance(p, list) else set()
+
+    if "int8" not in set().union(*(formats(p) for p in pieces)):
+        return piece
+    if isinstance(piece, list):
+        return [w.widened() for w in piece]
+    return piece.widened() if isinstance(piece, QuantizedWeight) else piece
 
 
 def float_weight(

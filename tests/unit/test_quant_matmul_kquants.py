@@ -1,8 +1,9 @@
 """GGUF's block types in the quantized kernels (Q4_0, Q4_1, Q8_0, Q5_0 and the k-quants Q4_K, Q5_K,
-Q6_K): the k-quants and Q5_0 load as the file's weights bit for bit, and for every type the native
-kernel equals the torch reference (`quant_matmul_ref` with x rounded as the kernel rounds it) at
-decode and prefill row counts, on odd numbers of rows, and a row's result is the same to the bit
-alone and inside batches of 2 to 32 rows.
+Q6_K): the k-quants and Q5_0 load as the file's weights bit for bit (Q5_0 and Q5_K as packed
+five-bit values), and for every type the native kernel equals the torch reference
+(`quant_matmul_ref` with x rounded as the kernel rounds it) at decode and prefill row counts, on
+odd numbers of rows, and a row's result is the same to the bit alone and inside batches of 2 to 32
+rows.
 
 Tolerance: against the reference that rounds x the same way (`q8_activations`, two int8 levels
 per 32 values), the kernel differs only by float32 summation order: 2e-4 of the result plus 1e-5
@@ -22,7 +23,9 @@ from plait.kernels.quant_weights import (
     FORMAT_CODE,
     QuantizedWeight,
     dequantize_ref,
+    pack_int5,
     quant_matmul_ref,
+    unpack_int5,
 )
 from plait.runtime.model_loader.gguf_blocks import quantized_blocks
 
@@ -61,10 +64,29 @@ def test_blocks_load_as_gguf_dequantizes_them(kind: str) -> None:
         qw = quantized_blocks(kind, raw, n, k)
         ours = dequantize_ref(qw).numpy()
         assert np.array_equal(ours.view(np.uint32), expected.astype(np.float32).view(np.uint32))
-        # int8 values unless the type is 4-bit; float32 scales where float16 would round them
-        assert qw.format == ("int4" if kind == "Q4_K" else "int8")
+        # packed 4- and 5-bit values, int8 for 6 bits; float32 scales where float16 would round
+        assert qw.format == {"Q4_K": "int4", "Q5_0": "int5", "Q5_K": "int5"}.get(kind, "int8")
         assert qw.scales.dtype == (torch.float16 if kind == "Q5_0" else torch.float32)
         assert qw.group == (16 if kind == "Q6_K" else 32)
+        if qw.format == "int5":  # 5 bits a weight, as the file holds them, with its scales
+            assert qw.qweight.shape == (n, k // 2 + k // 8)
+
+
+def test_q5_0_rows_that_64_does_not_divide_load_as_int8() -> None:
+    import gguf
+
+    raw = gguf_blocks("Q5_0", 5, 96, seed=1)
+    qw = quantized_blocks("Q5_0", raw, 5, 96)
+    assert qw.format == "int8"
+    expected = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q5_0).reshape(5, 96)
+    assert np.array_equal(dequantize_ref(qw).numpy(), expected)
+    with pytest.raises(ValueError, match="int5 needs groups of 32 and K a multiple of 64"):
+        QuantizedWeight("int5", torch.zeros(5, 60, dtype=torch.uint8), qw.scales, None, 32)
+
+
+def test_int5_packs_and_unpacks_every_value() -> None:
+    q = torch.randint(0, 32, (7, 320), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(unpack_int5(pack_int5(q)), q.to(torch.uint8))
 
 
 @needs_native
@@ -116,3 +138,12 @@ def test_scales_and_mins_agree_in_dtype() -> None:
             "int8", torch.zeros(4, 256, dtype=torch.int8), torch.ones(4, 16), torch.ones(4, 16), 16
         )
     assert qw.code == FORMAT_CODE["int4-f32"]
+
+
+def test_five_bit_weights_widen_to_int8_to_stack_with_int8_ones() -> None:
+    q5 = quantized_blocks("Q5_0", gguf_blocks("Q5_0", 8, 256, seed=2), 8, 256)
+    q8 = quantized_blocks("Q8_0", gguf_blocks("Q8_0", 4, 256, seed=3), 4, 256)
+    assert not QuantizedWeight.can_cat([q5, q8])
+    fused = QuantizedWeight.cat([q5.widened(), q8])
+    assert fused.format == "int8"
+    assert torch.equal(dequantize_ref(fused), torch.cat([dequantize_ref(q5), dequantize_ref(q8)]))
