@@ -54,8 +54,8 @@ class QuantizedWeight:
     format: str
     qweight: torch.Tensor  # int8 [N, K], uint8 [N, K // 2] (int4) or [N, K // 2 + K // 8] (int5)
     scales: torch.Tensor  # float16, or float32 (k-quants) [N, K // group]
-    # the scales' dtype [N, K // group]: int4; int5 with float32 scales; int8 with float32 scales
-    # where set (values 0..31 of a Q5_K with K not a multiple of 64)
+    # the scales' dtype, one per 32 weights [N, K // 32]: int4; int5 with float32 scales; int8 with
+    # float32 scales where set (a Q5_K's values 0..31; int4 parts widened to stack, `stack`)
     mins: torch.Tensor | None
     group: int
 
@@ -71,9 +71,9 @@ class QuantizedWeight:
             )
         if self.scales.dtype == torch.float16 and self.format == "int8" and self.mins is not None:
             raise ValueError("QuantizedWeight: int8 with float16 scales has no mins")
-        if self.mins is not None and self.format == "int8" and self.group != Q8_BLOCK:
+        if self.mins is not None and self.format == "int8" and self.group not in (16, Q8_BLOCK):
             raise ValueError(
-                f"QuantizedWeight: int8 mins need groups of {Q8_BLOCK}, got {self.group}"
+                f"QuantizedWeight: int8 mins need groups of 16 or {Q8_BLOCK}, got {self.group}"
             )
         if self.format == "int5":
             k = self.scales.shape[1] * self.group
@@ -122,14 +122,19 @@ class QuantizedWeight:
             self.group,
         )
 
-    def widened(self) -> QuantizedWeight:
-        """The same weights with int8 values where this holds five-bit ones (q - 16, or q beside
-        minimums), so that they stack with int8 parts (`cat`); other formats as they are."""
-        if self.format != "int5":
-            return self
-        return QuantizedWeight(
-            "int8", _values(self).to(torch.int8), self.scales, self.mins, self.group
-        )
+    def as_int8(self, group: int, dtype: torch.dtype, with_mins: bool) -> QuantizedWeight:
+        """The same weights, to the bit, with int8 values and `dtype` scales per `group` (which
+        divides this one's), with minimums (zeros where this has none) or without (this has
+        none): float16 scales and minimums are exact in float32, and repeated scales exact."""
+        n, k = self.shape
+        scales = self.scales.to(dtype).repeat_interleave(self.group // group, dim=1)
+        mins = self.mins
+        if with_mins:
+            mins = torch.zeros(n, k // Q8_BLOCK, dtype=dtype) if mins is None else mins.to(dtype)
+        elif mins is not None:
+            raise ValueError("QuantizedWeight.as_int8: these weights have minimums")
+        values = _values(self).to(torch.int8)
+        return QuantizedWeight("int8", values, scales.contiguous(), mins, group)
 
     @staticmethod
     def can_cat(parts: list[QuantizedWeight]) -> bool:
@@ -140,6 +145,24 @@ class QuantizedWeight:
             == (first.format, first.code, first.group, first.shape[1], first.mins is None)
             for p in parts
         )
+
+    @staticmethod
+    def stack(parts: list[QuantizedWeight]) -> QuantizedWeight:
+        """`cat` of parts with the same K in any formats (a fused qkv whose v is Q6_K or Q8_0 and
+        whose q and k are Q4_K or Q5_0): parts that differ are brought, exactly, to the int8
+        format that holds them all (`as_int8`): float16 scales where every part has them and no
+        minimums, else float32 scales, per 16 weights where any part's are, with minimums where
+        any part has them. A ValueError where no such format exists (groups that do not nest)."""
+        if QuantizedWeight.can_cat(parts):
+            return QuantizedWeight.cat(parts)
+        with_mins = any(p.mins is not None for p in parts)
+        if not with_mins and all(p.scales.dtype == torch.float16 for p in parts):
+            group, dtype = min(p.group for p in parts), torch.float16
+        else:
+            group, dtype = min(16 if p.group % Q8_BLOCK else Q8_BLOCK for p in parts), torch.float32
+        if any(p.group % group or p.shape[1] != parts[0].shape[1] for p in parts):
+            raise ValueError("QuantizedWeight.stack: the parts' K or groups do not agree")
+        return QuantizedWeight.cat([p.as_int8(group, dtype, with_mins) for p in parts])
 
     @staticmethod
     def cat(parts: list[QuantizedWeight]) -> QuantizedWeight:
@@ -243,9 +266,9 @@ def dequantize_ref(qw: QuantizedWeight, with_mins: bool = True) -> torch.Tensor:
     n, k = qw.shape
     values = _values(qw)
     q = values.float().reshape(n, k // qw.group, qw.group) * qw.scales.float()[..., None]
-    return (q + qw.mins.float()[..., None] if with_mins and qw.mins is not None else q).reshape(
-        n, k
-    )
+    if not with_mins or qw.mins is None:
+        return q.reshape(n, k)
+    return (q.reshape(n, k // Q8_BLOCK, Q8_BLOCK) + qw.mins.float()[..., None]).reshape(n, k)
 
 
 def q8_activations(x: torch.Tensor, levels: int = 2) -> torch.Tensor:
@@ -274,5 +297,5 @@ def quant_matmul_ref(
     else:
         y = q8_activations(x) @ dequantize_ref(qw, with_mins=False).t()
         if qw.mins is not None:
-            y = y + x @ qw.mins.float().repeat_interleave(qw.group, dim=1).t()
+            y = y + x @ qw.mins.float().repeat_interleave(Q8_BLOCK, dim=1).t()
     return y if bias is None else y + bias

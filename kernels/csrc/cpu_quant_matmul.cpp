@@ -5,8 +5,9 @@
 //   1  int4: qweight uint8 [N, K / 2]; in each group of `group` weights, byte j holds weight j in
 //      its low nibble and weight j + group / 2 in its high nibble (GGUF Q4_1 order);
 //      w = q * scale[n, g] + min[n, g]
-//   3  int8 with float32 scales [N, K / group] (group 16: Q6_K's values q - 32; group 32: values
-//      0..31 with float32 minimums, w = q * scale + min, Q5_K where K is not a multiple of 64)
+//   3  int8 with float32 scales [N, K / group], groups of 16 or 32 (Q6_K's values q - 32), and
+//      float32 minimums [N, K / 32] where set, w = q * scale + min (int4 and int5 parts of a fused
+//      matrix widened to stack with int8 ones)
 //   4  int4 as format 1 with float32 scales and minimums (Q4_K, groups of 32)
 //   5  int5: five-bit values q (0..31) packed in 64-weight chunks, qweight uint8 [N, K / 2 + K / 8]
 //      (quant_matmul.h: int5 rows), groups of 32, float16 scales; w = (q - 16) * scale (Q5_0)

@@ -38,7 +38,7 @@ constexpr int64_t PLAIT_AVX2_MAX_Q8_ROWS = 47;
 struct PlaitQLinear {  // kernels/decode_stack.py: QLinear
     const void* qweight;
     const void* scales;  // float16 (formats 0, 1, 5) or float32 (3, 4, 6)
-    const void* mins;    // the same type; int4, format 6, and format 3 where set (may be null there)
+    const void* mins;    // the same type, one per 32 weights; int4, format 6, and format 3 where set
     const float* bias;       // may be null
     int64_t out_features, in_features, group;
     int64_t format;  // PlaitWeightFormat

@@ -75,11 +75,11 @@ inline __m128 load2s(const float* p) { return load2(p); }
 constexpr int64_t TILE_N = 4;
 constexpr int64_t MAX_FUSED_M = 4;  // rows of x that fused_rows / dense_rows take (decode); more go in tiles
 
-// w = q * scale (+ min, where `mins` is set: Q5_K's int8 values), rounded as gguf rounds it
+// w = q * scale (+ min, where `mins` is set: one per 32 weights), rounded as gguf rounds it
 template <class S>
 inline void dequant_int8_row(const int8_t* q, const S* scales, const S* mins, int64_t K, int64_t group, float* out) {
     for (int64_t g0 = 0; g0 < K; g0 += group) {
-        const float s = s2f(scales[g0 / group]), m = mins ? s2f(mins[g0 / group]) : 0.0f;
+        const float s = s2f(scales[g0 / group]), m = mins ? s2f(mins[g0 / PLAIT_Q8_BLOCK]) : 0.0f;
         int64_t k = g0;
         const int64_t end = g0 + group;
 #ifdef __AVX2__
@@ -197,7 +197,7 @@ inline void dequant_row(const void* qweight, int format, int64_t n, int64_t K, i
     const int64_t groups = K / group;
     auto run = [&](auto* sc, auto* mn) {
         sc += n * groups;
-        mn = mn ? mn + n * groups : nullptr;
+        mn = mn ? mn + n * (K / PLAIT_Q8_BLOCK) : nullptr;  // minimums: one per 32 weights
         if (int4_values(format))
             dequant_int4_row(static_cast<const uint8_t*>(qweight) + n * (K / 2), sc, mn, K, group, out);
         else if (int5_values(format))

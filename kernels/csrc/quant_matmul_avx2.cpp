@@ -102,7 +102,7 @@ void q8_rows(const int8_t* xq, const int8_t* xr, const float* xd, const float* x
         } else if (format == PLAIT_FORMAT_INT8_F32 || format == PLAIT_FORMAT_INT5_F32) {  // groups of 16 (two scales per block) or 32
             const int8_t* row = static_cast<const int8_t*>(qweight) + n * row_bytes;
             const float* sf = static_cast<const float*>(scales) + n * groups;
-            const float* mf = mins ? static_cast<const float*>(mins) + n * groups : nullptr;
+            const float* mf = mins ? static_cast<const float*>(mins) + n * blocks : nullptr;
             for (int64_t b = 0; b < blocks; ++b) {
                 const __m256i w = weights(row, b);
                 const __m256i aw = _mm256_sign_epi8(w, w);

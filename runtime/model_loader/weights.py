@@ -114,16 +114,11 @@ def fuse_hf_weights(
         missing = [p for p in order if p not in pieces]
         if missing:
             raise ValueError(f"checkpoint: {fused} is missing {', '.join(missing)}")
-        parts_in_order = [_stackable(pieces[p], pieces.values()) for p in order]
-        if all(isinstance(p, QuantizedWeight) for p in parts_in_order) and QuantizedWeight.can_cat(
-            parts_in_order
-        ):
-            out[fused] = QuantizedWeight.cat(parts_in_order)
-        elif all(isinstance(p, list) for p in parts_in_order) and all(
-            QuantizedWeight.can_cat(list(each)) for each in zip(*parts_in_order)
-        ):  # stacked experts kept in their blocks: each expert's pieces fused
-            out[fused] = [QuantizedWeight.cat(list(each)) for each in zip(*parts_in_order)]
-        else:  # mixed formats in one fused matrix: fall back to float
+        parts_in_order = [pieces[p] for p in order]
+        stacked = _stack(parts_in_order)
+        if stacked is not None:
+            out[fused] = stacked
+        else:  # float pieces, or blocks that stack in no one format: float
             floats = [float_weight(p, dtype) for p in parts_in_order]
             out[fused] = torch.cat(
                 floats, dim=1 if floats[0].dim() == 3 else 0
@@ -135,20 +130,17 @@ def fuse_hf_weights(
     return out
 
 
-def _stackable(piece: _Weight, pieces: Iterable[_Weight]) -> _Weight:
-    """A fused matrix's piece as it stacks with the others: five-bit values widened to int8 where
-    another piece holds int8 ones (a Q5_0 q beside a Q8_0 v), the same weights either way."""
-
-    def formats(p: _Weight) -> set[str]:
-        if isinstance(p, QuantizedWeight):
-            return {p.format}
-        return {w.format for w in p} if isinstance(p, list) else set()
-
-    if "int8" not in set().union(*(formats(p) for p in pieces)):
-        return piece
-    if isinstance(piece, list):
-        return [w.widened() for w in piece]
-    return piece.widened() if isinstance(piece, QuantizedWeight) else piece
+def _stack(parts: list[_Weight]) -> QuantizedWeight | list[QuantizedWeight] | None:
+    """A fused matrix's pieces kept in blocks (`QuantizedWeight.stack`: mixed formats widened to one
+    that holds them), each expert's apart for stacked experts; None where they do not stack."""
+    try:
+        if all(isinstance(p, QuantizedWeight) for p in parts):
+            return QuantizedWeight.stack(parts)
+        if all(isinstance(p, list) for p in parts):
+            return [QuantizedWeight.stack(list(each)) for each in zip(*parts)]
+    except ValueError:
+        pass
+    return None
 
 
 def float_weight(

@@ -54,12 +54,12 @@ def blocks(shape: tuple[int, int], qtype: str, seed: int) -> np.ndarray:
 
 
 def write_tiny_gguf(
-    path, qtype: str, *, arch: str = "qwen2", skip=(), extra=None
+    path, qtype: str, *, arch: str = "qwen2", skip=(), extra=None, types=None
 ) -> dict[str, np.ndarray]:
-    """A one-layer model with its projections in `qtype`; returns {GGUF name: stored array}."""
+    """A one-layer model with its projections in `qtype` (`types`: another type for some, by GGUF
+    name such as "attn_v"); returns {GGUF name: stored array}."""
     import gguf
 
-    kind = gguf.GGMLQuantizationType[qtype]
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(1)
     writer.add_context_length(256)
@@ -93,16 +93,19 @@ def write_tiny_gguf(
         "ffn_down": (HIDDEN, FFN),
     }
     quantized: dict[str, np.ndarray] = {}
+    kinds: dict[str, gguf.GGMLQuantizationType] = {}
     for i, (kind_name, shape) in enumerate(shapes.items()):
-        quantized[f"blk.0.{kind_name}.weight"] = blocks(shape, qtype, seed=i)
+        kind = (types or {}).get(kind_name, qtype)
+        quantized[f"blk.0.{kind_name}.weight"] = blocks(shape, kind, seed=i)
+        kinds[f"blk.0.{kind_name}.weight"] = gguf.GGMLQuantizationType[kind]
     stored = {}
     for name, array in {**tensors, **quantized, **(extra or {})}.items():
         if name in skip:
             continue
         if name in quantized and name not in (extra or {}):
-            writer.add_tensor(name, array, raw_dtype=kind)
+            writer.add_tensor(name, array, raw_dtype=kinds[name])
             shape = shapes[name.split(".")[2]]
-            stored[name] = gguf.quants.dequantize(array, kind).reshape(shape)
+            stored[name] = gguf.quants.dequantize(array, kinds[name]).reshape(shape)
         else:
             writer.add_tensor(name, array)
             stored[name] = array
@@ -151,6 +154,18 @@ def test_by_default_the_kernels_block_types_stay_in_their_blocks(tmp_path, qtype
     assert loaded.weight_types[qtype] == {f"{down.format} blocks as stored{scales}": 7}
     assert loaded.weight_types["F32"] == {"float32": 8}  # the float table's tied head stays float
     assert isinstance(loaded.model.lm_head, torch.nn.Linear)
+
+
+@pytest.mark.parametrize("q,v", [("Q4_K", "Q6_K"), ("Q5_0", "Q8_0")])
+def test_a_fused_matrix_of_mixed_types_stays_in_blocks(tmp_path, q, v):
+    """Q4_K_M's Q6_K v beside Q4_K q and k (Gemma 3's Q8_0 v beside Q5_0 q and k): the fused qkv
+    is one int8 matrix holding each piece's weights exactly, not a float fallback."""
+    stored = write_tiny_gguf(tmp_path / "m.gguf", q, types={"attn_v": v})
+    loaded = load_model(str(tmp_path / "m.gguf"), torch.float32, CPU)
+    qkv = loaded.model.model.layers[0].self_attn.qkv_proj
+    assert isinstance(qkv, QuantLinear) and qkv.format == "int8"
+    pieces = [stored[f"blk.0.attn_{p}.weight"] for p in "qkv"]
+    assert torch.equal(dequantize_ref(qkv.qw), torch.cat([as_tensor(p) for p in pieces]))
 
 
 def test_other_types_stay_float_by_default(tmp_path):

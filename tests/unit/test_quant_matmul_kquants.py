@@ -133,17 +133,37 @@ def test_scales_and_mins_agree_in_dtype() -> None:
     qw = quantized_blocks("Q4_K", gguf_blocks("Q4_K", 4, 256, seed=0), 4, 256)
     with pytest.raises(ValueError, match="mins must be torch.float32"):
         QuantizedWeight("int4", qw.qweight, qw.scales, qw.mins.half(), 32)
-    with pytest.raises(ValueError, match="int8 mins need groups of 32"):
+    with pytest.raises(ValueError, match="int8 mins need groups of 16 or 32"):
         QuantizedWeight(
-            "int8", torch.zeros(4, 256, dtype=torch.int8), torch.ones(4, 16), torch.ones(4, 16), 16
+            "int8", torch.zeros(4, 256, dtype=torch.int8), torch.ones(4, 4), torch.ones(4, 8), 64
         )
     assert qw.code == FORMAT_CODE["int4-f32"]
 
 
-def test_five_bit_weights_widen_to_int8_to_stack_with_int8_ones() -> None:
-    q5 = quantized_blocks("Q5_0", gguf_blocks("Q5_0", 8, 256, seed=2), 8, 256)
-    q8 = quantized_blocks("Q8_0", gguf_blocks("Q8_0", 4, 256, seed=3), 4, 256)
-    assert not QuantizedWeight.can_cat([q5, q8])
-    fused = QuantizedWeight.cat([q5.widened(), q8])
+@pytest.mark.parametrize(
+    "kinds",
+    [
+        ("Q4_K", "Q4_K", "Q6_K"),
+        ("Q5_0", "Q5_0", "Q8_0"),
+        ("Q4_0", "Q5_K", "Q6_K"),
+        ("Q5_K", "Q8_0"),
+    ],
+)
+def test_mixed_block_types_stack_in_one_format_to_the_bit(kinds) -> None:
+    """A fused qkv whose pieces differ in type (Q4_K_M's Q6_K v beside Q4_K q and k) stays in
+    blocks: the pieces are widened to one int8 format that holds each exactly."""
+    parts = [
+        quantized_blocks(kind, gguf_blocks(kind, 8 + i, 512, seed=i), 8 + i, 512)
+        for i, kind in enumerate(kinds)
+    ]
+    assert not QuantizedWeight.can_cat(parts)
+    fused = QuantizedWeight.stack(parts)
     assert fused.format == "int8"
-    assert torch.equal(dequantize_ref(fused), torch.cat([dequantize_ref(q5), dequantize_ref(q8)]))
+    assert torch.equal(dequantize_ref(fused), torch.cat([dequantize_ref(p) for p in parts]))
+    if qm.native_quant_available():
+        x = torch.randn(5, 512, generator=torch.Generator().manual_seed(1))
+        q8 = qm.native_q8_rows(5, fused)
+        expected = quant_matmul_ref(x, fused, q8=q8)
+        magnitude = x.abs() @ dequantize_ref(fused).abs().t()
+        err = (quant_matmul(x, fused) - expected).abs()
+        assert (err <= 2e-4 * expected.abs() + 1e-5 * magnitude).all()
