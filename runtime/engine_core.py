@@ -173,17 +173,15 @@ class EngineCore:
             "burst_steps": 0,
         }
         # an engine step in four stages: the scheduler's batch, the planner's plan, the runner's
-        # results, the applier's bookkeeping and delivery (`step`)
+        # results, the applier's appending, jumps and delivery (`step`)
         self.applier = StepApplier(
             processor=self.processor,
             tokenizer=self.tokenizer,
             kv=self.scheduler.kv,
             speculation=self.speculation,
-            scheduler=self.scheduler,
             page_size=self.page_size,
             jump_forward=not self.config.disable_jump_forward,
             totals=self.totals,
-            check_invariants=self.config.check_invariants,
             events=self.events,
         )
         drafts = config.num_draft_tokens if self.speculation.drafter is not None else 0
@@ -351,7 +349,8 @@ class EngineCore:
 
     def step(self) -> None:
         """One engine step in four stages: the scheduler makes the batch, the planner decides how
-        to run it, the runner runs it, the applier appends, closes, finishes and delivers."""
+        to run it, the runner runs it, the applier appends the tokens; then the scheduler records
+        the step (`after_step`) and the applier jumps, closes and delivers (`settle`)."""
         self.applier.take_closings(self.scheduler.running)
         batch = self.scheduler.schedule()
         if not batch:
@@ -369,7 +368,13 @@ class EngineCore:
             self._forward_failed(batch, exc)
             return
         self.planner.record(plan, results)
-        self.applier.apply(plan, results)
+        updated = self.applier.apply(plan, results)
+        # the scheduler's own bookkeeping, before delivery: a caller that got its result sees
+        # the pool without that request
+        self.scheduler.after_step(plan.batch)
+        self.applier.settle(plan, updated)
+        if self.config.check_invariants:
+            self.scheduler.check()
 
     def _forward_failed(self, batch: ScheduleBatch, exc: Exception) -> None:
         """A batch of several requests is retried one by one (only the culprit fails); a

@@ -1,13 +1,13 @@
 """The last stage of an engine step: everything that happens to requests once the runner is done.
 
-`StepApplier.apply` takes the plan and the runner's results, each carrying its request, and in
-order: appends each request's tokens (a verification's accepted drafts; a streamed burst's tokens
-that were handed on already are skipped), steering a request near its budget toward its closing
-(`BudgetClosing.steer`); ends a prompt that has no token to take; hands the step to the
-scheduler's bookkeeping (`Scheduler.after_step`: computed KV recorded, prompts cached, finished
-requests' pages released); then lets each constrained request jump over the text its grammar
-forces or start closing, a retokenized tail rewound through the KV cache manager
-(`KVCacheManager.rewind`, recomputed from the next `schedule`); and delivers.
+`StepApplier.apply` takes the plan and the runner's results, each carrying its request, and
+appends each request's tokens (a verification's accepted drafts; a streamed burst's tokens that
+were handed on already are skipped), steering a request near its budget toward its closing
+(`BudgetClosing.steer`), and ends a prompt that has no token to take. The engine then hands the
+step to the scheduler's bookkeeping (`Scheduler.after_step`: computed KV recorded, prompts cached,
+finished requests' pages released), and `StepApplier.settle` lets each constrained request jump
+over the text its grammar forces or start closing, a retokenized tail rewound through the KV cache
+manager (`KVCacheManager.rewind`, recomputed from the next `schedule`), and delivers.
 
 Every request ends through `end` (finish, then deliver) or, inside a step, through the output
 processor's finish and the step's delivery; `deliver` is the one way out to a request's sink.
@@ -32,7 +32,6 @@ from plait.runtime.output_processor import JumpPlan, OutputProcessor
 from plait.runtime.outputs import build_output
 from plait.runtime.protocol import FinishReason
 from plait.runtime.request import Request
-from plait.runtime.scheduler import Scheduler
 from plait.runtime.speculation import Speculation
 from plait.runtime.step_planner import StepPlan
 from plait.runtime.tokenizer import Tokenizer
@@ -41,11 +40,9 @@ logger = logging.getLogger("plait.engine")
 
 
 class StepApplier:
-    """`scheduler`: whose bookkeeping takes each finished step (`after_step`; also its page
-    accounting check after each step, with `check_invariants`); `totals`: the engine's counters
-    (`generated_tokens`, `steps`, `burst_steps`), updated here; `events`: where a finished step
-    and each finished request are announced (`Engine.events`). `closing` is set once built,
-    since it plans jumps through this object (`plan_jump`)."""
+    """`totals`: the engine's counters (`generated_tokens`, `steps`, `burst_steps`), updated here;
+    `events`: where a finished step and each finished request are announced (`Engine.events`).
+    `closing` is set once built, since it plans jumps through this object (`plan_jump`)."""
 
     def __init__(
         self,
@@ -54,40 +51,36 @@ class StepApplier:
         tokenizer: Tokenizer,
         kv: KVCacheManager,
         speculation: Speculation,
-        scheduler: Scheduler,
         page_size: int,
         jump_forward: bool,
         totals: dict[str, int],
-        check_invariants: bool = False,
         events: EngineEvents | None = None,
     ) -> None:
         self.processor = processor
         self.tokenizer = tokenizer
         self.kv = kv
         self.speculation = speculation
-        self.scheduler = scheduler
         self.page_size = page_size
         self.jump_forward = jump_forward
         self.totals = totals
-        self.check_invariants = check_invariants
         self.events = events if events is not None else EngineEvents()
         self.closing: BudgetClosing = None  # type: ignore[assignment]
 
     # the step -----------------------------------------------------------------------------------
 
-    def apply(self, plan: StepPlan, output: StepResults) -> None:
+    def apply(self, plan: StepPlan, output: StepResults) -> list[RequestResult]:
+        """Appends the step's tokens; the results with news for their requests (`settle`)."""
         self.totals["steps"] += output.decode_steps
         if plan.burst:
             self.totals["burst_steps"] += output.decode_steps
-        updated = [r for r in output.results if self._take(r)]
-        # NOTE: pages are released before results are delivered, so a caller that got its
-        # result sees the pool without that request.
-        self.scheduler.after_step(plan.batch)
+        return [r for r in output.results if self._take(r)]
+
+    def settle(self, plan: StepPlan, updated: list[RequestResult]) -> None:
+        """Once the scheduler has recorded the step: jumps forward and closings of the requests
+        that moved, then their delivery."""
         for r in updated:
             if r.prompt_done:
                 self._close_or_jump(r.req)
-        if self.check_invariants:
-            self.scheduler.check()
         if self.events.wants(StepFinished):
             self.events.step_finished(plan.batch, plan.started)
         for r in updated:

@@ -1,7 +1,8 @@
 """An engine step's four stages (`EngineCore.step`): the scheduler makes the batch, the planner
-plans it, the runner executes the plan, the applier takes the results. A spy on the scheduler
-shows that, once the batch is made, no stage asks the scheduler for anything until the applier
-hands it the finished step (`after_step`)."""
+plans it, the runner executes the plan, the applier takes the results (`apply`), and once the
+scheduler has recorded the step (`after_step`) jumps and delivers (`settle`). A spy on the
+scheduler shows that no stage calls into it: the step itself calls `schedule` first and
+`after_step` between the applier's two halves."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from plait import Engine
 from plait.runtime.scheduler import Scheduler
 
-STAGES = ("plan", "execute", "apply")
+STAGES = ("plan", "execute", "apply", "settle")
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +30,8 @@ def engine(tiny_llama_dir):
 
 
 def _spy(engine, monkeypatch) -> list[tuple[str, str]]:
-    """Events as (where, what): ("step", stage) when a stage starts, ("scheduler", method) for
-    each call into the scheduler from outside it, by whatever stage is running then."""
+    """Events as (where, what): ("step", stage) when a stage starts and ("end", stage) when it
+    returns, ("scheduler", method) for each call into the scheduler from outside it."""
     core, events, inside = engine.core, [], [0]
     for name, fn in vars(Scheduler).items():
         if callable(fn) and not name.startswith("__"):
@@ -46,12 +47,16 @@ def _spy(engine, monkeypatch) -> list[tuple[str, str]]:
                     inside[0] -= 1
 
             monkeypatch.setattr(core.scheduler, name, call)
-    for owner, name in ((core.planner, "plan"), (core.runner, "execute"), (core.applier, "apply")):
+    stages = ((core.planner, "plan"), (core.runner, "execute"))
+    for owner, name in (*stages, (core.applier, "apply"), (core.applier, "settle")):
         real = getattr(owner, name)
 
         def stage(*args, _name=name, _real=real, **kwargs):
             events.append(("step", _name))
-            return _real(*args, **kwargs)
+            try:
+                return _real(*args, **kwargs)
+            finally:
+                events.append(("end", _name))
 
         monkeypatch.setattr(owner, name, stage)
     real_step = core.step
@@ -99,8 +104,17 @@ def test_stages_run_in_order_and_none_reenters_the_scheduler(engine, monkeypatch
         assert step[0] == ("scheduler", "schedule"), step
         after = step[1:]
         calls = [what for where, what in after if where == "scheduler"]
-        # the applier hands the step back once (and checks the accounting: check_invariants)
+        # the step records itself once (and checks the accounting: check_invariants)
         assert calls in (["after_step"], ["after_step", "check"]), step
-        assert after.index(("scheduler", "after_step")) > after.index(("step", "apply")), step
+        at = after.index(("scheduler", "after_step"))
+        assert after.index(("end", "apply")) < at < after.index(("step", "settle")), step
+        inside = None  # no stage calls into the scheduler while it runs
+        for where, what in after:
+            if where == "step":
+                inside = what
+            elif where == "end":
+                inside = None
+            else:
+                assert inside is None, (inside, what, step)
     assert engine.stats()["spec_verify_steps"] > 0  # drafts were planned and verified
     assert outs[1]["meta_info"]["jump_forward_tokens"] > 0  # a jump: its tail recomputed
