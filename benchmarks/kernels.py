@@ -7,7 +7,7 @@ decode, 4-64 decode batches and verification steps, 512 a prefill chunk), `quant
 weights dequantized), and two measured roofs:
 
 - *memory*: the GFLOP/s at which the product would run if it cost only a plain read of its
-  weights' bytes where they lie (`kernels/memory_read.py`), 2 M N K over that read's time; it
+  weights' bytes where they lie (`kernels/roofs.py`), 2 M N K over that read's time; it
   bounds small M, where each weight is used M times per read;
 - *float32 peak*: torch's float32 GEMM on a large square product, the float roof of these cores.
 
@@ -141,7 +141,7 @@ def float32_peak(min_seconds: float) -> float:
 
 
 def run_kernels_bench(args: argparse.Namespace) -> int:
-    from plait.kernels import memory_read
+    from plait.kernels import roofs
     from plait.kernels.quant_matmul import native_isa, native_q8_rows, quant_matmul
 
     if args.cpu_threads:
@@ -173,7 +173,7 @@ def run_kernels_bench(args: argparse.Namespace) -> int:
                 "bfloat16_gflops": _gflops(m, n, k, bf16),
             }
         )
-    float32_read = memory_read.read_seconds([w32])
+    float32_read = roofs.read_seconds([w32])
     other = this = None
     if args.compare_library:  # both builds through the same ctypes call, with no Python around it
         from plait.kernels import native
@@ -186,7 +186,7 @@ def run_kernels_bench(args: argparse.Namespace) -> int:
     for kind in kinds:
         qw = block_weight(kind, n, k)
         parts = [t for t in (qw.qweight, qw.scales, qw.mins) if t is not None]
-        read = memory_read.read_seconds(parts)
+        read = roofs.read_seconds(parts)
         for m, ref in zip(sizes, torch_rows):
             x = xs[m]
             seconds = _seconds(partial(quant_matmul, x, qw), args.min_seconds)

@@ -149,6 +149,29 @@ def throughput(r: Report) -> list[str]:
             rows,
         ),
     ]
+    if res.get("decode"):
+        peak = r.get("int8_macs_s")
+        lines += [
+            "The decode step alone at each batch (16-token prompts, cached): weight multiply-adds "
+            "per second against the int8 dot products' peak measured in the same run"
+            + (f", {peak / 1e9:.0f} GMAC/s" if peak else "")
+            + " (two-level activations take two of those per weight multiply-add, so half the "
+            "peak bounds the kernels).",
+            "",
+            *table(
+                ["batch", "step ms", "decode tok/s", "weight GMAC/s", "of int8 peak"],
+                [
+                    [
+                        d["batch"],
+                        d["step_s"] * 1e3,
+                        d["batch"] / d["step_s"] if d["step_s"] else None,
+                        d["weight_macs_s"] / 1e9 if d["weight_macs_s"] else None,
+                        pct(d["weight_macs_s"] / peak) if peak and d["weight_macs_s"] else None,
+                    ]
+                    for d in res["decode"]
+                ],
+            ),
+        ]
     if res.get("transformers"):
         lines += table(
             ["transformers static batch", "output tok/s"],

@@ -7,8 +7,13 @@
 
 Beside each plait run: forward steps per second, and their share of the roofline (the steps/s of
 a plain read of the weights one step reads, where they lie: `roofline.measure_weights_read`): a
-step reads every weight once however many
-requests it serves, so at high concurrency the share shows how close batching gets to the limit.
+step reads every weight once however many requests it serves, so at high concurrency the share
+shows how close batching gets to the limit.
+
+3. The decode step alone at each concurrency's batch (`decode_step_s`): the weight multiply-adds
+   it does per second against the int8 dot products' peak measured in the same run
+   (`kernels/roofs.py: int8_macs_per_second`): where a batch stops being bound by reading the
+   weights and starts being bound by multiplying them.
 """
 
 from __future__ import annotations
@@ -95,6 +100,23 @@ def run_plait(
     }
 
 
+def decode_step_s(engine: Any, batch: int, steps: int = 32) -> float:
+    """Seconds per decode step at `batch` rows: `batch` 16-token prompts decoded to 8 tokens and
+    to 8 + `steps` (the prompts cached by a first run, so both runs prefill alike), the
+    difference over `steps`; the best of two of each."""
+    prompts = random_prompts(batch, 16, 16, seed=batch)
+    params = {"temperature": 0, "ignore_eos": True}
+
+    def run(tokens: int) -> float:
+        start = time.perf_counter()
+        engine.generate(input_ids=prompts, sampling_params={**params, "max_new_tokens": tokens})
+        return time.perf_counter() - start
+
+    run(8)
+    short = min(run(8) for _ in range(2))
+    return max(0.0, min(run(8 + steps) for _ in range(2)) - short) / steps
+
+
 def run_transformers(
     model: Any,
     prompts: list[list[int]],
@@ -171,11 +193,18 @@ def run_throughput_bench(args: argparse.Namespace) -> int:
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")] if args.transformers else []
     prompts = random_prompts(args.num_requests, args.min_prompt_len, args.max_prompt_len)
-    results: dict[str, Any] = {"random": [], "transformers": [], "shared_prefix": []}
-    from plait.benchmarks.roofline import measure_bandwidth, measure_weights_read, roofline_steps_s
+    results: dict[str, Any] = {"random": [], "transformers": [], "shared_prefix": [], "decode": []}
+    from plait.benchmarks.roofline import (
+        measure_bandwidth,
+        measure_weights_read,
+        roofline_steps_s,
+        weight_macs,
+    )
+    from plait.kernels.roofs import int8_macs_per_second
     from plait.runtime.engine import off_main_thread
 
     bandwidth = off_main_thread(measure_bandwidth)
+    int8_peak = off_main_thread(int8_macs_per_second)
     engine = Engine(**kwargs)
     dtype = engine.dtype
     weight_bytes = engine.stats()["weight_bytes"]
@@ -187,6 +216,12 @@ def run_throughput_bench(args: argparse.Namespace) -> int:
         for c in concurrencies:
             engine.flush_cache()  # random prompts share nothing; keep runs independent
             results["random"].append(run_plait(engine, prompts, args.output_len, c, sampling(args)))
+        macs = weight_macs(engine.model)
+        for c in concurrencies:  # the decode step alone at each batch, against the int8 peak
+            step = decode_step_s(engine, c)
+            results["decode"].append(
+                {"batch": c, "step_s": step, "weight_macs_s": macs * c / step if step else None}
+            )
         shared = shared_prefix_prompts(engine.tokenizer, args.num_requests, args.prefix_len)
         engine.flush_cache()
         results["shared_prefix"].append(
@@ -264,6 +299,30 @@ def run_throughput_bench(args: argparse.Namespace) -> int:
         ],
         rows,
     )
+    print(
+        "\ndecode step alone at each batch: weight multiply-adds per second against the int8 dot "
+        "products' peak"
+        + (
+            f" ({int8_peak / 1e9:.0f} GMAC/s; two-level activations take two per weight)"
+            if int8_peak
+            else ""
+        )
+    )
+    print_table(
+        ["batch", "step ms", "decode tok/s", "weight GMAC/s", "of int8 peak"],
+        [
+            [
+                d["batch"],
+                d["step_s"] * 1e3,
+                d["batch"] / d["step_s"] if d["step_s"] else None,
+                d["weight_macs_s"] / 1e9 if d["weight_macs_s"] else None,
+                f"{d['weight_macs_s'] / int8_peak:.0%}"
+                if d["weight_macs_s"] and int8_peak
+                else None,
+            ]
+            for d in results["decode"]
+        ],
+    )
     on, off_r = results["shared_prefix"]
     print(
         f"\nshared prefix: {args.prefix_len}-token prefix + {args.num_requests} questions, "
@@ -289,6 +348,7 @@ def run_throughput_bench(args: argparse.Namespace) -> int:
             "args": {k: v for k, v in vars(args).items() if k != "func"},
             "bandwidth_bytes_s": bandwidth,
             "roofline_steps_s": roofline,
+            "int8_macs_s": int8_peak,
             "results": results,
         },
     )

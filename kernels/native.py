@@ -63,7 +63,7 @@ LIBRARIES = {
         "dense_gemv.cpp",
         "cpu_fused.cpp",
         "cpu_decode.cpp",
-        "cpu_memory.cpp",
+        "cpu_roofs.cpp",
         "cpu_sampling.cpp",
         "cpu_threads.cpp",
     )

@@ -206,7 +206,8 @@ void plait_apply_bitmask_rows(float* logits, int64_t stride, int64_t vocab, cons
 // cpu_threads.cpp
 int plait_release_thread_team();
 
-// cpu_memory.cpp
+// cpu_roofs.cpp
 uint64_t plait_read_buffers(const void* const* ptrs, const int64_t* bytes, int64_t n, int num_threads);
+int64_t plait_int8_dot_peak(int64_t iters, int num_threads, int64_t* checksum);
 
 }  // extern "C"

@@ -82,7 +82,7 @@ def test_unknown_quantization_is_named(tiny_llama_dir):
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_weight_tensors_are_what_a_step_reads_and_read_back(engines, mode):
-    from plait.kernels.memory_read import read_seconds
+    from plait.kernels.roofs import read_seconds
     from plait.runtime.models.quantized import weight_tensors
 
     engine = engines[mode]
@@ -97,6 +97,19 @@ def test_weight_tensors_are_what_a_step_reads_and_read_back(engines, mode):
         assert seconds > 0
         with pytest.raises(ValueError, match=r"tensors\[1\]"):
             read_seconds([tensors[0], torch.ones(4, 4).t()])
+
+
+def test_the_throughput_bench_roofs_measure(engines):
+    """The int8 dot products' peak (the throughput bench's compute roof) is a finite rate, and a
+    token's weight multiply-adds are the model's, whatever the weights' format."""
+    from plait.benchmarks.roofline import weight_macs
+    from plait.kernels.roofs import int8_macs_per_second
+
+    peak = int8_macs_per_second(seconds=0.05)
+    assert peak is None or 0 < peak < float("inf")  # None: no native kernels
+    int8, int4 = (weight_macs(engines[mode].model) for mode in ("int8", "int4"))
+    args = engines["int8"].core.args
+    assert int8 == int4 > args.hidden_size * args.vocab_size  # the head and the layers
 
 
 def test_prefill_attends_in_bfloat16_where_quantized_matmuls_multiply_in_it(
