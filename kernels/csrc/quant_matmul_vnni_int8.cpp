@@ -107,6 +107,16 @@ struct TaskWeights {
     }
 };
 
+// Weight row n + ahead and its scales (row n's at `sc`, `groups` a row), where the weights hold it
+template <class W, class S>
+inline void prefetch_ahead(const W& weights, const S* sc, int64_t n, int64_t ahead, int64_t N, int64_t groups) {
+    if (n + ahead >= N || !weights.holds(n + ahead)) return;
+    const char* w = reinterpret_cast<const char*>(weights.row(n + ahead));
+    for (int64_t off = 0; off < weights.row_bytes; off += 64) _mm_prefetch(w + off, _MM_HINT_T0);
+    const char* s = reinterpret_cast<const char*>(sc + ahead * groups);
+    for (int64_t off = 0; off < groups * int64_t(sizeof(S)); off += 64) _mm_prefetch(s + off, _MM_HINT_T0);
+}
+
 // Sixteen blocks' weight scales of row `sc` from block j (float16, one per `group` weights). Of a
 // last run only the first `left` lanes count (x's scales are zero past them).
 inline __m512 block_scales16(const half* sc, int64_t j, int64_t left, int64_t group) {
@@ -127,19 +137,14 @@ inline __m512 block_scales16(const half* sc, int64_t j, int64_t left, int64_t gr
 template <int M, class W>
 void int8_rows_vnni(const Int8X& x, int64_t K, int64_t n_begin, int64_t n_end, int64_t N, const W& weights,
                     int64_t group, const half* scales, const float* bias, float* y) {
-    const int64_t blocks = K / XBLOCK, groups = K / group, row_bytes = weights.row_bytes;
+    const int64_t blocks = K / XBLOCK, groups = K / group;
     const __m512i spread2 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    const int64_t ahead = std::max<int64_t>(1, INT4_PREFETCH_BYTES / row_bytes);
+    const int64_t ahead = std::max<int64_t>(1, INT4_PREFETCH_BYTES / weights.row_bytes);
     RowSums8 sums[M];
     for (int64_t n = n_begin; n < n_end; ++n) {
         const uint8_t* row = weights.row(n);
         const half* sc = scales + n * groups;
-        if (n + ahead < N && weights.holds(n + ahead)) {
-            const char* w = reinterpret_cast<const char*>(weights.row(n + ahead));
-            for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(w + off, _MM_HINT_T0);
-            const char* s = reinterpret_cast<const char*>(sc + ahead * groups);
-            for (int64_t off = 0; off < groups * int64_t(sizeof(half)); off += 64) _mm_prefetch(s + off, _MM_HINT_T0);
-        }
+        prefetch_ahead(weights, sc, n, ahead, N, groups);
         __m512 acc[M];
         for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
         const char* q = x.q;
@@ -193,21 +198,16 @@ void int8_matmul_vnni(const float* x, int64_t M, int64_t K, int64_t N, const W& 
 template <int M, class W>
 void int8f_rows_vnni(const Int8X& x, int64_t K, int64_t n_begin, int64_t n_end, int64_t N, const W& weights,
                      int64_t group, const float* scales, const float* mins, const float* bias, float* y) {
-    const int64_t blocks = K / XBLOCK, groups = K / group, row_bytes = weights.row_bytes;
+    const int64_t blocks = K / XBLOCK, groups = K / group;
     const __m512i halves = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);  // lane l: block l / 2
     const __m512i quarters = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);  // lane l: 16 weights l / 4
-    const int64_t ahead = std::max<int64_t>(1, INT4_PREFETCH_BYTES / row_bytes);
+    const int64_t ahead = std::max<int64_t>(1, INT4_PREFETCH_BYTES / weights.row_bytes);
     RowSums8 sums[M];
     for (int64_t n = n_begin; n < n_end; ++n) {
         const uint8_t* row = weights.row(n);
         const float* sc = scales + n * groups;
         const float* mn = mins ? mins + n * blocks : nullptr;
-        if (n + ahead < N && weights.holds(n + ahead)) {
-            const char* w = reinterpret_cast<const char*>(weights.row(n + ahead));
-            for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(w + off, _MM_HINT_T0);
-            const char* s = reinterpret_cast<const char*>(sc + ahead * groups);
-            for (int64_t off = 0; off < groups * int64_t(sizeof(float)); off += 64) _mm_prefetch(s + off, _MM_HINT_T0);
-        }
+        prefetch_ahead(weights, sc, n, ahead, N, groups);
         __m512 acc[M];
         __m256 acc_min[M];
         for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps(), acc_min[m] = _mm256_setzero_ps();
