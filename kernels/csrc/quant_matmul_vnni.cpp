@@ -36,12 +36,13 @@ inline void unpack_int4_quad(const uint8_t* w, __m512i& lo, __m512i& hi) {
     hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
 }
 
+// The second level is summed onto the first one's shifted sums: 128 (w . q1) + w . q2 in one chain,
+// an add fewer per quad than summing the levels apart (the same int32 values).
 inline __m512i int4_quad_dot(__m512i lo, __m512i hi, const int8_t* xp, const int8_t* rp) {
     const __m512i q1 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xp)), hi,
                                            _mm512_loadu_si512(xp + 64));
-    const __m512i q2 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(rp)), hi,
-                                           _mm512_loadu_si512(rp + 64));
-    return _mm512_add_epi32(_mm512_slli_epi32(q1, 7), q2);
+    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_slli_epi32(q1, 7), lo, _mm512_loadu_si512(rp)), hi,
+                               _mm512_loadu_si512(rp + 64));
 }
 
 // The same for one pair of groups (pair layout), 32 bytes wide.
