@@ -21,9 +21,9 @@ superblock's float16 one) is exact in float32, not in float16. Q4_K is `int4` (i
 reordered to the order above) with float32 scales and minimums; Q5_K `int5` with float32 scales
 and minimums per 32; Q6_K `int8` (values q - 32) with float32 scales per 16. Q5_0 is `int5` with
 its float16 scales (as `int8`, values q - 16, where K is not a multiple of 64). `dequantize_ref` of
-each is
-`gguf.quants.dequantize` of the file's blocks, bit for bit; the kernels read them at one
-`FORMAT_CODE` each.
+each is `gguf.quants.dequantize` of the file's blocks, bit for bit; the kernels read them at one
+`FORMAT_CODE` each. A fused matrix whose pieces differ in type holds them all widened to one int8
+format (`QuantizedWeight.stack`).
 """
 
 from __future__ import annotations

@@ -95,7 +95,8 @@ def fuse_hf_weights(
 ) -> dict[str, torch.Tensor | QuantizedWeight]:
     """Maps `model.layers.N.self_attn.q_proj.weight`-style names onto plait's fused parameters.
 
-    Quantized weights fuse by stacking their rows; they keep their format (no `dtype` cast). A
+    Quantized weights fuse by stacking their rows; they keep their format (no `dtype` cast), or,
+    where the pieces differ in format, are widened to one int8 format that holds each (`_stack`). A
     mixture of experts' stacked projection kept in blocks is a list, one `QuantizedWeight` per
     expert."""
     parts: dict[str, dict[str, torch.Tensor]] = {}
