@@ -152,6 +152,10 @@ def run_kernels_bench(args: argparse.Namespace) -> int:
         raise SystemExit(f"--block-types: unknown {unknown}; choose from {', '.join(BLOCK_TYPES)}")
     sizes = [int(s) for s in args.batch_sizes.split(",") if s]
     n, k = (int(v) for v in args.shape.lower().split("x"))
+    for kind in kinds:  # a block type's rows hold whole blocks (256 weights for the k-quants)
+        block = 256 if kind.endswith("_K") else 32
+        if k % block:
+            raise SystemExit(f"--shape: K = {k} is not a multiple of {block}, as {kind} needs")
     print(
         f"quantized matmul [M, {k}] x [{n}, {k}], native kernels: {native_isa()}, "
         f"{torch.get_num_threads()} threads"

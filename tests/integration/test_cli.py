@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -581,3 +582,19 @@ def test_bench_pd_smoke(tiny_llama_dir, tmp_path):
     assert runs["pd"]["transfer"]["bytes"] > 0 and runs["pd"]["transfer"]["tokens"] > 0
     assert "transfer" not in runs["colocated"]
     assert "colocated" in out.stdout and "pd" in out.stdout
+
+
+def test_bench_kernels_times_each_block_type_and_names_a_shape_it_cannot_take(tmp_path):
+    out = tmp_path / "kernels.json"
+    args = ("bench", "kernels", "--batch-sizes", "1,3", "--min-seconds", "0.01")
+    done = run(*args, "--block-types", "Q5_0,Q4_K", "--shape", "64x256", "--output", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    timed = {(r["block_type"], r["m"]) for r in report["results"] if r["gflops"] > 0}
+    assert timed == {(kind, m) for kind in ("Q5_0", "Q4_K") for m in (1, 3)}
+    # Q5_0's five-bit rows read the file's 22 bytes per 32 weights
+    q5 = next(r for r in report["results"] if r["block_type"] == "Q5_0")
+    assert q5["weight_bytes"] == 64 * 256 // 32 * 22
+    refused = run(*args, "--block-types", "Q4_K", "--shape", "64x640")
+    assert refused.returncode != 0
+    assert "--shape: K = 640 is not a multiple of 256, as Q4_K needs" in refused.stderr
