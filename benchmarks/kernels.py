@@ -111,16 +111,6 @@ def library_matmul(path: str) -> Any:
     return matmul
 
 
-def matmul_path(m: int, qw: Any) -> str:
-    """Which path `quant_matmul` takes for m rows of x: "bf16 GEMM", "int8 x" (the integer
-    kernels) or "float x" (float tiles, or torch's float32 GEMM on the dequantized matrix)."""
-    from plait.kernels import quant_matmul as qm
-
-    if m >= qm.BF16_GEMM_MIN_ROWS and qm.bf16_gemm_enabled() and m >= qm.bf16_gemm_min_rows():
-        return "bf16 GEMM"
-    return "int8 x" if qm.native_q8_rows(m, qw) else "float x"
-
-
 def _seconds(fn: Any, min_seconds: float) -> float:
     """The best time of one call of `fn`, over enough calls to fill `min_seconds` (at least 3)."""
     fn()
@@ -142,7 +132,7 @@ def float32_peak(min_seconds: float) -> float:
 
 def run_kernels_bench(args: argparse.Namespace) -> int:
     from plait.kernels import roofs
-    from plait.kernels.quant_matmul import native_isa, native_q8_rows, quant_matmul
+    from plait.kernels.quant_matmul import QuantMatmul, native_isa, quant_matmul
 
     if args.cpu_threads:
         torch.set_num_threads(args.cpu_threads)
@@ -205,8 +195,8 @@ def run_kernels_bench(args: argparse.Namespace) -> int:
                 "n": n,
                 "k": k,
                 "weight_bytes": qw.nbytes,
-                "int8_activations": native_q8_rows(m, qw),
-                "path": matmul_path(m, qw),
+                "int8_activations": QuantMatmul(qw).rounds_to_int8(m),
+                "path": QuantMatmul(qw).path(m),
                 "seconds": seconds,
                 "gflops": _gflops(m, n, k, seconds),
                 "memory_roof_gflops": _gflops(m, n, k, read) if read else None,

@@ -344,7 +344,8 @@ def kernels(r: Report) -> list[str]:
     compared = r.get("compare_library")
     return [
         f"One [M, {shape['k']}] x [{shape['n']}, {shape['k']}] product per block type and M, "
-        "GFLOP/s (2 M N K per product): `quant_matmul` (its path: the integer kernels or the "
+        "GFLOP/s (2 M N K per product): `quant_matmul` (its path, `QuantMatmul.path`: the integer "
+        "kernels on int8 x, the float tiles, torch's GEMM on the dequantized matrix or the "
         "bfloat16 GEMM), "
         f"the integer kernels alone called straight through ctypes"
         + (f", and the same call on another build (`{compared}`)" if compared else "")

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from plait.kernels import attention, cpu_fused, native, norm_rope
 from plait.kernels.attention import AttentionMetadata, KVScales
 from plait.kernels.dispatch import use_triton
+from plait.kernels.quant_matmul import dense_matmul
 
 ATTENTION_KINDS = ("native", "triton", "torch")
 
@@ -111,6 +112,13 @@ class LayerOps:
             v.view(tokens, num_kv_heads, head_dim),
         )
 
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x @ weight.T (+ bias) for float weights (an LM head, a router, a mixture's experts;
+        quantized weights run on their `QuantLinear`'s own paths)."""
+        return F.linear(x, weight, bias)
+
     def gated_mul(self, gate_up: torch.Tensor, activation: str) -> torch.Tensor:
         """act(gate) * up for gate_up [rows, 2 I]: SiLU, or GELU with tanh ("gelu_tanh")."""
         gate, up = gate_up.chunk(2, dim=-1)
@@ -157,6 +165,11 @@ class NativeCpuOps(LayerOps):
         qkv = qkv.contiguous()
         cpu_fused.rope_(qkv, rope.positions, rope.inv_freq, num_heads, num_kv_heads, head_dim)
         return self._split(qkv, num_heads, num_kv_heads, head_dim)
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return dense_matmul(x, weight, bias)
 
     def gated_mul(self, gate_up: torch.Tensor, activation: str) -> torch.Tensor:
         return cpu_fused.gated_mul(gate_up, activation)

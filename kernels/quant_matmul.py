@@ -3,8 +3,10 @@
 float32 GEMV, `csrc/dense_gemv.cpp`) and which path a product takes. The formats, the quantizers
 and the torch reference are in `quant_weights.py`.
 
-`quant_matmul(x, qw, bias)` runs the native kernel on CPU float32 inputs when it builds, and the
-reference (dequantize, then matmul) elsewhere. For up to `q8_max_rows()` rows of x (on AVX2
+`QuantMatmul(qw)` settles once, for one weight, what the machine and the block type decide (the
+native kernel where it builds and the weight is on the CPU, the reference, dequantize then matmul,
+elsewhere); each product then picks a path by its rows of x alone. `quant_matmul(x, qw, bias)` is
+one product through a fresh `QuantMatmul`. For up to `q8_max_rows()` rows of x (on AVX2
 machines fewer than `DEQUANT_GEMM_MIN_ROWS`: decode batches, short extends; with AVX-512 VNNI any
 number, prefill chunks too), where K is a multiple of 32 (and int4 groups
 are 32), it rounds x to int8 in blocks of 32 and multiplies with integer dot products, as
@@ -114,13 +116,6 @@ def q8_max_rows() -> int:
     (decode batches and short extends; `native.abi_constant("avx2_max_q8_rows")`), every row count
     with AVX-512 VNNI (prefill chunks too), 0 without the kernels."""
     return _kernels()[3] if native_quant_available() else 0
-
-
-def native_q8_rows(m: int, qw: QuantizedWeight) -> bool:
-    """Whether the native kernel rounds x to int8 (`q8_activations`) for these `m` rows of x."""
-    if m > q8_max_rows() or not native_quant_available():
-        return False
-    return bool(_kernels()[2](qw.shape[1], qw.code, qw.group))
 
 
 def native_isa() -> str:
@@ -240,28 +235,65 @@ def bf16_matmul(
     return y if bias is None else y.add_(bias)
 
 
+class QuantMatmul:
+    """Products with one quantized weight, by paths chosen once for it (a `QuantLinear` builds
+    one when its buffers are placed): the torch reference off the CPU or without the native
+    library; on it, per number of rows m of x, the bfloat16 GEMM (`bf16_matmul`, where enabled,
+    from the tuning table's rows), torch's float32 GEMM on the dequantized matrix (from
+    `DEQUANT_GEMM_MIN_ROWS` rows of a matrix of at most `DEQUANT_GEMM_MAX_ELEMENTS`, unless the
+    kernel rounds those rows to int8), else the native kernel. Activations of any float dtype
+    are multiplied in float32; the product is float32."""
+
+    def __init__(self, qw: QuantizedWeight) -> None:
+        self.qw = qw
+        n, k = qw.shape
+        self.native = qw.qweight.device.type == "cpu" and native_quant_available()
+        q8 = self.native and bool(_kernels()[2](k, qw.code, qw.group))
+        self.q8_max_rows = q8_max_rows() if q8 else 0  # x rounded to int8 up to this many rows
+        self.bf16_min_rows = bf16_gemm_min_rows() if self.native and bf16_gemm_enabled() else None
+        self.dequant_gemm = n * k <= DEQUANT_GEMM_MAX_ELEMENTS
+
+    def rounds_to_int8(self, m: int) -> bool:
+        """Whether the native kernel rounds these `m` rows of x to int8 (`q8_activations`)."""
+        return 0 < m <= self.q8_max_rows
+
+    def path(self, m: int) -> str:
+        """The path m rows of x take: "reference", "bf16 GEMM", "float GEMM" (torch's, on the
+        dequantized matrix), "int8 x" (the integer kernels) or "float x" (the float tiles)."""
+        if not self.native:
+            return "reference"
+        if self.bf16_min_rows is not None and m >= self.bf16_min_rows:
+            return "bf16 GEMM"
+        if self.rounds_to_int8(m):
+            return "int8 x"
+        return "float GEMM" if m >= DEQUANT_GEMM_MIN_ROWS and self.dequant_gemm else "float x"
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [..., K] @ dequant(qw).T (+ bias) -> float32 [..., N]."""
+        qw = self.qw
+        n, k = qw.shape
+        if x.shape[-1] != k:
+            raise ValueError(f"quant_matmul: x has {x.shape[-1]} features, the weight expects {k}")
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, k).float().contiguous()
+        path = self.path(x2.shape[0])
+        if path == "reference":
+            y = quant_matmul_ref(x2, qw, bias)
+        elif path == "bf16 GEMM":
+            y = bf16_matmul(x2, qw, bias)
+        elif path == "float GEMM":
+            y = torch.nn.functional.linear(x2, dequantize(qw), bias)
+        else:
+            y = call_native_matmul(_kernels()[0], x2, qw, bias)
+        return y.reshape(*lead, n)
+
+
 def quant_matmul(
     x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """x [..., K] @ dequant(qw).T (+ bias) -> float32 [..., N]."""
-    n, k = qw.shape
-    if x.shape[-1] != k:
-        raise ValueError(f"quant_matmul: x has {x.shape[-1]} features, the weight expects {k}")
-    if x.device.type != "cpu" or x.dtype != torch.float32 or not native_quant_available():
-        return quant_matmul_ref(x, qw, bias)
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, k).contiguous()
-    m = x2.shape[0]
-    if m >= BF16_GEMM_MIN_ROWS and bf16_gemm_enabled() and m >= bf16_gemm_min_rows():
-        return bf16_matmul(x2, qw, bias).reshape(*lead, n)
-    if (
-        m >= DEQUANT_GEMM_MIN_ROWS
-        and n * k <= DEQUANT_GEMM_MAX_ELEMENTS
-        and not native_q8_rows(m, qw)
-    ):
-        y = torch.nn.functional.linear(x2, dequantize(qw), bias)
-        return y.reshape(*lead, n)
-    return call_native_matmul(_kernels()[0], x2, qw, bias).reshape(*lead, n)
+    """x [..., K] @ dequant(qw).T (+ bias) -> float32 [..., N], by the paths `QuantMatmul`
+    chooses for `qw` (here for this one product; layers hold their `QuantMatmul`)."""
+    return QuantMatmul(qw)(x, bias)
 
 
 def call_native_matmul(

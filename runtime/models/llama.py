@@ -15,7 +15,6 @@ from torch import nn
 
 from plait.kernels.batch_invariant import matmul_rows
 from plait.kernels.layer_ops import Rope
-from plait.kernels.quant_matmul import dense_matmul
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.models.args import (
     ModelArgs,
@@ -111,7 +110,7 @@ class LlamaForCausalLM(nn.Module):
         if batch.batch_invariant:
             return head_rows(self.lm_head, hidden)
         if type(self.lm_head) is nn.Linear:  # float32 on the CPU: the native GEMV for decode rows
-            return dense_matmul(hidden, self.lm_head.weight, self.lm_head.bias).float()
+            return batch.ops.linear(hidden, self.lm_head.weight, self.lm_head.bias).float()
         return self.lm_head(hidden).float()
 
 

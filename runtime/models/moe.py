@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from plait.kernels.layer_ops import LayerOps
-from plait.kernels.quant_matmul import dense_matmul
 from plait.runtime.models.args import ModelArgs
 
 
@@ -27,10 +26,10 @@ class ExpertWeights(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, out_features, in_features))
 
-    def project(self, expert: int, x: torch.Tensor) -> torch.Tensor:
-        """x [rows, in] through expert `expert`'s projection (the native stack's float32 kernel
-        for a few rows on the CPU, as its mixture runs it)."""
-        return dense_matmul(x, self.weight[expert])
+    def project(self, expert: int, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
+        """x [rows, in] through expert `expert`'s projection (`ops.linear`: on the CPU the
+        native stack's float32 kernel for a few rows, as its mixture runs it)."""
+        return ops.linear(x, self.weight[expert])
 
 
 class Experts(nn.Module):
@@ -65,8 +64,8 @@ class Experts(nn.Module):
         return (mixed.view(num_tokens, top_k, -1) * weights[..., None]).sum(1)
 
     def _expert(self, expert: int, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
-        gate_up = self.gate_up_proj.project(expert, x)
-        return self.down_proj.project(expert, ops.gated_mul(gate_up, self.activation))
+        gate_up = self.gate_up_proj.project(expert, x, ops)
+        return self.down_proj.project(expert, ops.gated_mul(gate_up, self.activation), ops)
 
 
 class SparseMoE(nn.Module):
@@ -81,7 +80,7 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
         # [T, E], the router in float32 (by the kernel the native stack's mixture runs it with)
-        logits = dense_matmul(x, self.gate.weight) if type(self.gate) is nn.Linear else self.gate(x)
+        logits = ops.linear(x, self.gate.weight) if type(self.gate) is nn.Linear else self.gate(x)
         probs = F.softmax(logits.float(), dim=-1)
         weights, ids = probs.topk(self.top_k, dim=-1)  # [T, top_k]
         if self.norm_topk_prob:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from plait.kernels.quant_matmul import dequantize, quant_matmul
+from plait.kernels.layer_ops import LayerOps
+from plait.kernels.quant_matmul import QuantMatmul, dequantize
 from plait.kernels.quant_weights import QuantizedWeight, quantize_int4, quantize_int8
 from plait.runtime.models.moe import ExpertWeights
 
@@ -36,8 +37,10 @@ class QuantLinear(nn.Module):
         self._refresh()
 
     def _refresh(self) -> None:
-        # NOTE: a plain attribute built once, not per call: forward runs ~120 times a decode step.
+        # NOTE: plain attributes built once, not per call: forward runs ~120 times a decode step;
+        # the products' paths are chosen here, for the device the buffers are on
         self.qw = QuantizedWeight(self.format, self.qweight, self.scales, self.mins, self.group)
+        self.matmul = QuantMatmul(self.qw)
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202  (nn.Module's signature)
         super()._apply(fn, recurse)
@@ -48,7 +51,7 @@ class QuantLinear(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return quant_matmul(x, self.qw, self.bias).to(x.dtype)
+        return self.matmul(x, self.bias).to(x.dtype)
 
     def extra_repr(self) -> str:
         return (
@@ -83,7 +86,7 @@ class QuantExpertWeights(nn.Module):
         super().__init__()
         self.experts = nn.ModuleList(QuantLinear(qw, None) for qw in weights)
 
-    def project(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+    def project(self, expert: int, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
         return self.experts[expert](x)
 
 

@@ -296,16 +296,15 @@ def assert_gguf_matches_transformers(
     )
     tolerance = 1e-4
     if quantization != "float32":
-        from plait.kernels.quant_matmul import native_q8_rows
+        from plait.kernels.quant_matmul import QuantMatmul
         from plait.runtime.models.quantized import QuantLinear
 
         linears = [m for m in loaded.model.modules() if isinstance(m, QuantLinear)]
         for m in linears:  # five-bit values where 64 divides K
             five = qtype.startswith("Q5") and m.in_features % 64 == 0
             assert m.format == ("int4" if qtype.startswith("Q4") else "int5" if five else "int8")
-        if native_q8_rows(
-            DEQUANT_GEMM_MIN_ROWS, linears[0].qw
-        ):  # AVX-512 VNNI rounds x at any row count
+        if QuantMatmul(linears[0].qw).rounds_to_int8(DEQUANT_GEMM_MIN_ROWS):
+            # AVX-512 VNNI rounds x at any row count
             # two levels: 1/256 of a step of x (2.4e-3 seen); a misread block is off by O(1)
             tolerance = 1e-2
     # a prefill's worth of rows: on AVX2, fewer (a decode batch) would round x to int8 for the

@@ -57,7 +57,7 @@ def test_a_rows_result_is_the_same_in_batches_of_every_size(kind: str) -> None:
     if kind == "float32":
         torch.testing.assert_close(alone, x @ w.t() + bias, rtol=1e-5, atol=1e-5)
         return
-    expected = quant_matmul_ref(x, w, bias, q8=qm.native_q8_rows(1, w))
+    expected = quant_matmul_ref(x, w, bias, q8=qm.QuantMatmul(w).rounds_to_int8(1))
     magnitude = x.abs() @ dequantize_ref(w).abs().t() + bias.abs()
     assert ((alone - expected).abs() <= 2e-4 * expected.abs() + 1e-5 * magnitude).all()
 

@@ -117,7 +117,7 @@ def test_native_kernel_matches_reference(fmt: str, m: int, n: int, k: int, monke
     }[fmt]()
     x = torch.randn(m, k, generator=gen)
     bias = torch.randn(n, generator=gen)
-    q8 = qm.native_q8_rows(m, qw)
+    q8 = qm.QuantMatmul(qw).rounds_to_int8(m)
     # AVX2 machines round x for every row count short of a prefill's, AVX-512 VNNI ones for all
     assert q8 == (k % 32 == 0 and m <= qm.q8_max_rows()) or not q8
     assert qm.q8_max_rows() in (0, qm.DEQUANT_GEMM_MIN_ROWS - 1) or qm.native_isa() == "avx512-vnni"
@@ -207,7 +207,7 @@ def test_bf16_gemm_rows_round_x_and_weights_to_bfloat16(fmt: str, monkeypatch) -
         few = x[: qm.BF16_GEMM_MIN_ROWS - 1]
         torch.testing.assert_close(
             quant_matmul(few, qw),
-            quant_matmul_ref(few, qw, q8=qm.native_q8_rows(len(few), qw)),
+            quant_matmul_ref(few, qw, q8=qm.QuantMatmul(qw).rounds_to_int8(len(few))),
             atol=2e-4,
             rtol=2e-4,
         )
@@ -295,7 +295,7 @@ def test_leading_dimensions_and_empty_batches() -> None:
     qw = quantize_int4(torch.randn(8, 64))
     x = torch.randn(2, 3, 64)
     assert quant_matmul(x, qw).shape == (2, 3, 8)
-    expected = quant_matmul_ref(x, qw, q8=qm.native_q8_rows(6, qw))
+    expected = quant_matmul_ref(x, qw, q8=qm.QuantMatmul(qw).rounds_to_int8(6))
     torch.testing.assert_close(quant_matmul(x, qw), expected, atol=1e-4, rtol=1e-4)
     assert quant_matmul(torch.randn(0, 64), qw).shape == (0, 8)
 
@@ -327,7 +327,9 @@ def test_quant_linear_follows_its_buffers_when_moved():
         and layer.qw.scales is layer.scales
     )
     x = torch.randn(3, 64)
-    expected = quant_matmul_ref(x, layer.qw, layer.bias, q8=qm.native_q8_rows(3, layer.qw))
+    expected = quant_matmul_ref(
+        x, layer.qw, layer.bias, q8=qm.QuantMatmul(layer.qw).rounds_to_int8(3)
+    )
     torch.testing.assert_close(layer(x), expected, atol=1e-4, rtol=1e-4)
     layer.to(
         torch.float32
@@ -372,3 +374,20 @@ def test_dense_matmul_keeps_a_large_matrix_on_the_native_kernel_at_any_row_count
     assert len(calls) == 1
     qm.dense_matmul(x, w[:64])  # a small matrix at that many rows: torch's GEMM
     assert len(calls) == 1
+
+
+def test_a_quant_linear_chooses_its_paths_once(monkeypatch) -> None:
+    from plait.kernels import native
+    from plait.runtime.models.quantized import QuantLinear
+
+    layer = QuantLinear(quantize_int8(torch.randn(8, 64)), None)
+    chosen = layer.matmul.path(1)
+    x = torch.randn(1, 64)
+    expected = layer(x)
+    monkeypatch.setattr(native, "DISABLED", True)
+    assert layer.matmul.path(1) == chosen  # settled when the buffers were placed
+    assert torch.equal(layer(x), expected)
+    assert QuantLinear(quantize_int8(torch.randn(8, 64)), None).matmul.path(1) == "reference"
+    layer.to(torch.device("cpu"))  # placing the buffers again chooses again
+    assert layer.matmul.path(1) == "reference"
+    torch.testing.assert_close(layer(x), expected, atol=1e-2, rtol=1e-2)

@@ -99,7 +99,7 @@ def test_native_kernel_matches_reference(kind: str, m: int, monkeypatch) -> None
         qw = quantized_blocks(kind, gguf_blocks(kind, n, k, seed=n), n, k)
         x = torch.randn(m, k, generator=gen)
         bias = torch.randn(n, generator=gen)
-        q8 = qm.native_q8_rows(m, qw)
+        q8 = qm.QuantMatmul(qw).rounds_to_int8(m)
         assert q8 == (m <= qm.q8_max_rows())  # every shape here takes int8 activations
         expected = quant_matmul_ref(x, qw, bias, q8=q8)
         w = dequantize_ref(qw)
@@ -162,7 +162,7 @@ def test_mixed_block_types_stack_in_one_format_to_the_bit(kinds) -> None:
     assert torch.equal(dequantize_ref(fused), torch.cat([dequantize_ref(p) for p in parts]))
     if qm.native_quant_available():
         x = torch.randn(5, 512, generator=torch.Generator().manual_seed(1))
-        q8 = qm.native_q8_rows(5, fused)
+        q8 = qm.QuantMatmul(fused).rounds_to_int8(5)
         expected = quant_matmul_ref(x, fused, q8=q8)
         magnitude = x.abs() @ dequantize_ref(fused).abs().t()
         err = (quant_matmul(x, fused) - expected).abs()
