@@ -1,4 +1,5 @@
-"""Attention over a paged KV cache: torch reference and the dispatch point.
+"""Attention over a paged KV cache: the torch backend (`TorchAttention`), the extend kernels it
+chooses between, and the dispatch point for callers outside an engine (`paged_attention`).
 
 The KV cache of one layer is `[num_pages, page_size, num_kv_heads, head_dim]`; viewed flat it is
 `[num_slots, num_kv_heads, head_dim]` with slot = page * page_size + offset. A forward batch is
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 
 from plait.kernels import native
 from plait.kernels.dispatch import use_triton
-from plait.kernels.kv_cache import flat_scales, read_kv, store_kv
+from plait.kernels.kv_cache import choose_kv_store, flat_scales, read_kv, store_kv
 from plait.kernels.tuning import BF16_EXTEND_MIN_Q, BF16_EXTEND_MIN_WORK
 
 if TYPE_CHECKING:
@@ -74,6 +75,55 @@ def write_kv(
     return store_kv(k, v, k_cache, v_cache, slots, kv_scales)
 
 
+@dataclass(frozen=True)
+class ExtendKernel:
+    """How one sequence's new tokens attend over its prefix, chosen once (`choose_extend`) for the
+    activations' device and dtype and the model's head size: on the CPU, bfloat16 tiles where a
+    step asks (`bf16`) and `takes_bf16_extend` says so, else the native flash-style kernel
+    (`native`), else `blocked_extend_attention`; elsewhere the reference."""
+
+    cpu: bool = False
+    native: bool = False
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        prefix_len: int,
+        scale: float,
+        sliding_window: int | None = None,
+        bf16: bool = False,
+    ) -> torch.Tensor:
+        """q [q_len, H, D] at positions prefix_len.., k/v [kv_len, Hkv, D] from 0: [q_len, H, D]."""
+        if not self.cpu:
+            return extend_attention_ref(q, k, v, prefix_len, scale, sliding_window)
+        if bf16 and sliding_window is None and takes_bf16_extend(q.shape[0], prefix_len):
+            out = bf16_extend_attention(q, k, v, prefix_len, scale)
+            if out is not None:
+                return out
+        if self.native:
+            out = _call_native_extend(q, k, v, prefix_len, scale, sliding_window)
+            if out is not None:
+                return out
+        return blocked_extend_attention(q, k, v, prefix_len, scale, sliding_window)
+
+
+def choose_extend(device: torch.device, dtype: torch.dtype, head_dim: int) -> ExtendKernel:
+    """The extend kernel for activations of `dtype` on `device` with heads of `head_dim`: the
+    native one takes float32 CPU heads of a multiple of 8 where the library built."""
+    if device.type != "cpu":
+        return ExtendKernel()
+    native_ok = (
+        dtype == torch.float32
+        and head_dim > 0  # 0: not known in advance
+        and head_dim % 8 == 0
+        and not native.native_disabled()
+        and _native_extend() is not None
+    )
+    return ExtendKernel(cpu=True, native=native_ok)
+
+
 def extend_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -83,20 +133,11 @@ def extend_attention(
     sliding_window: int | None = None,
     bf16: bool = False,
 ) -> torch.Tensor:
-    """One sequence: q [q_len, H, D] at positions prefix_len.., k/v [kv_len, Hkv, D] from 0. The
-    dispatch point: on the CPU, with `bf16` where `takes_bf16_extend` says so,
-    `bf16_extend_attention`; else the native kernel; else `blocked_extend_attention`. Elsewhere
-    the reference."""
-    if q.device.type == "cpu":
-        if bf16 and sliding_window is None and takes_bf16_extend(q.shape[0], prefix_len):
-            out = bf16_extend_attention(q, k, v, prefix_len, scale)
-            if out is not None:
-                return out
-        out = native_extend_attention(q, k, v, prefix_len, scale, sliding_window)
-        if out is not None:
-            return out
-        return blocked_extend_attention(q, k, v, prefix_len, scale, sliding_window)
-    return extend_attention_ref(q, k, v, prefix_len, scale, sliding_window)
+    """One sequence: q [q_len, H, D] at positions prefix_len.., k/v [kv_len, Hkv, D] from 0, by
+    the kernel `choose_extend` picks for q (here for this one call; an engine's attention backend
+    holds its choice)."""
+    kernel = choose_extend(q.device, q.dtype, q.shape[2])
+    return kernel(q, k, v, prefix_len, scale, sliding_window, bf16)
 
 
 def extend_attention_ref(
@@ -157,15 +198,26 @@ def native_extend_attention(
         or k.dtype != torch.float32
         or v.dtype != torch.float32
         or q.shape[2] % 8
-        or k.shape[0] != prefix_len + q.shape[0]
+        or _native_extend() is None
     ):
         return None
-    fn = _native_extend()
-    if fn is None:
+    return _call_native_extend(q, k, v, prefix_len, scale, sliding_window)
+
+
+def _call_native_extend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    prefix_len: int,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor | None:
+    """The native extend kernel on float32 CPU tensors (None where it declines the call)."""
+    if k.shape[0] != prefix_len + q.shape[0]:
         return None
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = torch.empty_like(q)
-    rc = fn(
+    rc = _native_extend()(
         q.data_ptr(),
         k.data_ptr(),
         v.data_ptr(),
@@ -319,10 +371,11 @@ def paged_attention(
     sliding_window: int | None = None,
     kv_scales: KVScales = None,
 ) -> torch.Tensor:
-    """The dispatch point for callers outside an engine (an engine chooses once,
-    `layer_ops.LayerOps.attend`): Triton kernels on CUDA tensors (a cache of the model's dtype),
+    """The dispatch point for callers outside an engine (an engine chooses its backend once,
+    `layer_ops.choose_layer_ops`): Triton kernels on CUDA tensors (a cache of the model's dtype),
     the native row kernel on float32 CPU queries (when it builds), the torch reference elsewhere."""
     from plait.kernels import attention_cpu
+    from plait.kernels.layer_ops import create_attention
 
     if use_triton(q) and kv_scales is None and k_cache.dtype == q.dtype:
         kind = "triton"
@@ -330,63 +383,95 @@ def paged_attention(
         kind = "native"
     else:
         kind = "torch"
-    return attend_with(kind, q, k, v, k_cache, v_cache, meta, scale, sliding_window, kv_scales)
+    backend = create_attention(kind, q.device, q.dtype, q.shape[2])
+    return backend.attend(q, k, v, k_cache, v_cache, meta, scale, sliding_window, kv_scales)
 
 
-def attend_with(
-    kind: str,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    meta: AttentionMetadata,
-    scale: float,
-    sliding_window: int | None = None,
-    kv_scales: KVScales = None,
-) -> torch.Tensor:
-    """`paged_attention` by the kernel `kind` names: "triton", "native" or "torch"."""
-    args = (q, k, v, k_cache, v_cache, meta, scale, sliding_window)
-    if kind == "triton":
-        from plait.kernels.attention_triton import paged_attention_triton
+class TorchAttention:
+    """A paged-attention backend, built once for an engine's activations (`layer_ops.
+    create_attention`) and called by every layer: `attend` stores the new k/v [T, Hkv, D] in the
+    layer's caches, then attends q [T, H, D] over them. This one is torch's: each extend by the
+    `ExtendKernel` chosen for the activations, decode rows by `decode_attention_ref` over gathered
+    pages; the others (`attention_cpu.NativeAttention`, `attention_triton.TritonAttention`)
+    share its contract."""
 
-        return paged_attention_triton(*args, meta.triton)
-    if kind == "native":
-        from plait.kernels.attention_cpu import paged_attention_cpu
+    name = "torch"
 
-        return paged_attention_cpu(*args, kv_scales)
-    return paged_attention_ref(*args, kv_scales)
+    def __init__(self, device: torch.device, dtype: torch.dtype, head_dim: int) -> None:
+        self.extend = choose_extend(device, dtype, head_dim)
+        self.store = choose_kv_store(device, dtype)
 
-
-def attend_extends(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_flat: torch.Tensor,
-    v_flat: torch.Tensor,
-    meta: AttentionMetadata,
-    scale: float,
-    sliding_window: int | None,
-    out: torch.Tensor,
-    skip: frozenset[int] = frozenset(),
-    kv_scales: KVScales = None,
-) -> None:
-    """Writes each extend sequence's attention into `out` (those in `skip` excepted): over its new
-    k/v alone when nothing is cached, else over its cached prefix gathered from the pages."""
-    for i, (start, q_len, kv_len, slots) in enumerate(
-        zip(meta.extend_q_starts, meta.extend_q_lens, meta.extend_kv_lens, meta.extend_kv_slots)
-    ):
-        if i in skip:
-            continue
-        prefix_len = kv_len - q_len
-        if prefix_len == 0:
-            kk, vv = k[start : start + q_len], v[start : start + q_len]
-        else:
-            ks, vs = flat_scales(kv_scales) or (None, None)
-            kk, vv = read_kv(k_flat, ks, slots, q.dtype), read_kv(v_flat, vs, slots, q.dtype)
-        out[start : start + q_len] = extend_attention(
-            q[start : start + q_len], kk, vv, prefix_len, scale, sliding_window, meta.bf16_extends
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+        kv_scales: KVScales = None,
+    ) -> torch.Tensor:
+        """[T, heads, D]."""
+        k_flat, v_flat = self.store(k, v, k_cache, v_cache, meta.slot_mapping, kv_scales)
+        out = torch.empty_like(q)
+        self.attend_extends(
+            q, k, v, k_flat, v_flat, meta, scale, sliding_window, out, kv_scales=kv_scales
         )
+        if meta.decode_kv_slots is not None:
+            first = meta.num_extend_tokens
+            mask = meta.decode_mask
+            if mask is None:  # the model runner leaves it to the reference path, its only reader
+                width = meta.decode_kv_slots.shape[1]
+                lens = meta.decode_kv_lens[:, None]
+                mask = (torch.arange(width, device=q.device)[None, :] < lens)[:, None, None, :]
+            if sliding_window is not None:
+                positions = torch.arange(mask.shape[-1], device=q.device)
+                lower = (meta.decode_kv_lens - sliding_window)[:, None, None, None]
+                mask = mask & (positions >= lower)
+            out[first:] = decode_attention_ref(
+                q[first:], k_flat, v_flat, meta.decode_kv_slots, mask, scale, kv_scales
+            )
+        return out
+
+    def attend_extends(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_flat: torch.Tensor,
+        v_flat: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None,
+        out: torch.Tensor,
+        skip: frozenset[int] = frozenset(),
+        kv_scales: KVScales = None,
+    ) -> None:
+        """Writes each extend sequence's attention into `out` (those in `skip` excepted): over
+        its new k/v alone when nothing is cached, else over its cached prefix gathered from the
+        pages."""
+        for i, (start, q_len, kv_len, slots) in enumerate(
+            zip(meta.extend_q_starts, meta.extend_q_lens, meta.extend_kv_lens, meta.extend_kv_slots)
+        ):
+            if i in skip:
+                continue
+            prefix_len = kv_len - q_len
+            if prefix_len == 0:
+                kk, vv = k[start : start + q_len], v[start : start + q_len]
+            else:
+                ks, vs = flat_scales(kv_scales) or (None, None)
+                kk, vv = read_kv(k_flat, ks, slots, q.dtype), read_kv(v_flat, vs, slots, q.dtype)
+            out[start : start + q_len] = self.extend(
+                q[start : start + q_len],
+                kk,
+                vv,
+                prefix_len,
+                scale,
+                sliding_window,
+                meta.bf16_extends,
+            )
 
 
 def paged_attention_ref(
@@ -400,24 +485,7 @@ def paged_attention_ref(
     sliding_window: int | None = None,
     kv_scales: KVScales = None,
 ) -> torch.Tensor:
-    """Writes the new k/v [T, Hkv, D] into the cache, then attends q [T, H, D];
-    returns [T, H, D]."""
-    k_flat, v_flat = write_kv(k, v, k_cache, v_cache, meta.slot_mapping, kv_scales)
-    out = torch.empty_like(q)
-    attend_extends(q, k, v, k_flat, v_flat, meta, scale, sliding_window, out, kv_scales=kv_scales)
-    if meta.decode_kv_slots is not None:
-        first = meta.num_extend_tokens
-        mask = meta.decode_mask
-        if mask is None:  # the model runner leaves it to the reference path, its only reader
-            width = meta.decode_kv_slots.shape[1]
-            mask = (torch.arange(width, device=q.device)[None, :] < meta.decode_kv_lens[:, None])[
-                :, None, None, :
-            ]
-        if sliding_window is not None:
-            positions = torch.arange(mask.shape[-1], device=q.device)
-            lower = (meta.decode_kv_lens - sliding_window)[:, None, None, None]
-            mask = mask & (positions >= lower)
-        out[first:] = decode_attention_ref(
-            q[first:], k_flat, v_flat, meta.decode_kv_slots, mask, scale, kv_scales
-        )
-    return out
+    """Writes the new k/v [T, Hkv, D] into the cache, then attends q [T, H, D]; returns
+    [T, H, D] (`TorchAttention`, chosen here for q)."""
+    backend = TorchAttention(q.device, q.dtype, q.shape[2])
+    return backend.attend(q, k, v, k_cache, v_cache, meta, scale, sliding_window, kv_scales)

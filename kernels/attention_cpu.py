@@ -19,7 +19,7 @@ from functools import cache
 import torch
 
 from plait.kernels import native
-from plait.kernels.attention import AttentionMetadata, KVScales, attend_extends, write_kv
+from plait.kernels.attention import AttentionMetadata, KVScales, TorchAttention
 from plait.kernels.kv_cache import flat_scales, kv_type_code
 from plait.kernels.tuning import MAX_ROW_EXTEND
 
@@ -187,6 +187,38 @@ def attention_rows(
     )
 
 
+class NativeAttention(TorchAttention):
+    """float32 CPU queries over a float32, bfloat16 or int8 cache (`use_native_attention`):
+    decode tokens and short extends as rows over slot tables (`attention_rows`), long extends by
+    the extend kernel chosen for the activations."""
+
+    name = "native"
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+        kv_scales: KVScales = None,
+    ) -> torch.Tensor:
+        k_flat, v_flat = self.store(k, v, k_cache, v_cache, meta.slot_mapping, kv_scales)
+        if meta.cpu is None:
+            meta.cpu = cpu_rows(meta, sliding_window)
+        rows: CpuRows = meta.cpu.for_window(sliding_window)
+        q = q.contiguous()
+        out = torch.empty_like(q)
+        self.attend_extends(
+            q, k, v, k_flat, v_flat, meta, scale, sliding_window, out, rows.row_extends, kv_scales
+        )
+        attention_rows(q, k_flat, v_flat, rows, out, scale, kv_scales)
+        return out
+
+
 def paged_attention_cpu(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -198,15 +230,6 @@ def paged_attention_cpu(
     sliding_window: int | None = None,
     kv_scales: KVScales = None,
 ) -> torch.Tensor:
-    """Same contract as `attention.paged_attention_ref`."""
-    k_flat, v_flat = write_kv(k, v, k_cache, v_cache, meta.slot_mapping, kv_scales)
-    if meta.cpu is None:
-        meta.cpu = cpu_rows(meta, sliding_window)
-    rows: CpuRows = meta.cpu.for_window(sliding_window)
-    q = q.contiguous()
-    out = torch.empty_like(q)
-    attend_extends(
-        q, k, v, k_flat, v_flat, meta, scale, sliding_window, out, rows.row_extends, kv_scales
-    )
-    attention_rows(q, k_flat, v_flat, rows, out, scale, kv_scales)
-    return out
+    """Same contract as `attention.paged_attention_ref` (`NativeAttention`, built here for q)."""
+    backend = NativeAttention(q.device, q.dtype, q.shape[2])
+    return backend.attend(q, k, v, k_cache, v_cache, meta, scale, sliding_window, kv_scales)

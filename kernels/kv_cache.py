@@ -13,6 +13,7 @@ passed around as `kv_scales = (k_scale, v_scale)`, or None for float caches.
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from functools import cache
 
 import torch
@@ -92,18 +93,84 @@ def slot_error(slots: torch.Tensor, index: int, num_slots: int) -> IndexError:
     )
 
 
-def _native_store_ok(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> bool:
-    """float32 CPU rows whose heads are contiguous, the same row stride for k and v."""
+def _rows_fit_native_store(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> bool:
+    """Rows the native store reads as they are: heads contiguous, the same row stride for k and
+    v, contiguous int64 slots."""
     return (
-        k.device.type == "cpu"
-        and k.dtype == v.dtype == torch.float32
+        k.dtype == v.dtype == torch.float32
         and slots.dtype == torch.long
         and slots.is_contiguous()
         and k.stride()[1:] == v.stride()[1:] == (k.shape[2], 1)
         and k.stride(0) == v.stride(0)
+    )
+
+
+@dataclass(frozen=True)
+class KVStore:
+    """Writes new k/v into a layer's caches by the path chosen once (`choose_kv_store`): the
+    native kernel (`native`: float32 CPU activations, the library built), for rows laid out as it
+    reads them; else torch's `index_copy_`."""
+
+    native: bool = False
+
+    def __call__(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slots: torch.Tensor,
+        kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stores the new k/v [T, Hkv, D] at `slots` in the cache's format; returns the caches
+        viewed flat, [slots, Hkv, D]."""
+        num_tokens, num_kv_heads, head_dim = k.shape
+        k_flat = k_cache.view(-1, num_kv_heads, head_dim)
+        v_flat = v_cache.view(-1, num_kv_heads, head_dim)
+        code = kv_type_code(k_cache.dtype)
+        if self.native and num_tokens and code is not None and _rows_fit_native_store(k, v, slots):
+            ks, vs = kv_scales if kv_scales is not None else (None, None)
+            bad = _store_kernel()(
+                k.data_ptr(),
+                v.data_ptr(),
+                k.stride(0),
+                slots.data_ptr(),
+                num_tokens,
+                num_kv_heads,
+                head_dim,
+                code,
+                k_cache.data_ptr(),
+                v_cache.data_ptr(),
+                None if ks is None else ks.data_ptr(),
+                None if vs is None else vs.data_ptr(),
+                k_flat.shape[0],
+            )
+            if bad >= 0:
+                raise slot_error(slots, bad, k_flat.shape[0])
+            return k_flat, v_flat
+        if kv_scales is not None:
+            k_scale, v_scale = flat_scales(kv_scales)
+            kq, kscale = quantize_int8(k)
+            vq, vscale = quantize_int8(v)
+            k_flat.index_copy_(0, slots, kq)
+            v_flat.index_copy_(0, slots, vq)
+            k_scale.index_copy_(0, slots, kscale)
+            v_scale.index_copy_(0, slots, vscale)
+        else:
+            k_flat.index_copy_(0, slots, k.to(k_flat.dtype))
+            v_flat.index_copy_(0, slots, v.to(v_flat.dtype))
+        return k_flat, v_flat
+
+
+def choose_kv_store(device: torch.device, dtype: torch.dtype) -> KVStore:
+    """The store for activations of `dtype` on `device`."""
+    native_ok = (
+        device.type == "cpu"
+        and dtype == torch.float32
         and not native.native_disabled()
         and _store_kernel() is not None
     )
+    return KVStore(native=native_ok)
 
 
 def store_kv(
@@ -114,41 +181,6 @@ def store_kv(
     slots: torch.Tensor,
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stores the new k/v [T, Hkv, D] at `slots` in the cache's format; returns the caches viewed
-    flat, [slots, Hkv, D]."""
-    num_tokens, num_kv_heads, head_dim = k.shape
-    k_flat = k_cache.view(-1, num_kv_heads, head_dim)
-    v_flat = v_cache.view(-1, num_kv_heads, head_dim)
-    code = kv_type_code(k_cache.dtype)
-    if num_tokens and code is not None and _native_store_ok(k, v, slots):
-        ks, vs = kv_scales if kv_scales is not None else (None, None)
-        bad = _store_kernel()(
-            k.data_ptr(),
-            v.data_ptr(),
-            k.stride(0),
-            slots.data_ptr(),
-            num_tokens,
-            num_kv_heads,
-            head_dim,
-            code,
-            k_cache.data_ptr(),
-            v_cache.data_ptr(),
-            None if ks is None else ks.data_ptr(),
-            None if vs is None else vs.data_ptr(),
-            k_flat.shape[0],
-        )
-        if bad >= 0:
-            raise slot_error(slots, bad, k_flat.shape[0])
-        return k_flat, v_flat
-    if kv_scales is not None:
-        k_scale, v_scale = flat_scales(kv_scales)
-        kq, kscale = quantize_int8(k)
-        vq, vscale = quantize_int8(v)
-        k_flat.index_copy_(0, slots, kq)
-        v_flat.index_copy_(0, slots, vq)
-        k_scale.index_copy_(0, slots, kscale)
-        v_scale.index_copy_(0, slots, vscale)
-    else:
-        k_flat.index_copy_(0, slots, k.to(k_flat.dtype))
-        v_flat.index_copy_(0, slots, v.to(v_flat.dtype))
-    return k_flat, v_flat
+    """`KVStore` by the path `choose_kv_store` picks for k (here for this one call; an engine's
+    attention backend holds its choice)."""
+    return choose_kv_store(k.device, k.dtype)(k, v, k_cache, v_cache, slots, kv_scales)

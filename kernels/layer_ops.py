@@ -12,9 +12,10 @@ dtype or the environment again.
 - `TritonOps`: CUDA with Triton: norms and rotary embedding in one pass over memory each
   (`norm_rope`).
 
-Attention is chosen beside them (`attention`): "native" (rows over slot tables,
-`attention_cpu.paged_attention_cpu`), "triton" (`attention_triton.paged_attention_triton`) or
-"torch" (`attention.paged_attention_ref`).
+Each holds the paged-attention backend chosen beside it (`create_attention`, by the kind
+`runtime/execution.py: choose_attention` names): "native" (`attention_cpu.NativeAttention`, rows
+over slot tables), "triton" (`attention_triton.TritonAttention`) or "torch"
+(`attention.TorchAttention`), each built with the extend kernel and KV store for the activations.
 """
 
 from __future__ import annotations
@@ -24,12 +25,29 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from plait.kernels import attention, cpu_fused, native, norm_rope
-from plait.kernels.attention import AttentionMetadata, KVScales
+from plait.kernels import cpu_fused, native, norm_rope
+from plait.kernels.attention import AttentionMetadata, KVScales, TorchAttention
+from plait.kernels.attention_cpu import NativeAttention
 from plait.kernels.dispatch import use_triton
 from plait.kernels.quant_matmul import dense_matmul
 
 ATTENTION_KINDS = ("native", "triton", "torch")
+
+
+def create_attention(
+    kind: str, device: torch.device, dtype: torch.dtype, head_dim: int
+) -> TorchAttention:
+    """The attention backend `kind` names, for activations of `dtype` on `device` with heads of
+    `head_dim` (Triton's module is imported only where it is chosen)."""
+    if kind == "native":
+        return NativeAttention(device, dtype, head_dim)
+    if kind == "triton":
+        from plait.kernels.attention_triton import TritonAttention
+
+        return TritonAttention(device, dtype, head_dim)
+    if kind == "torch":
+        return TorchAttention(device, dtype, head_dim)
+    raise ValueError(f"attention: expected one of {', '.join(ATTENTION_KINDS)}, got {kind!r}")
 
 
 @dataclass
@@ -60,16 +78,13 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class LayerOps:
-    """torch's operations (any device, any dtype); `attention`: which kernel attends."""
+    """torch's operations (any device, any dtype); `attention`: the backend that attends (where
+    none is given, torch's for float32 CPU activations of a head size not known in advance)."""
 
     name = "torch"
 
-    def __init__(self, attention: str = "torch") -> None:
-        if attention not in ATTENTION_KINDS:
-            raise ValueError(
-                f"attention: expected one of {', '.join(ATTENTION_KINDS)}, got {attention!r}"
-            )
-        self.attention = attention
+    def __init__(self, attention: TorchAttention | None = None) -> None:
+        self.attention = attention or TorchAttention(torch.device("cpu"), torch.float32, head_dim=0)
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
@@ -139,8 +154,8 @@ class LayerOps:
         kv_scales: KVScales,
     ) -> torch.Tensor:
         """Stores the new k/v in the layer's caches and attends over them: [T, heads, D]."""
-        return attention.attend_with(
-            self.attention, q, k, v, k_cache, v_cache, meta, scale, sliding_window, kv_scales
+        return self.attention.attend(
+            q, k, v, k_cache, v_cache, meta, scale, sliding_window, kv_scales
         )
 
 
@@ -198,12 +213,16 @@ class TritonOps(LayerOps):
         return q, k, v
 
 
-def choose_layer_ops(device: torch.device, dtype: torch.dtype, attention: str) -> LayerOps:
+def choose_layer_ops(
+    device: torch.device, dtype: torch.dtype, attention: str, head_dim: int
+) -> LayerOps:
     """The object a model's layers run on: Triton on CUDA where it imports and is not disabled,
-    the native kernels for float32 on the CPU where they built, torch's otherwise."""
+    the native kernels for float32 on the CPU where they built, torch's otherwise; with the
+    attention backend `attention` names (`create_attention`)."""
+    backend = create_attention(attention, device, dtype, head_dim)
     probe = torch.empty(0, dtype=dtype, device=device)
     if use_triton(probe):
-        return TritonOps(attention)
+        return TritonOps(backend)
     if cpu_fused.usable(probe) and not native.native_disabled():
-        return NativeCpuOps(attention)
-    return LayerOps(attention)
+        return NativeCpuOps(backend)
+    return LayerOps(backend)

@@ -153,7 +153,7 @@ def choose_execution(
     return Execution(
         device,
         attention,
-        choose_layer_ops(device, probe.dtype, attention),
+        choose_layer_ops(device, probe.dtype, attention, pool.head_dim),
         sampling_path(device, torch.float32),  # the LM head's logits are float32
         stack,
         bursts,

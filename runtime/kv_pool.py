@@ -33,6 +33,8 @@ class KVPool:
         self.page_size = page_size
         self.dtype = dtype
         self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
         self.window_layers = tuple(window_layers) or (False,) * num_layers
         self.num_window_pages = num_window_pages
         self.k: list[torch.Tensor] = []

@@ -227,7 +227,7 @@ def run_worker(rank: int, rendezvous: Rendezvous | None, config: Any) -> None:
                     num_window_pages,
                 )
                 probe = torch.empty(0, dtype=dtype, device=device)
-                ops = choose_layer_ops(device, dtype, choose_attention(probe, pool))
+                ops = choose_layer_ops(device, dtype, choose_attention(probe, pool), pool.head_dim)
                 continue
             _, input_ids, positions, attn, attn_window, num_layers = message
             assert pool is not None, "rank 0 sends the pool size before the first step"

@@ -80,7 +80,7 @@ def test_layers_run_the_operations_chosen_at_start(tiny_llama_dir, monkeypatch) 
 
     with Engine(model_path=str(tiny_llama_dir), max_total_tokens=1024) as engine:
         ops = engine.runner.execution.ops
-        assert type(ops) is layer_ops.NativeCpuOps and ops.attention == "native"
+        assert type(ops) is layer_ops.NativeCpuOps and ops.attention.name == "native"
         assert engine.stats()["execution_layer_ops"] == "native"
 
         def asked(*args):
