@@ -29,7 +29,7 @@ from plait.kernels import cpu_fused, native, norm_rope
 from plait.kernels.attention import AttentionMetadata, KVScales, TorchAttention
 from plait.kernels.attention_cpu import NativeAttention
 from plait.kernels.dispatch import use_triton
-from plait.kernels.quant_matmul import dense_matmul
+from plait.kernels.quant_matmul import native_dense_matmul, native_quant_available
 
 ATTENTION_KINDS = ("native", "triton", "torch")
 
@@ -164,6 +164,10 @@ class NativeCpuOps(LayerOps):
 
     name = "native"
 
+    def __init__(self, attention: TorchAttention | None = None) -> None:
+        super().__init__(attention)
+        self._linear = native_dense_matmul if native_quant_available() else F.linear
+
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -184,7 +188,7 @@ class NativeCpuOps(LayerOps):
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return dense_matmul(x, weight, bias)
+        return self._linear(x, weight, bias)
 
     def gated_mul(self, gate_up: torch.Tensor, activation: str) -> torch.Tensor:
         return cpu_fused.gated_mul(gate_up, activation)

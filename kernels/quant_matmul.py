@@ -331,16 +331,24 @@ def dense_matmul(
     where the kernel, streaming two weight rows at a time, measured 37-49 GB/s on one thread), and
     for any number of rows of a matrix over `DEQUANT_GEMM_MAX_ELEMENTS` (an LM head scoring a prompt
     or `select` options: 80-85 GMAC/s against torch's 32-72 for SmolLM2's from 48 to 512 rows)."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or not native_quant_available():
+        return torch.nn.functional.linear(x, weight, bias)
+    return native_dense_matmul(x, weight, bias)
+
+
+def native_dense_matmul(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`dense_matmul` for float32 CPU activations where the native library is built (a caller
+    that settled that once, `layer_ops.NativeCpuOps`): the native kernel for the rows and
+    matrices `dense_matmul` names, torch's GEMM for the rest."""
     n, k = weight.shape
     m = x.numel() // k if k else 0
     if (
-        x.device.type != "cpu"
-        or x.dtype != torch.float32
-        or weight.dtype != torch.float32
+        weight.dtype != torch.float32
         or m == 0
         or (m >= DEQUANT_GEMM_MIN_ROWS and n * k <= DEQUANT_GEMM_MAX_ELEMENTS)
         or not weight.is_contiguous()
-        or not native_quant_available()
     ):
         return torch.nn.functional.linear(x, weight, bias)
     x2 = x.reshape(m, k).contiguous()
