@@ -45,7 +45,6 @@ class ScheduleBatch:
     extends: list[ExtendEntry] = field(default_factory=list)
     verifies: list[VerifyEntry] = field(default_factory=list)
     decodes: list[Request] = field(default_factory=list)
-    decode_steps: int = 1  # steps the decodes ran: more than one in a burst (`BurstRunner.run`)
     # requests outside the batch wait for their turn (queued, mid-prefill or quarantined): a
     # burst of decode steps would hold them up
     others_waiting: bool = False
@@ -69,9 +68,14 @@ class ScheduleBatch:
 
     @property
     def num_tokens(self) -> int:
-        """Tokens whose KV the step computes (a verification counts its real token, not its
-        draft)."""
-        return sum(e.end - e.start for e in self.queried) + len(self.decodes) * self.decode_steps
+        """Tokens whose KV one decode step of the batch computes (a verification counts its real
+        token, not its draft)."""
+        return self.computed_tokens(1)
+
+    def computed_tokens(self, decode_steps: int) -> int:
+        """Tokens whose KV the batch computes when its decodes run `decode_steps` steps (a
+        burst: more than one)."""
+        return sum(e.end - e.start for e in self.queried) + len(self.decodes) * decode_steps
 
     def __bool__(self) -> bool:
         return bool(self.extends or self.verifies or self.decodes)

@@ -43,6 +43,7 @@ from plait.runtime.protocol import FinishReason
 from plait.runtime.request import Request
 from plait.runtime.scheduler import Scheduler
 from plait.runtime.speculation import Speculation
+from plait.runtime.speculative.base import DraftContext
 from plait.runtime.step_applier import StepApplier
 from plait.runtime.step_planner import StepPlanner
 from plait.runtime.tuning import CLOSING_GROWTH, CLOSING_WAIT_SECONDS
@@ -156,7 +157,19 @@ class EngineCore:
             f"execution_{k}": v for k, v in self.runner.execution.describe().items()
         }
         self.processor = OutputProcessor(self.tokenizer, self.context_len)
-        self.speculation = Speculation(config, self)
+        draft_context = DraftContext(
+            config,
+            self.args,
+            self.runner,
+            self.scheduler.kv,
+            self.kv_pool.num_pages,
+            self.page_size,
+            self.dtype,
+            self.device,
+            self.tokenizer.eos_token_ids,
+            self.generator,
+        )
+        self.speculation = Speculation(config, draft_context)
         self.threads = ThreadPolicy(self.device, config.cpu_threads)
         # the grammar backend and compile cache, closing search and healer, built meanwhile
         self.constraint_tools = constraint_tools.start(self.tokenizer, config, self.args.vocab_size)
@@ -371,8 +384,8 @@ class EngineCore:
         updated = self.applier.apply(plan, results)
         # the scheduler's own bookkeeping, before delivery: a caller that got its result sees
         # the pool without that request
-        self.scheduler.after_step(plan.batch)
-        self.applier.settle(plan, updated)
+        self.scheduler.after_step(plan.batch, results.decode_steps)
+        self.applier.settle(plan, results, updated)
         if self.config.check_invariants:
             self.scheduler.check()
 

@@ -230,7 +230,7 @@ class EngineEvents:
             )
         )
 
-    def step_finished(self, batch: ScheduleBatch, started: float) -> None:
+    def step_finished(self, batch: ScheduleBatch, started: float, decode_steps: int = 1) -> None:
         prefill = verify = accepted = jump = 0
         for v in batch.verifies:
             verify += v.end - v.start + len(v.draft_ids)
@@ -241,7 +241,7 @@ class EngineEvents:
             else:
                 prefill += e.end - e.start
         now = time.perf_counter()
-        steps = batch.decode_steps
+        steps = decode_steps
         self.emit(
             StepFinished(
                 now,

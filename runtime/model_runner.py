@@ -180,17 +180,18 @@ class ModelRunner:
                 streamed = hook.streamed
             else:
                 tokens = self.bursts.run(batch, plan.decode_steps, interrupt)
-            batch.decode_steps = max(len(t.tokens) for t in tokens)
+            steps = max(len(t.tokens) for t in tokens)
         else:
             tokens = self.forward(batch, plan.layers)
-        step_s = (time.perf_counter() - started) / batch.decode_steps
+            steps = 1
+        step_s = (time.perf_counter() - started) / steps
         got = iter(tokens)  # in the forward's order, `batch.requests()`
         results = [RequestResult(e.req, next(got), extend=e) for e in batch.extends]
         results += [RequestResult(v.req, next(got), verify=v) for v in batch.verifies]
         results += [
             RequestResult(r, next(got), streamed=streamed.get(id(r))) for r in batch.decodes
         ]
-        return StepResults(results, batch.decode_steps, step_s)
+        return StepResults(results, steps, step_s)
 
     @torch.inference_mode()
     def forward(self, batch: ScheduleBatch, layers: Layers | None = None) -> list[TokenResult]:

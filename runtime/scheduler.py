@@ -267,10 +267,10 @@ class Scheduler:
         self.num_retracted += 1
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
 
-    def after_step(self, batch: ScheduleBatch) -> None:
-        """Records computed KV, caches finished chunks, moves prefilled requests to decode,
-        and releases finished ones."""
-        self.computed_tokens += batch.num_tokens
+    def after_step(self, batch: ScheduleBatch, decode_steps: int = 1) -> None:
+        """Records computed KV (the decodes ran `decode_steps` steps), caches finished chunks,
+        moves prefilled requests to decode, and releases finished ones."""
+        self.computed_tokens += batch.computed_tokens(decode_steps)
         for e in batch.extends:
             e.req.kv.num_computed = e.end
             self.kv.slide(e.req)

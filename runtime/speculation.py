@@ -10,17 +10,18 @@ from plait.runtime.batch import ScheduleBatch
 from plait.runtime.config import EngineConfig
 from plait.runtime.policies import SpeculationPolicy
 from plait.runtime.request import Request
+from plait.runtime.speculative.base import DraftContext
 
 
 class Speculation:
-    def __init__(self, config: EngineConfig, core: Any) -> None:
-        """`core`: the engine core the drafter reads its runner, pool and KV pages from."""
+    def __init__(self, config: EngineConfig, context: DraftContext) -> None:
+        """`context`: what the drafter may use of the engine (its runner, shapes, KV pages)."""
         self.config = config
         self.drafter: Any = None
         if config.speculative_algorithm is not None:
             from plait.runtime.speculative import create_drafter
 
-            self.drafter = create_drafter(config.speculative_algorithm, engine=core)
+            self.drafter = create_drafter(config.speculative_algorithm, context=context)
         self.policy = SpeculationPolicy(config.speculation)
         self.governor = self.policy.governor
         self.totals = {"steps": 0, "proposed": 0, "accepted": 0}
@@ -33,14 +34,14 @@ class Speculation:
             and self.policy.speculate(len(batch.decodes))
         )
 
-    def propose(self, decodes: list[Request], context_len: int) -> dict[int, list[int]]:
-        """Drafts for `decodes`, by id(request), each cut to the request's room and, under a
+    def propose(self, decodes: list[Request], context_len: int) -> dict[Request, list[int]]:
+        """Drafts for `decodes`, by request, each cut to the request's room and, under a
         grammar, to the tokens it allows; a request without one is left out."""
         candidates = [r for r in decodes if self.drafter.wants(r)]
         if not candidates:
             return {}
         k = self.config.num_draft_tokens
-        drafts: dict[int, list[int]] = {}
+        drafts: dict[Request, list[int]] = {}
         for req, draft in zip(candidates, self.drafter.propose(candidates, k)):
             room = min(
                 req.budget_left - 1,
@@ -54,7 +55,7 @@ class Speculation:
                     allowed += 1
                 draft = draft[:allowed]
             if draft:
-                drafts[id(req)] = draft
+                drafts[req] = draft
         return drafts
 
     def observe(self, req: Request, proposed: int, accepted: int) -> None:

@@ -75,14 +75,14 @@ class StepApplier:
             self.totals["burst_steps"] += output.decode_steps
         return [r for r in output.results if self._take(r)]
 
-    def settle(self, plan: StepPlan, updated: list[RequestResult]) -> None:
+    def settle(self, plan: StepPlan, output: StepResults, updated: list[RequestResult]) -> None:
         """Once the scheduler has recorded the step: jumps forward and closings of the requests
         that moved, then their delivery."""
         for r in updated:
             if r.prompt_done:
                 self._close_or_jump(r.req)
         if self.events.wants(StepFinished):
-            self.events.step_finished(plan.batch, plan.started)
+            self.events.step_finished(plan.batch, plan.started, output.decode_steps)
         for r in updated:
             self.deliver(r.req)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from plait.runtime.batch import ScheduleBatch, StepResults, VerifyEntry
@@ -82,7 +82,8 @@ class StepPlanner:
         started = time.perf_counter()
         speculating = self.speculation.speculate(batch)
         if speculating:
-            self._verify_drafts(batch, self.speculation.propose(batch.decodes, self.context_len))
+            drafts = self.speculation.propose(batch.decodes, self.context_len)
+            batch = self._verify_drafts(batch, drafts)
         num_tokens = batch.num_tokens
         threads = self.threads.choose(num_tokens)
         steps = self.bursts.steps(
@@ -97,17 +98,20 @@ class StepPlanner:
         layers = self._layers(batch)
         return StepPlan(batch, layers, num_tokens, steps, threads, speculating, started)
 
-    def _verify_drafts(self, batch: ScheduleBatch, drafts: dict[int, list[int]]) -> None:
-        """Turns decodes into verifications (last token + draft) where pages allow."""
-        keep = []
+    def _verify_drafts(
+        self, batch: ScheduleBatch, drafts: dict[Request, list[int]]
+    ) -> ScheduleBatch:
+        """The batch with its decodes turned into verifications (last token + draft) where
+        pages allow."""
+        keep, verifies = [], list(batch.verifies)
         for req in batch.decodes:
-            draft = drafts.get(id(req))
+            draft = drafts.get(req)
             if draft and self.kv.grow(req, req.num_tokens + len(draft)):
                 n = req.num_tokens
-                batch.verifies.append(VerifyEntry(req, n - 1, n, draft))
+                verifies.append(VerifyEntry(req, n - 1, n, draft))
             else:
                 keep.append(req)
-        batch.decodes = keep
+        return replace(batch, verifies=verifies, decodes=keep)
 
     def _reserve_burst(self, reqs: list[Request], limit: int) -> int:
         """How many decode steps `reqs` take in one burst: at most `limit`, no more than any of
@@ -146,5 +150,5 @@ class StepPlanner:
                 bool(batch.verifies),
                 sum(len(r.tokens.tokens) for r in results.results),
                 time.perf_counter() - plan.started,
-                steps=batch.decode_steps,
+                steps=results.decode_steps,
             )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from plait.runtime.speculative.base import Drafter, create_drafter, register_drafter
+from plait.runtime.speculative.base import DraftContext, Drafter, create_drafter, register_drafter
 from plait.runtime.speculative.verify import verify_draft
 
-__all__ = ["Drafter", "create_drafter", "register_drafter", "verify_draft"]
+__all__ = ["DraftContext", "Drafter", "create_drafter", "register_drafter", "verify_draft"]

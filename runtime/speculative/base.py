@@ -3,12 +3,39 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from plait.runtime.request import Request
 from plait.runtime.tuning import BACKOFF_STEPS, MAX_BACKOFF_STEPS, MIN_MEAN_ACCEPTED
 from plait.runtime.tuning import SPECULATION_GATE_EMA as EMA
+
+if TYPE_CHECKING:
+    import torch
+
+    from plait.runtime.config import EngineConfig
+    from plait.runtime.kv_cache_manager import KVCacheManager
+    from plait.runtime.model_runner import ModelRunner
+    from plait.runtime.models.args import ModelArgs
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    """What a drafter may use of the engine it drafts for: the configuration (`draft_layers`,
+    `draft_model_path`), the target's shapes and runner, the KV cache manager that grows a
+    request's pages for its draft, and what a draft model's own pool and runner are built like."""
+
+    config: EngineConfig
+    args: ModelArgs
+    runner: ModelRunner
+    kv: KVCacheManager
+    num_pages: int
+    page_size: int
+    dtype: torch.dtype
+    device: torch.device
+    eos_token_ids: Collection[int]
+    generator: torch.Generator
 
 
 class Drafter(ABC):

@@ -10,57 +10,50 @@ from plait.runtime.batch import ScheduleBatch, VerifyEntry
 from plait.runtime.model_runner import ModelRunner
 from plait.runtime.request import Request
 from plait.runtime.sampling import argmax
-from plait.runtime.speculative.base import Drafter
+from plait.runtime.speculative.base import DraftContext, Drafter
 
 
 class ModelDrafter(Drafter):
-    def __init__(self, engine: Any, name: str, **_: Any) -> None:
+    def __init__(self, context: DraftContext, name: str, **_: Any) -> None:
         self.name = name
-        self.engine = engine
+        self.kv = context.kv
+        num_target_layers = context.args.num_layers
         if name == "self":
-            num_layers = engine.config.draft_layers or max(engine.args.num_layers // 4, 1)
-            if num_layers >= engine.args.num_layers:
+            num_layers = context.config.draft_layers or max(num_target_layers // 4, 1)
+            if num_layers >= num_target_layers:
                 raise ValueError(
-                    f"draft_layers: must be below the model's {engine.args.num_layers} layers, "
+                    f"draft_layers: must be below the model's {num_target_layers} layers, "
                     f"got {num_layers}"
                 )
             self.num_layers: int | None = num_layers
-            self.runner = engine.runner
+            self.runner = context.runner
             self.own_kv = False
         else:
             self.num_layers = None
-            self.runner = self._load_draft_runner(engine)
+            self.runner = self._load_draft_runner(context)
             self.own_kv = True
 
     @staticmethod
-    def _load_draft_runner(engine: Any) -> ModelRunner:
+    def _load_draft_runner(context: DraftContext) -> ModelRunner:
         from plait.runtime.kv_pool import KVPool
         from plait.runtime.model_loader import load_model
 
-        loaded = load_model(engine.config.draft_model_path, engine.dtype, engine.device)
-        if loaded.args.vocab_size != engine.args.vocab_size:
+        c = context
+        loaded = load_model(c.config.draft_model_path, c.dtype, c.device)
+        if loaded.args.vocab_size != c.args.vocab_size:
             raise ValueError(
                 f"draft_model_path: vocabulary {loaded.args.vocab_size} differs from the target's "
-                f"{engine.args.vocab_size}; the draft must share the tokenizer"
+                f"{c.args.vocab_size}; the draft must share the tokenizer"
             )
         a = loaded.args
         pool = KVPool(
-            engine.kv_pool.num_pages,
-            engine.page_size,
-            a.num_layers,
-            a.num_kv_heads,
-            a.head_dim,
-            engine.dtype,
-            engine.device,
+            c.num_pages, c.page_size, a.num_layers, a.num_kv_heads, a.head_dim, c.dtype, c.device
         )
-        return ModelRunner(
-            loaded.model, pool, engine.device, engine.tokenizer.eos_token_ids, engine.generator
-        )
+        return ModelRunner(loaded.model, pool, c.device, c.eos_token_ids, c.generator)
 
     def propose(self, reqs: list[Request], num_tokens: int) -> list[list[int]]:
-        kv = self.engine.scheduler.kv
-        ready = [r for r in reqs if kv.grow(r, r.num_tokens + num_tokens)]
-        drafts: dict[int, list[int]] = {id(r): [] for r in ready}
+        ready = [r for r in reqs if self.kv.grow(r, r.num_tokens + num_tokens)]
+        drafts: dict[Request, list[int]] = {r: [] for r in ready}
         for _ in range(num_tokens):
             if not ready:
                 break
@@ -68,13 +61,13 @@ class ModelDrafter(Drafter):
             for r in ready:
                 n = r.num_tokens
                 start = min(r.spec.draft_valid, n - 1) if self.own_kv else n - 1
-                entries.append(VerifyEntry(r, start, n, drafts[id(r)]))
+                entries.append(VerifyEntry(r, start, n, drafts[r]))
             logits = self.runner.last_logits(ScheduleBatch(verifies=entries), self.num_layers)
             for r, e, token in zip(ready, entries, argmax(logits).tolist()):
                 if self.own_kv:
                     r.spec.draft_valid = e.end + len(e.draft_ids)
-                drafts[id(r)].append(token)
-        return [drafts.get(id(r), []) for r in reqs]
+                drafts[r].append(token)
+        return [drafts.get(r, []) for r in reqs]
 
     def observe(self, req: Request, proposed: int, accepted: int) -> None:
         super().observe(req, proposed, accepted)

@@ -147,8 +147,8 @@ def test_a_posted_message_ends_a_burst_after_one_step(engines, monkeypatch):
     held: list[tuple[int, int]] = []  # (pages a running request holds, pages its tokens need)
     after_step = burst.scheduler.after_step
 
-    def check_pages(batch):
-        after_step(batch)
+    def check_pages(batch, *args):
+        after_step(batch, *args)
         kv = burst.scheduler.kv
         held.extend(
             (len(r.kv.pages), max(kv.pages_for(r.num_tokens), r.kv.num_cached_pages))
