@@ -27,7 +27,7 @@ from plait.runtime.execution import Layers, choose_execution
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.kv_pool import KVPool
 from plait.runtime.models.llama import LlamaForCausalLM
-from plait.runtime.page_tables import PageTables
+from plait.runtime.page_tables import PageRows, PageTables
 from plait.runtime.request import Request
 from plait.runtime.step_tokens import StepTokens
 
@@ -59,7 +59,10 @@ class ModelRunner:
         jump_forward: bool = True,
         window: WindowPages | None = None,
         deterministic: bool = False,
+        page_rows: PageRows | None = None,
     ) -> None:
+        """`page_rows`: the page-table buffers of another runner over the same pages (a draft
+        model's runner shares the target's)."""
         self.model = model
         self.kv_pool = kv_pool
         self.device = device
@@ -67,7 +70,7 @@ class ModelRunner:
         # the model-wide choices, once
         self.execution = choose_execution(model, kv_pool, device, deterministic)
         self.tables = PageTables(
-            self.page_size, device, window if kv_pool.has_window_layers else None
+            self.page_size, device, window if kv_pool.has_window_layers else None, page_rows
         )
         # the layouts a step builds, as (in window pages, the window of their CPU rows): the
         # pool's pages, and the window pages where some layers slide; one alone where all do

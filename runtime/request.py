@@ -2,8 +2,8 @@
 parts (`sampling`: the caller's sampling parameters and logprob options, and its seed's generator;
 `constraint`: constrained decoding; `kv`: where its KV lives; `spec`: speculative decoding;
 `closing`: budget-aware closing; `healing`: token healing; `delivery`: how its updates reach the
-caller). Python data throughout, but for the int64 page rows the model runners share
-(`KVState.page_rows`).
+caller). Python data throughout (a seeded request's `torch.Generator` is its random state, not
+a tensor); the runners' tensors of it, its page rows among them, live in the runners.
 """
 
 from __future__ import annotations
@@ -75,12 +75,9 @@ class KVState:
     num_computed: int = 0
     num_cached_pages: int = 0  # leading pages owned by the radix tree, locked via last_node
     # pages[i:] for i >= pages_stale_from may differ from the int64 copy of the table the model
-    # runners read (`page_rows`: a buffer with room to grow and its synced length, built by
-    # `PageTables.page_table`; kept here because the target's and a draft model's runners read the
-    # same pages): the KV cache manager lowers it whenever it replaces or drops pages; appended
-    # pages need no mark
+    # runners read (`page_tables.PageRows`): the KV cache manager lowers it whenever it replaces
+    # or drops pages; appended pages need no mark
     pages_stale_from: int = 0
-    page_rows: tuple[torch.Tensor, int] | None = None
     last_node: TreeNode | None = None
     # sliding-window models: pages[window_from:] have their window pages (the tree's ones locked
     # for this request), pages before it were released for the sliding layers (`WindowPages`)

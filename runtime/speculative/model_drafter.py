@@ -49,7 +49,14 @@ class ModelDrafter(Drafter):
         pool = KVPool(
             c.num_pages, c.page_size, a.num_layers, a.num_kv_heads, a.head_dim, c.dtype, c.device
         )
-        return ModelRunner(loaded.model, pool, c.device, c.eos_token_ids, c.generator)
+        return ModelRunner(
+            loaded.model,
+            pool,
+            c.device,
+            c.eos_token_ids,
+            c.generator,
+            page_rows=c.runner.tables.rows,
+        )
 
     def propose(self, reqs: list[Request], num_tokens: int) -> list[list[int]]:
         ready = [r for r in reqs if self.kv.grow(r, r.num_tokens + num_tokens)]
