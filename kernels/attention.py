@@ -190,8 +190,8 @@ def native_extend_attention(
 ) -> torch.Tensor | None:
     """`extend_attention_ref` by the native flash-style kernel (`csrc/cpu_extend_attention.cpp`),
     or None where it does not serve: builds without AVX2, other dtypes, head_dim not a multiple of
-    8. 512 tokens of SmolLM2's heads: 1.3 ms a layer on AVX-512 and 2.8 on AVX2 against the
-    blocked torch path's 4.9-5.6; 2,048: 24.5 and 42.8 against 58.5-60.1 (a Zen 5, both builds)."""
+    8. It runs a prefill's attention faster than the blocked torch path: keys and values are read
+    by blocks under an online softmax, so no score matrix larger than a block's is made."""
     if (
         native.native_disabled()
         or q.dtype != torch.float32
@@ -237,10 +237,9 @@ def _call_native_extend(
 def takes_bf16_extend(q_len: int, prefix_len: int) -> bool:
     """Whether `q_len` new tokens after `prefix_len` cached ones attend in bfloat16 (where the model
     runs its prefill in bfloat16): from BF16_EXTEND_MIN_Q new tokens, once new tokens x keys reach
-    BF16_EXTEND_MIN_WORK, below which converting the operands costs more than the tiles save.
-    SmolLM2's heads on a 2-core Xeon with AMX, a layer, float32 kernel time / bfloat16's: 48 new
-    tokens alone 0.59, 96 after 100 cached 0.78, 160 alone 0.94, 32 after 600 1.14, 16 after 4,000
-    1.51, 512 after 500 1.76."""
+    BF16_EXTEND_MIN_WORK, below which converting the operands costs more than the tiles save:
+    the float32 kernel wins on a short prompt alone, the bfloat16 tiles once the new tokens, or the
+    keys they attend to, are many."""
     return q_len >= BF16_EXTEND_MIN_Q and q_len * (prefix_len + q_len) >= BF16_EXTEND_MIN_WORK
 
 
@@ -251,9 +250,8 @@ def bf16_extend_attention(
     has them): q, k and v rounded to bfloat16, softmax sums in float32, each output rounded to
     bfloat16. A cached prefix and the new tokens are attended apart (the prefix whole, the new
     tokens causally) and merged by their log-sum-exps. None where this torch lacks the operator.
-    SmolLM2's heads on a 2-core Xeon with AMX, a layer: 512 new tokens 1.4-1.7 ms against the native
-    float32 kernel's 2.0-2.2; 2,048 12.2 against 28.7; 2,048 after 2,048 cached 38.3 against 86.0;
-    96 after 3,000 cached 1.65 against 4.11."""
+    On AMX tiles this runs a long extend faster than the native float32 kernel, and the more so the
+    longer the new tokens or the cached prefix."""
     flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if flash is None:
         return None
@@ -305,9 +303,8 @@ def blocked_extend_attention(
     """`extend_attention_ref` for the CPU, by blocks of `block` queries.
 
     Each block attends only to the keys it can see (causal, and the window), so about half of the
-    score matrix of a prefill is never computed. On a 2-core AVX2 machine this ran 4x faster than
-    `scaled_dot_product_attention` (512 tokens: 3.2 vs 12.6 ms per layer; 2048: 44 vs 196 ms),
-    whose CPU causal path computes and masks the whole matrix.
+    score matrix of a prefill is never computed: faster than `scaled_dot_product_attention`, whose
+    CPU causal path computes and masks the whole matrix.
     """
     q_len, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]

@@ -194,8 +194,8 @@ def apply_token_bitmask_cpu(
     logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | Sequence[int] | None = None
 ) -> None:
     """Same contract on CPU tensors: the native kernel for float32 rows (`csrc/cpu_sampling.cpp`,
-    which skips the all-allowed words: ~10x faster than numpy over 16 rows of 49,152 logits),
-    else numpy (`unpackbits` is ~3x faster than torch shifts)."""
+    which skips the all-allowed words, so a mostly open mask costs little), else numpy
+    (`unpackbits` unpacks the bits faster than torch shifts do)."""
     _check(logits, bitmask)
     from plait.kernels import native
 

@@ -30,9 +30,8 @@ def resolve_kv_dtype(
     """The cache dtype for `kv_cache_dtype=setting`. "auto" is the model's dtype, except for
     quantized weights (int8 / int4) on the CPU, whose float32 activations are stored in bfloat16:
     half the bytes (2x the tokens, and a decode step's attention reads half as much), as llama.cpp
-    keeps a quantized GGUF's cache in float16. For the embedded model, int4: 32 concurrent requests
-    decoded 10% faster; perplexities within 0.8% of a float32 cache's (docs/cpu.md, "KV cache
-    dtype")."""
+    keeps a quantized GGUF's cache in float16; a batch's decode reads less, and perplexity stays
+    close to a float32 cache's (docs/cpu.md, "KV cache dtype")."""
     if setting != "auto":
         return KV_CACHE_DTYPES[setting]
     if quantized and device.type == "cpu" and model_dtype == torch.float32:

@@ -11,16 +11,15 @@ machines fewer than `DEQUANT_GEMM_MIN_ROWS`: decode batches, short extends; with
 number, prefill chunks too), where K is a multiple of 32 (and int4 groups
 are 32), it rounds x to int8 in blocks of 32 and multiplies with integer dot products, as
 llama.cpp does, but in two levels (an int8 and an int8 remainder: exact to 1/256 of a step;
-`quant_weights.q8_activations` is the reference). One level alone, llama.cpp's, changed 42% of
-SmolLM2's greedy tokens against float activations on the same weights; two change none, for ~9% of
-int4 decode.
-That ran 80-105 GMAC/s on 2 cores with SmolLM2's shapes for 5-47 rows, where the float tile path
-below ran 37-90. Elsewhere, up to 4 rows of x are dotted with weights unpacked in registers, and
-up to 47 rows, tiles of weight rows are dequantized in L1. On AVX2, from `DEQUANT_GEMM_MIN_ROWS`
-rows (prefill chunks, compute-bound) x stays float32 (rounding it in one level ran prefill 1.3x
-faster but raised SmolLM2's int4 perplexity on our text by 3%; in two levels it was no faster): the
-matrix is dequantized into a scratch buffer for torch's float32 GEMM, except for very large
-matrices (an LM head), which stay on the tile kernel.
+`quant_weights.q8_activations` is the reference). One level alone, llama.cpp's, changes a large
+share of greedy tokens against float activations on the same weights; two keep them, at a small
+cost to int4 decode. For those rows the integer dot products run faster than the float tile path
+below. Elsewhere, up to 4 rows of x are dotted with weights unpacked in registers, and up to 47
+rows, tiles of weight rows are dequantized in L1. On AVX2, from `DEQUANT_GEMM_MIN_ROWS` rows
+(prefill chunks, compute-bound) x stays float32 (rounding it in one level speeds prefill but
+raises int4 perplexity; in two levels it gains nothing over the GEMM): the matrix is dequantized
+into a scratch buffer for torch's float32 GEMM, except for very large matrices (an LM head), which
+stay on the tile kernel.
 
 Where torch's bfloat16 GEMM runs on AMX tiles (Intel Xeon from Sapphire Rapids on; oneDNN) or
 AVX-512 BF16 dot products (AMD Zen 4 and 5), from the tuning table's rows of x for this CPU kind
@@ -327,10 +326,10 @@ def dense_matmul(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """F.linear for float32 weights, by the native kernel on the CPU for fewer than
-    `DEQUANT_GEMM_MIN_ROWS` rows of x (torch's GEMV read the weights at 16-36 GB/s on a 2-core VM
-    where the kernel, streaming two weight rows at a time, measured 37-49 GB/s on one thread), and
-    for any number of rows of a matrix over `DEQUANT_GEMM_MAX_ELEMENTS` (an LM head scoring a prompt
-    or `select` options: 80-85 GMAC/s against torch's 32-72 for SmolLM2's from 48 to 512 rows)."""
+    `DEQUANT_GEMM_MIN_ROWS` rows of x (the kernel, reading each weight row in one sequential pass
+    with the rows ahead prefetched, reads the weights faster than torch's GEMV does), and for any
+    number of rows of a matrix over `DEQUANT_GEMM_MAX_ELEMENTS` (an LM head scoring a prompt or
+    `select` options, where the kernel's tiles also outrun torch's GEMM)."""
     if x.device.type != "cpu" or x.dtype != torch.float32 or not native_quant_available():
         return torch.nn.functional.linear(x, weight, bias)
     return native_dense_matmul(x, weight, bias)

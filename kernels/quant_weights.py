@@ -13,7 +13,8 @@ GGUF stores them:
   without minimums (GGUF Q5_0) and `w = q * scale + min` with them (Q5_K). Packed per row in
   chunks of 64 weights: the chunk's 32 nibble bytes (byte j: weight j low, weight j + 32 high),
   all chunks' nibbles first, then each chunk's fifth bits as 8 bytes (bit i: weight i), so a row
-  is K / 2 + K / 8 bytes (`pack_int5`): the bytes Q5_0 holds, where int8 values took 1.5x them.
+  is K / 2 + K / 8 bytes (`pack_int5`): the bytes Q5_0 holds, where an int8 per weight would take
+  K bytes.
 
 GGUF's k-quants load as these formats with float32 scales (and minimums), never re-quantized:
 their effective scale per 16 or 32 weights (the sub-block's 6- or 8-bit scale times the

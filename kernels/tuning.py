@@ -52,8 +52,8 @@ CPU_TUNING: dict[str, CpuTuning] = {
     # Intel Xeon from Sapphire Rapids on: torch's bfloat16 GEMM on AMX tiles; the integer kernels
     # are the AVX-512 VNNI ones (their task rows are the EPYC's, not measured on such a CPU)
     "amx": CpuTuning(bf16_gemm_min_rows=48, bf16_extends=True, task_rows=_VNNI_TASK_ROWS),
-    # AMD Zen 4 and 5 (and Intel Cooper Lake): AVX-512 BF16 dot products in torch's GEMM ran
-    # SmolLM2's projections faster than the integer kernels from 32-64 rows of x on
+    # AMD Zen 4 and 5 (and Intel Cooper Lake): AVX-512 BF16 dot products in torch's GEMM run the
+    # projections faster than the integer kernels from a few dozen rows of x
     "avx512-bf16": CpuTuning(bf16_gemm_min_rows=64, bf16_extends=False, task_rows=_VNNI_TASK_ROWS),
     "avx512-vnni": CpuTuning(
         bf16_gemm_min_rows=None, bf16_extends=False, task_rows=_VNNI_TASK_ROWS

@@ -19,8 +19,8 @@ class PageAllocator:
     """Hands out page indices 0..num_pages-1 and takes them back, lowest free index first.
 
     Lowest-first keeps a request's pages in ascending, mostly adjacent runs however the pool was
-    used before: attention on the CPU reads each page's rows in that order, and after a workload
-    had scattered a last-in-first-out list, the same batch of 32 decodes ran 1.3x slower.
+    used before: attention on the CPU reads each page's rows in that order, and pages scattered
+    over the pool (as a last-in-first-out list leaves them after a while) slow a batch's decode.
     `allocate` and `free` cost O(pages moved x log(pool size)) (a heap). Freeing a page that is
     already free, or one outside the pool, raises `ValueError` and frees nothing.
     """

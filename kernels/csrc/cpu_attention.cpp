@@ -228,9 +228,9 @@ struct Vec16 : plait::F16 {
 
 // attend_chunk for G query heads per KV head (GQA, G <= 8), the same results: each slot's K and V
 // row of a KV head is loaded (and converted from bfloat16 or int8) once for its G query heads
-// instead of G times. Measured on SmolLM2's shapes (9 query heads over 3 KV heads) at 8,000 slots:
-// the per-head loop was compute-bound at 30 GB/s for a float32 cache and slower still for the
-// smaller types (a bfloat16 cache decoded slower than a float32 one). V is the vector width.
+// instead of G times. A loop per query head is compute-bound well below memory's pace, and more so
+// for the smaller types, whose conversion it repeats per query head (a bfloat16 cache would decode
+// slower than a float32 one). V is the vector width.
 template <class T, int G, class V>
 void attend_chunk_gqa(const float* qr, const T* k, const T* v, const float* ks, const float* vs,
                       const int64_t* slots, int64_t j0, int64_t j1, int64_t num_kv_heads, int64_t head_dim,
@@ -363,11 +363,9 @@ inline void accumulate_v_upto(int64_t ng, const float* p, int64_t n, const T* v,
 // D / W of a row) and `group` query heads per KV head. Scores come W slots at a time, their dot
 // products summed across lanes together (V::row_sums); the V sum runs in blocks of VB slots, each
 // KV head's query heads in groups whose accumulators stay in registers, the block's V rows read
-// from L1 after the first group. On SmolLM2's shapes (9 query heads over 3 KV heads), one row of
-// 144 slots took 5.6 us a layer from L2 against attend_chunk_gqa's 9.6 (one thread); from memory,
-// 30 layers' rows on two threads took 222 us against 263 at 144 slots and 601 against 787 at 500.
-// The next block's K rows are prefetched a few per query head, spread over the block: all at
-// its start was slower from memory.
+// from L1 after the first group: faster than attend_chunk_gqa, from cache and from memory. The
+// next block's K rows are prefetched a few per query head, spread over the block: all at its start
+// would crowd the loads from memory.
 template <class T, int D, class V>
 void attend_chunk_fixed(int64_t group, const float* qr, const T* k, const T* v, const float* ks, const float* vs,
                         const int64_t* slots, int64_t j0, int64_t j1, int64_t num_kv_heads, float scale, float* acc,
@@ -503,8 +501,8 @@ void attention_rows(const float* q, const T* k, const T* v, const float* ks,
     // 32 slots) whose partial softmax results are merged afterwards (split-K). The split follows
     // the machine's cores, not this call's thread count, so that results do not change when the
     // engine changes its threads (runtime/governor.py). One decode row reads its K/V from memory
-    // at one core's pace: splitting from 64 slots (it was 1,024) took one row's attention over
-    // 30 layers' caches, read from memory, from 210 to 160 us at 80 slots and 1,170 to 940 at 500.
+    // at one core's pace, so even a short context is split (from 64 slots) to read it on every
+    // core.
     // `invariant`: chunks of INVARIANT_SPLIT_SLOTS for every row instead, whatever the batch.
     const int64_t cores = plait::num_procs();
     int64_t splits = 1;

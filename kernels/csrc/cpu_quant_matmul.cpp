@@ -13,12 +13,13 @@
 //      (quant_matmul.h: int5 rows), groups of 32, float16 scales; w = (q - 16) * scale (Q5_0)
 //   6  int5 as format 5 with float32 scales and minimums; w = q * scale + min (Q5_K)
 // Scales and minimums of formats 0 and 1 are IEEE float16 [N, K / group], as GGUF stores them:
-// float32 ones were a third of the bytes an int4 matrix reads (8 of 24 per 32 weights; 4 of 20
-// now). The k-quants' effective scales (a 6- or 8-bit sub-block scale times the superblock's
-// float16 one) are exact in float32 and not in float16, so formats 3 and 4 keep them in float32:
-// the weights are the file's, to the bit, for 4 (or 2, Q6_K's 16-wide sub-blocks) more bytes per 32
-// weights than the file holds. Packed five-bit values read 20 bytes per 32 weights where int8 read
-// 32: Q5_0 reads 22 bytes per 32 weights, as the file holds them.
+// float32 ones would be a third of the bytes an int4 matrix reads (8 of 24 per 32 weights, where
+// float16 ones are 4 of 20). The k-quants' effective scales (a 6- or 8-bit sub-block scale times
+// the superblock's float16 one) are exact in float32 and not in float16, so formats 3 and 4 keep
+// them in float32: the weights are the file's, to the bit, for 4 (or 2, Q6_K's 16-wide
+// sub-blocks) more bytes per 32 weights than the file holds. Packed five-bit values read 20 bytes
+// per 32 weights where int8 would read 32: Q5_0 reads 22 bytes per 32 weights, as the file holds
+// them.
 //
 // This file holds the exported functions and picks a path per call; the paths live in one file per
 // tier (see quant_matmul.h): int8 activations with AVX-512 VNNI (quant_matmul_vnni.cpp) or AVX2

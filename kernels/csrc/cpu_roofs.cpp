@@ -1,8 +1,8 @@
 // The machine's roofs the benchmarks measure against (kernels/roofs.py). A plain streaming read of
 // given buffers: the fastest a decode step could read its weights where they lie in memory;
 // benchmarks divide the bytes one step reads by this time for their roofline. A fixed 1 GiB probe
-// is not enough on a virtual machine: the same sum read 47 or 75 GB/s, depending on which
-// allocation it was given. And the int8 dot products' peak: the rate of the instruction the
+// is not enough on a virtual machine: the same sum reads at very different rates depending on
+// which allocation it was given. And the int8 dot products' peak: the rate of the instruction the
 // quantized kernels multiply with, from registers, on every thread.
 #include <cstdint>
 

@@ -1,8 +1,8 @@
 // One token per row from float32 logits on the CPU: temperature, min-p, top-k and top-p, then an
 // inverse-CDF draw with a uniform the caller takes from the request's generator. The semantics
 // are `kernels/sampling_triton.py: filter_probs_ref`'s (kernels/sampling_cpu.py spells out the
-// draw). torch's path sorted the whole vocabulary for top-k / top-p (3.4 ms a row over SmolLM2's
-// 49,152 logits here) and drew with torch.multinomial (1 ms); this finds the kept tokens from a
+// draw). torch's path sorts the whole vocabulary for top-k / top-p and draws with
+// torch.multinomial, each slow next to a decode step; this finds the kept tokens from a
 // histogram of the probabilities' float32 bit patterns and sorts only the one bucket where the
 // top-k or top-p boundary falls.
 #include <algorithm>

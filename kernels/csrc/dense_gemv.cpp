@@ -7,12 +7,12 @@ namespace plait::qmm {
 
 namespace {
 
-// float32 weights (format 2), for the decode stack and the LM head: torch's GEMV for one row of x
-// read the weights at 16-36 GB/s on a 2-core VM. Each weight row is read in one sequential pass
-// against up to 4 rows of x (independent accumulators: 4 for one row of x, 2 per row otherwise),
-// with the row `ahead` rows on prefetched, past this task's end into the next task's (the same
-// thread's under static scheduling). Two rows side by side, prefetched only within the task, read
-// SmolLM2's 30 float32 layers at 0.76-0.85 of a plain read of the same bytes; this runs at 1.02.
+// float32 weights (format 2), for the decode stack and the LM head, where torch's GEMV for a few
+// rows of x reads the weights well below memory's pace. Each weight row is read in one sequential
+// pass against up to 4 rows of x (independent accumulators: 4 for one row of x, 2 per row
+// otherwise), with the row `ahead` rows on prefetched, past this task's end into the next task's
+// (the same thread's under static scheduling), so that the read keeps a plain read's pace across
+// tasks: two rows read side by side and prefetched only within the task fall short of it.
 constexpr int64_t DENSE_PREFETCH_BYTES = 8192;
 
 template <int M, int ACC = M == 1 ? 4 : 2>

@@ -1,6 +1,6 @@
 // parallel_for over OpenMP. torch is loaded first, so `libgomp.so.1` resolves to the runtime torch
 // already uses: the kernels and torch's own ops share one team per thread and never oversubscribe
-// the cores (a separate spinning pool measured 30% slower next to torch's). See
+// the cores (a separate spinning pool would compete with torch's for them). See
 // `runtime/engine.py:off_main_thread` for the one libgomp pitfall that remains.
 #pragma once
 #include <cstdint>

@@ -222,10 +222,9 @@ inline void dequant_row(const void* qweight, int format, int64_t n, int64_t K, i
 // x is rounded in two levels, q1 = round(x / d) and q2 = round((x / d - q1) * 128), so that
 // x = d / 128 * (128 q1 + q2) to 1/256 of a step: w . x = d / 128 * (128 (w . q1) + w . q2), two
 // more maddubs and one more madd per 32 weights. One level alone (llama.cpp's Q8 activations)
-// changed SmolLM2's greedy tokens against the same weights with float activations, 58% of tokens
-// agreeing over the e2e prompts, and raised its int4 perplexity on our text by 3%; with the
-// second level 100% agreed. It costs int4 single-stream decode ~9% (3.01 -> 3.29 ms a step, in
-// one process), which is close to compute-bound on a 2-core VM.
+// changes greedy tokens against the same weights with float activations and raises int4
+// perplexity; with the second level the greedy tokens agree. The second level costs single-stream
+// int4 decode a little, more where the decode is close to compute-bound (few cores).
 constexpr int64_t XBLOCK = 32;
 
 // 32 int32 -> 32 int8 in order (packs interleave 128-bit lanes; the permute undoes it)
@@ -297,13 +296,14 @@ inline void pair_x_q8(int8_t* xq, int64_t K) {
 }
 
 
-// Weights read row after row still ran at ~75% of a plain read of the same bytes: three streams
-// per thread (weights, scales, minimums) that restart at every matrix. Prefetching ~8 KB ahead by
-// hand, past the end of this task's rows into the next task's (the same thread's, under static
-// scheduling), brought the 30 int4 layers of SmolLM2 to the plain read's pace (1.75 -> 1.33 ms).
+// Weights read row after row fall short of a plain read of the same bytes: three streams per
+// thread (weights, scales, minimums) that restart at every matrix, which the hardware prefetcher
+// picks up late. Prefetching ~8 KB ahead by hand, past the end of this task's rows into the next
+// task's (the same thread's, under static scheduling), brings them to the plain read's pace.
 constexpr int64_t INT4_PREFETCH_BYTES = 8192;
 
-// Row n's loop prefetches row n + ahead (computed once per call: a division per row cost 25%).
+// Row n's loop prefetches row n + ahead (computed once per call: a division per row would cost
+// more than the row's prefetches).
 template <class S>
 inline void prefetch_int4_row(const uint8_t* row, const S* sc, const S* mn, int64_t row_bytes, int64_t groups,
                               int64_t ahead) {
@@ -349,11 +349,10 @@ struct RowSums8 {
 
 // Rows of x up to this many round x to int8 (plait_qmatmul_max_q8_rows).
 // On AVX2: decode batches and short extends; more (prefill chunks, an LM head's prompt logprobs)
-// keep float32 activations, since rounding them in one level ran prefill 1.3x faster but raised
-// SmolLM2's int4 perplexity on our text from 44.1 to 45.6 (the error is spread over every
-// projection) and in two levels it ran no faster than the GEMM. With VNNI, two levels run
-// 164-201 GMAC/s at 512 rows on SmolLM2's int4 shapes where torch's float32 GEMM runs 92-105
-// (before dequantizing the matrix), so every row count takes them.
+// keep float32 activations, since rounding them in one level speeds prefill but raises int4
+// perplexity (the error is spread over every projection) and in two levels it runs no faster
+// than the GEMM. With VNNI, two levels outrun torch's float32 GEMM at prefill's row counts too
+// (before counting the matrix's dequantization for the GEMM), so every row count takes them.
 #ifdef PLAIT_VNNI512
 constexpr int64_t MAX_Q8_M = int64_t(1) << 40;
 #else

@@ -147,10 +147,9 @@ void q8_rows(const int8_t* xq, const int8_t* xr, const float* xd, const float* x
 // int4 weights, an even number of groups, M <= 4 rows of x, on AVX2. The pair loop is q8_rows's;
 // what changes is the cost around it, which SmolLM2's K = 576 (nine pairs a row) pays on every
 // row: the minimum's term rides in the eight-group loop (the last pair's with it, no masked tail),
-// and eight weight rows' sums are reduced together (hsum8) rather than one by one. From L2, one
-// thread, one row of x: 5.6-5.8 -> 5.2-5.4 cycles per pair of groups at K = 576, no change at
-// 1,536. Every row count takes it (odd group counts take q8_rows), so that a row's result does not
-// depend on the rows beside it.
+// and eight weight rows' sums are reduced together (hsum8) rather than one by one: fewer cycles
+// per pair of groups where K is short, where that cost weighs most. Every row count takes it (odd
+// group counts take q8_rows), so that a row's result does not depend on the rows beside it.
 template <int M, class S>
 void q8_int4_rows(const int8_t* xq, const int8_t* xr, const float* xd, const float* xs, int64_t K, int64_t n_begin,
                   int64_t n_end, int64_t N, const uint8_t* qweight, const S* scales, const S* mins,
@@ -199,8 +198,8 @@ void q8_int4_rows(const int8_t* xq, const int8_t* xr, const float* xd, const flo
 
 // int8 weights, one row of x: R = 4 weight rows at a time. The x block is loaded once for four
 // rows, the four accumulators are independent chains, and the weights two tiles ahead are
-// prefetched (four rows read side by side defeat the hardware's stream detection). Measured on
-// [3072, 576]: 2x faster from L2, 1.25x from memory, than one row at a time.
+// prefetched (four rows read side by side defeat the hardware's stream detection). Faster than one
+// row at a time, from L2 and from memory.
 constexpr int64_t INT8_TILE = 4;
 constexpr int64_t PREFETCH_AHEAD = 2 * INT8_TILE;  // rows
 
@@ -209,8 +208,8 @@ constexpr int64_t PREFETCH_AHEAD = 2 * INT8_TILE;  // rows
     const int64_t groups = K / group, blocks = K / XBLOCK, per_group = group / XBLOCK;
     const __m256i ones = _mm256_set1_epi16(1), k128 = _mm256_set1_epi16(128);
     // each tile's scale products (weight scale x block scale of x) [INT8_TILE, blocks], widened
-    // from float16 eight at a time: one scalar conversion per block and row cost the Q8_0 LM head
-    // 6% over its float32 scales
+    // from float16 eight at a time: one scalar conversion per block and row would make float16
+    // scales cost a Q8_0 LM head more than float32 ones
     thread_local std::vector<float> dbuf;
     dbuf.resize(INT8_TILE * blocks);
     for (int64_t n = n_begin; n < n_end; n += INT8_TILE) {
@@ -306,7 +305,7 @@ void q8_qmatmul_avx2(const float* x, int64_t M, int64_t K, int64_t N, const void
             }
             // more rows of x go through in fours, each four against the whole chunk: the chunk's
             // 16 weight rows are unpacked once per four rows of x and stay in L1 meanwhile
-            // (80-105 GMAC/s on SmolLM2's shapes, where the float tile path it replaced ran 37-90)
+            // (faster than dequantizing tiles of weight rows to float for these rows)
             for (int64_t m0 = 0; m0 < M; m0 += 4) {
                 const int8_t *q = xq + m0 * K, *r = xr + m0 * K;
                 const float *d = xd + m0 * blocks, *sx = xs + m0 * blocks;

@@ -63,9 +63,8 @@ inline __m128 load4s(const float* p) { return _mm_loadu_ps(p); }
 inline __m128 maskz_load4s(__mmask8 mask, const half* p) { return _mm_cvtph_ps(_mm_maskz_loadu_epi16(mask, p)); }
 inline __m128 maskz_load4s(__mmask8 mask, const float* p) { return _mm_maskz_loadu_ps(mask, p); }
 
-// q8_int4_rows<1> on AVX-512 VNNI: four groups per step, x in quad layout. From L1 on one thread
-// a pair of groups costs ~2.3 cycles here against the AVX2 loop's ~4.4 (Zen 5), and from L2 at
-// SmolLM2's K = 576, 3.0-3.5 against 5.1.
+// q8_int4_rows<1> on AVX-512 VNNI: four groups per step, x in quad layout. A pair of groups costs
+// fewer cycles here than in the AVX2 loop, from L1 and from L2.
 template <class S>
 void q8_int4_rows_x1_vnni(const int8_t* xq, const int8_t* xr, const float* xd, const float* xs, int64_t K,
                           int64_t n_begin, int64_t n_end, int64_t N, const uint8_t* qweight, const S* scales,
@@ -119,7 +118,7 @@ void q8_int4_rows_x1_vnni(const int8_t* xq, const int8_t* xr, const float* xd, c
 // q1's 64 low-nibble bytes and 64 high, then q2's the same. Per sixteen groups j and row m, 32
 // floats at (j * Mt + m) * 32: the sixteen block scales, then the sixteen block sums (zero past
 // the last group). Interleaved so that the kernel's loads are one base pointer plus constant
-// offsets (eight rows' separate pointers spilled to the stack and ran the loop 2x slower).
+// offsets (eight rows' separate pointers would spill to the stack and slow the loop).
 struct Int4X {
     const char* q;
     const float* ds;
@@ -148,7 +147,7 @@ inline void layout_int4_x(const int8_t* xq, const int8_t* xr, const float* xd, c
 // term one FMA (in an accumulator of its own); per quad and row: four dpbusd (two levels of x
 // against the low and high nibbles), the shift and add that join the levels, a convert, a permute
 // that spreads the four groups' products to their lanes, and an FMA. dpbusd, multiplies and FMAs
-// share two pipes on Zen 5: a multiply per quad and row instead of the permute ran 20% slower. A
+// share two pipes on Zen 5, so the permute is cheaper there than a multiply per quad and row. A
 // last pair of groups runs 256 bits wide, three groups are a masked load. For one row this is
 // exactly q8_int4_rows_x1_vnni's arithmetic, in the same order (the tests hold the two to the bit).
 template <int M, class S>
@@ -230,7 +229,7 @@ void int4_rows_vnni(const Int4X& x, int64_t K, int64_t n_begin, int64_t n_end, i
 
 // One row of x against int4 weights with an even number of groups (single-stream decode):
 // q8_int4_rows_x1_vnni, x in quad layout. It computes exactly int4_rows_vnni's row (same products,
-// same order of sums), ~9% faster from L2 and ~3% from memory on SmolLM2's layers (K = 576).
+// same order of sums), a little faster, most of all from L2.
 template <class S>
 void int4_row_x1_vnni(const float* x, int64_t K, int64_t N, const uint8_t* qweight, const S* scales,
                       const S* mins, const float* bias, float* y, int num_threads) {
