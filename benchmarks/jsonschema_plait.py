@@ -147,7 +147,7 @@ def generate_all(
 # Schemas whose instances are long, for constrained against free decode speed.
 # NOTE: minItems small enough for the outlines automaton (it unrolls the repetition)
 SPEED_SCHEMAS = {
-    # length-bounded strings: llguidance's slower masks (~190 us a row, against ~25 us unbounded)
+    # length-bounded strings: llguidance's masks cost more here than for unbounded strings
     "strings": {"type": "array", "items": {"type": "string", "maxLength": 20}, "minItems": 8},
     # records: forced keys (jump-forward), free strings and numbers
     "records": {

@@ -9,9 +9,9 @@ decode (128 tokens, one stream; greedy, and sampled at temperature 0.7 and top-p
 weights one decode step reads (`weight_bytes`), the roofline (the steps/s of a plain read of
 those very weights where they lie, `measure_weights_read`) and the share of it reached (the
 median over the decode runs, each against the faster of the reads just before and after it: the
-VM's memory drifts by tens of percent within seconds), in parentheses the share of the roofline by
-a fixed 1 GiB probe (which read 47 or 75 GB/s on the same VM depending on its allocation, and often
-slower than the weights themselves), the
+VM's memory bandwidth drifts within seconds), in parentheses the share of the roofline by a fixed
+1 GiB probe (whose rate on a VM depends on the allocation it is given, and is often below that of
+the weights themselves), the
 prefill's share of the measured float32 matmul rate (its FLOPs: the projections' 2 per weight
 per token, plus causal attention's 2 * layers * heads * head_dim * T^2), and the perplexity of the
 second half of a fixed text, computed over its first half read back from the KV cache (so that the
@@ -190,7 +190,7 @@ def run_latency_bench(args: argparse.Namespace) -> int:
     from plait.runtime.engine import off_main_thread
 
     # NOTE: off the main thread, so that its OpenMP team does not linger and throttle the engine's
-    # (see `off_main_thread`): measured on the main thread, plait's decode here ran ~2x slower.
+    # (see `off_main_thread`), which would slow plait's decode in every run that follows.
     bandwidth = off_main_thread(measure_bandwidth)
     matmul_flops = off_main_thread(measure_matmul_flops)
     reports = {}

@@ -144,8 +144,8 @@ def run_overhead_bench(args: argparse.Namespace) -> int:
                 if (
                     twin_path is None
                 ):  # NOTE: torch ops on the main thread would leave an OpenMP team
-                    # behind that throttles the engines' (see `off_main_thread`): the model's
-                    # int4 step measured 4.5 ms here instead of 2.8
+                    # behind that throttles the engines' (see `off_main_thread`) and would
+                    # slow every step this benchmark times
                     twin_path = off_main_thread(write_skinny_twin, engine, Path(tmp) / "twin")
                 full = decode_step_ms(engine, args.decode_len, args.repeats)
                 with kernels_stubbed():

@@ -30,7 +30,7 @@ def resolve_device(name: str) -> torch.device:
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
-        # NOTE: CPUs without native bf16 run bf16 matmuls ~170x slower than float32.
+        # NOTE: CPUs without native bf16 run bf16 matmuls far slower than float32 ones.
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if name == "float16" and device.type == "cpu":
         raise ValueError("dtype: float16 is only supported on GPUs; use float32 or bfloat16")
@@ -95,8 +95,8 @@ def off_main_thread(fn: Callable[..., Any], *args: Any) -> Any:
     NOTE: libgomp throttles its spin-wait to ~100 iterations once it manages more threads than
     there are CPUs, and the main thread's OpenMP team counts even while it sleeps. Loading a model
     runs parallel torch ops; on the main thread that would leave a team behind and make every
-    parallel op of the engine thread pay a futex wake-up (4x slower for a 200k-element add on 2
-    cores). A helper thread's team is freed when the thread exits.
+    parallel op of the engine thread pay a futex wake-up, which costs a small op several times
+    its work. A helper thread's team is freed when the thread exits.
     """
     box: dict[str, Any] = {}
 

@@ -75,8 +75,8 @@ class ThreadGovernor:
 
     On an idle machine two threads win (a decode step reads its weights twice as fast). When
     other processes take cores, the OpenMP team of a parallel region waits at each barrier for a
-    thread the OS has descheduled; a decode step runs ~300 such regions, and on a 2-core machine
-    busy with a test suite a 2-thread int4 step took 60 ms where one thread took 9 ms.
+    thread the OS has descheduled; a decode step runs hundreds of such regions, so on a busy
+    machine one thread can finish a step several times sooner than all of them.
     Steps of `MAX_TOKENS` tokens or more (prefill chunks: few barriers per unit of work) always use
     every thread.
     """
@@ -85,8 +85,8 @@ class ThreadGovernor:
 
     def __init__(self, threads: int) -> None:
         self.threads = threads
-        # one warm-up step a bucket: the first decode steps after a prefill ran slower on two
-        # threads than the steady state, and a single such sample made the governor settle on one
+        # one warm-up step a bucket: the first decode steps after a prefill run slower on two
+        # threads than the steady state, and a single such sample would settle the governor on one
         self._gov = Governor(max_bucket=self.MAX_TOKENS.bit_length(), warmup=1)
 
     def choose(self, num_tokens: int) -> int:

@@ -33,7 +33,11 @@ class PageRows:
         )
 
     def table(self, req: Request) -> torch.Tensor:
-        """`req.kv.pages` as int64 [num_pages]."""
+        """`req.kv.pages` as int64 [num_pages].
+
+        NOTE: only pages appended or marked stale are copied: rebuilding it from the list every
+        step would cost O(context) per request and step.
+        """
         pages, n = req.kv.pages, len(req.kv.pages)
         buf, synced = self._rows.get(req, (None, 0))
         start = min(synced, req.kv.pages_stale_from, n)

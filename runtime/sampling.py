@@ -56,8 +56,8 @@ def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
-    """logits [..., V].argmax(-1) (the first maximum, as torch's). On the CPU by numpy: torch's
-    argmax over SmolLM2's 49,152 logits took 28 us per row here, numpy's 2.6."""
+    """logits [..., V].argmax(-1) (the first maximum, as torch's). On the CPU by numpy, whose
+    argmax over a vocabulary's logits is several times faster than torch's."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous():
         return torch.from_numpy(np.asarray(logits.numpy().argmax(axis=-1)))
     return logits.argmax(dim=-1)

@@ -11,9 +11,9 @@ from __future__ import annotations
 # Tokenizing (tokenizer.py, engine.py) -------------------------------------------------------------
 
 # From this many characters on, `encode` goes through the backend's batch call, which releases the
-# GIL while it works (its single-text call holds it: ~75 ms for 100K characters, during which the
-# engine loop and the HTTP server's event loop stood still), and the engine tokenizes off the
-# event loop. Below it, the thread hop costs more than the encode.
+# GIL while it works (its single-text call holds it for the whole encode, and for a long text the
+# engine loop and the HTTP server's event loop stand still meanwhile), and the engine tokenizes off
+# the event loop. Below it, the thread hop costs more than the encode.
 GIL_FREE_CHARS = 4096
 
 # Detokenizing (detokenizer.py) --------------------------------------------------------------------
@@ -82,7 +82,7 @@ SPECULATIVE_BURST_STEPS = 4
 
 # Tokens of room kept beyond what a step adds, for what that step's tokens may open: a token that
 # starts an optional property commits the closing to the rest of its name and a value (~8 tokens
-# for a camel-case key), so with less kept a budget a little above the shortest instance ran out.
+# for a camel-case key), so with less kept a budget a little above the shortest instance runs out.
 CLOSING_GROWTH = 8
 # At submit, the longest shortest-output looked for, and the time that search may take (off the
 # engine loop): a larger probe rejects fewer requests as unclosable, at a slower submit.

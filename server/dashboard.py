@@ -32,7 +32,7 @@ from plait.server.dashboard_requests import RequestLog, RouteLabel, copy_list
 SNAPSHOT_VERSION = 1
 KEY_TOKENS = 12  # token ids of each shown edge decoded into its label when prompts may be shown
 TREE_BUDGET = 100  # a walk of the tree is reused for up to 100x the time it took
-MAX_WALK = 20_000  # nodes walked at most (~50 ms); beyond, the summary says it was truncated
+MAX_WALK = 20_000  # nodes walked at most, so a walk stays brief (beyond, the summary: `truncated`)
 
 # by id(engine): each view holds its engine, so an id is not reused while its view lives; a view
 # lives as long as an app that installed it (`install_dashboard`)

@@ -19,7 +19,7 @@ UVICORN_HTTP = "h11"
 # NOTE: how long an idle keep-alive connection stays open. Longer than clients keep theirs
 # (httpx, and so the `openai` client, drop an idle connection after 5 s; uvicorn's own default is
 # also 5 s): otherwise a client may send its next request on a connection the server is closing at
-# that moment and get a reset instead of an answer (seen under load as httpx `ReadError`).
+# that moment and get a reset instead of an answer (which httpx raises as `ReadError`).
 KEEP_ALIVE_SECONDS = 75
 
 

@@ -42,8 +42,8 @@ _IN_ORDER = tuple(range(_NUM_RANKS))
 _LETTERS_FIRST = (0, 4, 1, 2, 3, 5, 6, 7)
 # The shortest tokens wear a rank out sooner (after 2 of the last 12, not 6), so they reach
 # the separators of a pattern (`^pbj:([a-z0-9-]+):...`) in a few tokens. Each walk may take its
-# share of the time left: the first finds most closings, some of them thousands of tokens long (a
-# quarter of a second on a 50 KB schema); the shortest one found is kept.
+# share of the time left: the first finds most closings, some of them thousands of tokens long
+# (slow on a large schema); the shortest one found is kept.
 _WALKS = ((False, _IN_ORDER, 6, 0.75), (True, _IN_ORDER, 2, 0.5), (True, _LETTERS_FIRST, 2, 0.5))
 _MAX_EXPANSIONS = 512  # tokens tried per search
 _DEPTHS = (32, 128)  # iterative deepening, then the caller's limit

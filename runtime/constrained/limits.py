@@ -4,10 +4,11 @@ HTTP 400, names the limit).
 The token index of a regex grows with its automaton: states times the tokens each state allows.
 Three shapes make it explode, and each has a cheap static bound here:
 - size: `x{5000}` unrolls to 5000 states, `.{0,500}` to 500 states that each allow every token
-  (8 s and 1 GB measured). The cost counts unrolled atoms, weighted by how wide they are.
+  (seconds and a gigabyte to compile). The cost counts unrolled atoms, weighted by how wide they
+  are.
 - repetition bounds: `{m,n}` with huge bounds (caught by the size too, but named on its own).
 - ambiguity: `.*a.{10}` needs a state for every subset of the last 11 characters that were an
-  `a` (2^11; 16 s and 3 GB measured). The check counts character classes that follow an unbounded
+  `a` (2^11, and gigabytes to compile). The check counts character classes that follow an unbounded
   repeat of a class they overlap.
 Nesting is bounded first, so that parsing and walking the pattern stay shallow. A compilation that
 still runs too long is abandoned by the engine after `EngineConfig.grammar_compile_timeout`.

@@ -150,10 +150,10 @@ class OutlinesBackend(GrammarBackend):
 
 def _risky(regex: str) -> bool:
     """Worth a child process: the static cost is above a few atoms, or unknown. The cost model
-    misses products (`[^x]{1,50}\\w+`: 7 s), so only patterns too small for them stay in
+    misses products (`[^x]{1,50}\\w+` takes seconds), so only patterns too small for them stay in
     process, where short regexes (dates, numbers, choices) skip the round trip. A JSON schema
     always goes to the child, which writes its regex too (`IndexSandbox.build_key`): a schema
-    Store config's regex alone grew past 20 GB in process."""
+    Store config's regex alone can exhaust the memory in process."""
     cost = regex_cost(regex)
     return cost is None or cost > SANDBOX_ABOVE_COST
 
@@ -368,7 +368,7 @@ class OutlinesGrammar(Grammar):
                 self._guide.advance(token_id, return_tokens=False)
 
     def copy(self) -> OutlinesGrammar:
-        # NOTE: copy.copy(Guide) pickles the whole index (~0.5 s for an 8-field schema); replay.
+        # NOTE: copy.copy(Guide) pickles the whole index, slow for any real schema; replay.
         twin = OutlinesGrammar(self._compiled)
         eos = self._tokens[-1:] if self._finished else []
         for token_id in self._tokens[: len(self._tokens) - len(eos)]:

@@ -2,7 +2,7 @@
 stopped rather than waited for: the child is killed (timeout) or dies at its address-space limit,
 and the pattern is rejected with a `GrammarError` (HTTP 400). The static limits (`limits.py`)
 reject the obvious cases before this; the sandbox bounds what they miss (product blow-ups such as
-`[^x]{1,300}\\w+`, measured at minutes and gigabytes in process).
+`[^x]{1,300}\\w+`, which take minutes and gigabytes in process).
 
 One child per compiling thread, started on first use (`python -m` this module, so nothing of the
 parent's `__main__` runs again) with the vocabulary; it answers pickled `Index` objects over

@@ -1,11 +1,12 @@
 """Reading a GGUF file's header and tensors, fast: the metadata as Python values, each tensor as a
 view of the memory-mapped file, and dequantization over all of a tensor's blocks at once.
 
-The `gguf` package reads the same format, but one element at a time: a 262,144-token vocabulary
-(Gemma 3) took it ~10 s to parse, and its `dequantize` works through 16 rows at a time. Here the
-header is parsed with `struct` over the mapped bytes (numeric arrays in one `np.frombuffer`), and
-`dequantize` hands large runs of blocks to the `gguf` package's own per-block code (so the floats
-are the ones `gguf.quants.dequantize` gives, bit for bit) on a few threads.
+The `gguf` package reads the same format, but one element at a time, which makes a large
+vocabulary (Gemma 3's 262,144 tokens) slow to parse, and its `dequantize` works through 16 rows at
+a time. Here the header is parsed with `struct` over the mapped bytes (numeric arrays in one
+`np.frombuffer`), and `dequantize` hands large runs of blocks to the `gguf` package's own
+per-block code (so the floats are the ones `gguf.quants.dequantize` gives, bit for bit) on a few
+threads.
 
 Layout (little-endian, versions 2 and 3): magic `GGUF`, version u32, tensor count u64, metadata
 count u64; the metadata (key string, value type u32, value); the tensor infos (name string,

@@ -3,17 +3,16 @@
 A request's own acceptance (the gate in `base.Drafter`) says whether its drafts are any good; it
 cannot say what verifying them costs. At batch 1 a decode step is memory-bound, and verifying
 four extra tokens per request is nearly free; at batch 8 the same drafts make the matmuls five
-times taller and the step far slower, so a draft acceptance that wins at batch 1 loses there
-(measured: n-gram drafts on open-ended chat, 0.96x at batch 1 and 0.84x at batch 8).
+times taller and the step far slower, so a draft acceptance that wins at batch 1 can lose there.
 
 Per batch-size bucket (1, 2-3, 4-7, 8-15, 16-31, 32+) the tokens per second of decode steps that
 verified drafts and of those that did not are compared by `runtime/governor.Governor`:
 speculation is measured first. On the CPU the plain steps are bursts of continuous decode steps,
 the rival drafts must beat: whole bursts while the governor does not speculate, and short ones
 (`engine.SPECULATIVE_BURST_STEPS`) where it does but the drafter found nothing; both count as
-plain. Counting steps by the governor's choice instead mixed those short bursts into the drafts'
-rate: on an extractive workload with int4 weights, a preamble without drafts made speculation
-look slower than bursts, and it was never tried again while the text was being copied.
+plain. Counting steps by the governor's choice would mix those short bursts into the drafts'
+rate: on an extractive workload, a preamble without drafts would make speculation look slower
+than bursts, and it would not be tried again while the text was being copied.
 """
 
 from __future__ import annotations
