@@ -30,6 +30,7 @@ from plait.kernels.attention import AttentionMetadata, KVScales, TorchAttention
 from plait.kernels.attention_cpu import NativeAttention
 from plait.kernels.dispatch import use_triton
 from plait.kernels.quant_matmul import native_dense_matmul, native_quant_available
+from plait.kernels.tuning import CPU_MLP_ROWS
 
 ATTENTION_KINDS = ("native", "triton", "torch")
 
@@ -83,8 +84,13 @@ class LayerOps:
 
     name = "torch"
 
-    def __init__(self, attention: TorchAttention | None = None) -> None:
+    def __init__(
+        self, attention: TorchAttention | None = None, block_rows: int | None = None
+    ) -> None:
+        """`block_rows`: the rows an MLP takes at once (CPU prefills go block by block,
+        `tuning.CPU_MLP_ROWS`); None: any."""
         self.attention = attention or TorchAttention(torch.device("cpu"), torch.float32, head_dim=0)
+        self.block_rows = block_rows
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
@@ -164,8 +170,10 @@ class NativeCpuOps(LayerOps):
 
     name = "native"
 
-    def __init__(self, attention: TorchAttention | None = None) -> None:
-        super().__init__(attention)
+    def __init__(
+        self, attention: TorchAttention | None = None, block_rows: int | None = CPU_MLP_ROWS
+    ) -> None:
+        super().__init__(attention, block_rows)
         self._linear = native_dense_matmul if native_quant_available() else F.linear
 
     def rms_norm(
@@ -229,4 +237,4 @@ def choose_layer_ops(
         return TritonOps(backend)
     if cpu_fused.usable(probe) and not native.native_disabled():
         return NativeCpuOps(backend)
-    return LayerOps(backend)
+    return LayerOps(backend, CPU_MLP_ROWS if device.type == "cpu" else None)

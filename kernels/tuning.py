@@ -102,3 +102,8 @@ MASK_BLOCK_SIZE = 1024
 # threshold search tries per pass (more pivots: fewer passes over the logits, more work per pass).
 SAMPLE_BLOCK_V = 1024
 SAMPLE_NUM_PIVOTS = 8
+
+# Rows of x per block of the MLP on the CPU (`layer_ops.LayerOps.block_rows`): long prefills run
+# it block by block so that the [rows, 2 x intermediate] activations stay small (memory, cache),
+# at one more call per block.
+CPU_MLP_ROWS = 2048

@@ -107,11 +107,6 @@ CLOSING_MAX_MISSES = 4
 # next-best allowed tokens, tried in order before the closing's own token.
 CLOSING_CANDIDATES = 8
 
-# Models (models/layers.py) ------------------------------------------------------------------------
-
-# Rows of x per block of the MLP on the CPU: long prefills run it block by block so that the
-# [rows, 2 x intermediate] activations stay small (memory, cache), at one more call per block.
-CPU_MLP_ROWS = 2048
 
 # KV tiers below the pool (kv_tiers/) --------------------------------------------------------------
 

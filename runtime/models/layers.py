@@ -16,7 +16,6 @@ from torch import nn
 from plait.kernels.layer_ops import LayerOps, Rope
 from plait.runtime.forward_batch import ForwardBatch
 from plait.runtime.models.args import ModelArgs
-from plait.runtime.tuning import CPU_MLP_ROWS
 
 
 class RMSNorm(nn.Module):
@@ -135,14 +134,14 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
-        rows = x.shape[0]
-        if x.device.type == "cpu" and x.dim() == 2 and rows > CPU_MLP_ROWS:
+        rows, block = x.shape[0], ops.block_rows
+        if block is not None and x.dim() == 2 and rows > block:
             # NOTE: glibc maps allocations over 32 MB fresh from the OS each time, so a long
             # prefill's [tokens, 2 x intermediate] activations would page-fault on every step.
             # Blocks of rows keep every activation under that size, reused from the heap.
             out = torch.empty(rows, self.down_proj.out_features, dtype=x.dtype)
-            for s in range(0, rows, CPU_MLP_ROWS):
-                out[s : s + CPU_MLP_ROWS] = self._forward(x[s : s + CPU_MLP_ROWS], ops)
+            for s in range(0, rows, block):
+                out[s : s + block] = self._forward(x[s : s + block], ops)
             return out
         return self._forward(x, ops)
 

@@ -83,7 +83,7 @@ def test_usable_only_for_float32_cpu(monkeypatch):
     assert not cpu_fused.usable(torch.zeros(2))
 
 
-def test_mlp_in_row_blocks_equals_one_pass(monkeypatch):
+def test_mlp_in_row_blocks_equals_one_pass():
     """A long prefill's MLP runs in blocks of rows on the CPU; the result is the one-pass result."""
     from plait.runtime.models import layers
 
@@ -99,9 +99,7 @@ def test_mlp_in_row_blocks_equals_one_pass(monkeypatch):
     )
     mlp = layers.MLP(args)
     x = torch.randn(23, 32, generator=GEN)
-    ops = NativeCpuOps()
-    whole = mlp(x, ops)
-    monkeypatch.setattr(layers, "CPU_MLP_ROWS", 5)
-    torch.testing.assert_close(mlp(x, ops), whole)
+    whole = mlp(x, NativeCpuOps(block_rows=None))
+    torch.testing.assert_close(mlp(x, NativeCpuOps(block_rows=5)), whole)
     gate, up = mlp.gate_up_proj(x).split(48, dim=-1)
     torch.testing.assert_close(whole, mlp.down_proj(F.silu(gate) * up), atol=1e-5, rtol=1e-5)
