@@ -87,6 +87,13 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         help="show prompt text on /dashboard (by default only token counts)",
     )
     parser.add_argument(
+        "--trace-file",
+        dest="trace_file",
+        default=None,
+        help="record the engine's steps and requests while the server runs and write them to "
+        "this file as a Chrome trace when it stops (open it in Perfetto; docs/observability.md)",
+    )
+    parser.add_argument(
         "--role",
         default="both",
         choices=["both", "prefill", "decode"],
@@ -143,6 +150,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from plait.runtime.config_flags import engine_kwargs
     from plait.runtime.engine import Engine
+    from plait.runtime.tracing import EngineTrace
     from plait.server.app import create_app
     from plait.server.dashboard import DashboardConfig
     from plait.server.limits import KEEP_ALIVE_SECONDS, UVICORN_HTTP
@@ -168,6 +176,7 @@ def serve(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     engine = Engine(**engine_kwargs(args))
     log.info("engine ready in %.1f s: %s", time.perf_counter() - start, engine.model_path)
+    trace = EngineTrace(engine.events) if args.trace_file else None
     stats = engine.stats()
     log.info(
         "execution: %s",
@@ -193,6 +202,11 @@ def serve(args: argparse.Namespace) -> int:
             timeout_keep_alive=KEEP_ALIVE_SECONDS,
         )
     finally:
+        if trace is not None:
+            trace.close()
+            log.info(
+                "trace of %d events written to %s", trace.num_events, trace.write(args.trace_file)
+            )
         engine.shutdown()
     return 0
 

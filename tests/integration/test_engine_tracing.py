@@ -95,3 +95,22 @@ def test_the_trace_keeps_at_most_max_events(trace_engine):
 def test_max_events_is_validated(trace_engine):
     with pytest.raises(ValueError, match="max_events"):
         EngineTrace(trace_engine.events, max_events=0)
+
+
+def test_plait_serve_writes_its_trace_when_it_stops(tiny_llama_dir, tmp_path):
+    """`plait serve --trace-file`: the requests it served are in the file it writes on SIGTERM."""
+    import httpx
+
+    from plait.server.launch import ServerProcess
+
+    path = tmp_path / "serve-trace.json"
+    args = ["--model", str(tiny_llama_dir), "--max-total-tokens", "2048", "--trace-file", str(path)]
+    with ServerProcess(args, timeout=120) as server:
+        body = {"text": "A traced request", "sampling_params": GREEDY}
+        out = httpx.post(f"{server.url}/generate", json=body, timeout=60).json()
+    assert server.process.returncode == 0
+    records = json.loads(path.read_text())["traceEvents"]
+    ends = [r for r in records if r.get("name") == "request" and r["ph"] == "e"]
+    assert [r["id"] for r in ends] == [out["meta_info"]["id"]]
+    assert ends[0]["args"]["output_tokens"] == 6
+    assert any(r.get("name") == "step" for r in records)
