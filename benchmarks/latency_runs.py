@@ -131,7 +131,7 @@ def measure_plait(
         perplexity = float(torch.tensor(logprobs).neg().mean().exp())
         linear_params = sum(
             m.in_features * m.out_features
-            for name, m in engine.model.named_modules()
+            for name, m in engine.core.model.named_modules()
             if hasattr(m, "in_features") and name != "lm_head"
         )
         stats = engine.stats()

@@ -30,7 +30,7 @@ def measure_weights_read(engine: Any, repeats: int = 5) -> float | None:
     from plait.runtime.engine import off_main_thread
     from plait.runtime.models.quantized import weight_tensors
 
-    tensors = [t.contiguous() for t in weight_tensors(engine.model)]
+    tensors = [t.contiguous() for t in weight_tensors(engine.core.model)]
     if any(t.device.type != "cpu" for t in tensors):
         return None
     return off_main_thread(read_seconds, tensors, repeats)

@@ -216,7 +216,7 @@ def run_throughput_bench(args: argparse.Namespace) -> int:
         for c in concurrencies:
             engine.flush_cache()  # random prompts share nothing; keep runs independent
             results["random"].append(run_plait(engine, prompts, args.output_len, c, sampling(args)))
-        macs = weight_macs(engine.model)
+        macs = weight_macs(engine.core.model)
         for c in concurrencies:  # the decode step alone at each batch, against the int8 peak
             step = decode_step_s(engine, c)
             results["decode"].append(

@@ -13,7 +13,7 @@ import queue
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plait.kernels.openmp import release_thread_team
 from plait.runtime.config import EngineConfig
@@ -30,6 +30,13 @@ from plait.runtime.tuning import (
     SPECULATIVE_BURST_STEPS,
 )
 
+if TYPE_CHECKING:
+    import torch
+
+    from plait.runtime.events import EngineEvents
+    from plait.runtime.models.args import ModelArgs
+    from plait.runtime.tokenizer import Tokenizer
+
 __all__ = [
     "SPECULATIVE_BURST_STEPS",
     "Engine",
@@ -45,40 +52,9 @@ def _text_chars(text: Any) -> int:
     return sum(len(t) for t in text if isinstance(t, str)) if isinstance(text, list) else 0
 
 
-class _FromCore:
-    """An attribute of the engine's core, read through the `Engine`."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, engine: Any, owner: type | None = None) -> Any:
-        return self if engine is None else getattr(engine.core, self.name)
-
-
 class Engine:
-    device = _FromCore()
-    dtype = _FromCore()
-    model = _FromCore()
-    args = _FromCore()
-    tokenizer = _FromCore()
-    tp = _FromCore()
-    model_path = _FromCore()
-    context_len = _FromCore()
-    weight_bytes = _FromCore()
-    page_size = _FromCore()
-    kv_dtype = _FromCore()
-    kv_pool = _FromCore()
-    allocator = _FromCore()
-    cache = _FromCore()
-    tiers = _FromCore()  # KVTiers below the pool (kv_disk, kv_redis), or None
-    scheduler = _FromCore()
-    generator = _FromCore()
-    runner = _FromCore()
-    processor = _FromCore()
-    drafter = _FromCore()
-    governor = _FromCore()
-    thread_governor = _FromCore()
-    events = _FromCore()  # EngineEvents: subscribe to what the engine does (runtime/events.py)
+    """An in-process model server: `generate` / `async_generate` from any thread or coroutine,
+    `stats()`, `events`. The loop's parts (scheduler, runner, KV pool, cache) are `core`'s."""
 
     def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
         self.config = EngineConfig.from_kwargs(model_path=model_path, **kwargs)
@@ -87,6 +63,53 @@ class Engine:
         # the Engine stops the loop and frees the model and KV pool.
         self._finalizer = weakref.finalize(self, core.shutdown)
         release_thread_team()  # a team the builder's thread left would slow every step's regions
+
+    # what a user of the engine reads ----------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer (encode, decode, chat template, EOS ids)."""
+        return self.core.tokenizer
+
+    @property
+    def model_path(self) -> str:
+        """Where the checkpoint was loaded from: the `.gguf` file or the Hugging Face folder."""
+        return self.core.model_path
+
+    @property
+    def context_len(self) -> int:
+        """The most tokens a request may hold, prompt and output together."""
+        return self.core.context_len
+
+    @property
+    def args(self) -> ModelArgs:
+        """The model's shape (layers, heads, vocabulary); under tensor parallelism, rank 0's."""
+        return self.core.args
+
+    @property
+    def device(self) -> torch.device:
+        """The device the model runs on."""
+        return self.core.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activations' dtype."""
+        return self.core.dtype
+
+    @property
+    def page_size(self) -> int:
+        """Tokens per KV page."""
+        return self.core.page_size
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The KV cache's dtype."""
+        return self.core.kv_dtype
+
+    @property
+    def events(self) -> EngineEvents:
+        """Subscribe to what the engine does (`runtime/events.py`)."""
+        return self.core.events
 
     @property
     def handoff(self) -> Any:
@@ -99,7 +122,7 @@ class Engine:
     # submitting ------------------------------------------------------------------------------
 
     def _make_requests(self, *args: Any) -> tuple[list[Request], bool]:
-        return build_requests(self, *args)
+        return build_requests(self.core, *args)
 
     # constraints -------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ timeouts and sizes checked against the model and the KV pool before anything is 
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,9 +12,12 @@ from plait.runtime import lifecycle
 from plait.runtime.protocol import LogprobOptions, SamplingParams
 from plait.runtime.request import Request, SamplingState
 
+if TYPE_CHECKING:
+    from plait.runtime.engine_core import EngineCore
+
 
 def build_requests(
-    engine: Any,
+    core: EngineCore,
     text: str | list[str] | None,
     input_ids: list[int] | list[list[int]] | None,
     sampling_params: dict | list[dict] | None,
@@ -24,7 +27,8 @@ def build_requests(
     client_id: str | None = None,
 ) -> tuple[list[Request], bool]:
     """`generate`'s arguments as `Request`s, every shape and value checked (a `ValueError` that
-    names the argument), and whether the caller gets a list back."""
+    names the argument), and whether the caller gets a list back; `core`: the engine's, whose
+    tokenizer, model shape and KV pool the prompts are checked against."""
     if (text is None) == (input_ids is None):
         raise ValueError("text, input_ids: pass exactly one of them")
     logprob.validate()
@@ -42,9 +46,9 @@ def build_requests(
             raise ValueError(f"text: expected a string or a list of strings, got {wrong[0]}")
         # NOTE: the batch call releases the GIL and spreads the texts over the cores.
         prompts = (
-            engine.tokenizer.encode_batch(texts)
+            core.tokenizer.encode_batch(texts)
             if len(texts) > 1
-            else [engine.tokenizer.encode(texts[0])]
+            else [core.tokenizer.encode(texts[0])]
         )
     else:
         if not isinstance(input_ids, list):
@@ -59,11 +63,11 @@ def build_requests(
                 isinstance(t, int) and not isinstance(t, bool) for t in p
             ):
                 raise ValueError("input_ids: expected a list of integers or a list of such lists")
-            bad = [t for t in p if not 0 <= t < engine.args.vocab_size]
+            bad = [t for t in p if not 0 <= t < core.args.vocab_size]
             if bad:
                 raise ValueError(
                     f"input_ids: token id {bad[0]} is outside the vocabulary "
-                    f"[0, {engine.args.vocab_size})"
+                    f"[0, {core.args.vocab_size})"
                 )
     # NOTE: SamplingParams turns `stop` and `stop_token_ids` into lists before it checks them.
     for p in sampling_params if isinstance(sampling_params, list) else [sampling_params]:
@@ -81,7 +85,7 @@ def build_requests(
         params = [SamplingParams.from_dict(p) for p in sampling_params]
     else:
         params = [SamplingParams.from_dict(sampling_params)] * len(prompts)
-    vocab = engine.args.vocab_size
+    vocab = core.args.vocab_size
     for sp in params:
         bad = [t for t in sp.stop_token_ids if not 0 <= t < vocab]
         if bad:
@@ -95,10 +99,10 @@ def build_requests(
     for prompt, sp, r in zip(prompts, params, rids):
         if not prompt:
             raise ValueError(f"{source}: the prompt is empty (no tokens)")
-        if len(prompt) >= engine.context_len:
+        if len(prompt) >= core.context_len:
             raise ValueError(
                 f"{source}: the prompt has {len(prompt)} tokens, but the model's context length is "
-                f"{engine.context_len} (prompt + output must fit)"
+                f"{core.context_len} (prompt + output must fit)"
             )
         for i in range(sp.n):
             req_rid = r or uuid.uuid4().hex
@@ -113,13 +117,13 @@ def build_requests(
             if timeout is not None:
                 req.deadline = req.arrival_time + timeout
             if sp.seed is not None:
-                req.sampling.generator = torch.Generator(device=engine.device).manual_seed(
+                req.sampling.generator = torch.Generator(device=core.device).manual_seed(
                     sp.seed + i
                 )
-            if not engine.scheduler.fits_pool(req):
+            if not core.scheduler.fits_pool(req):
                 raise ValueError(
-                    f"max_new_tokens: the request needs KV for {engine.scheduler.max_tokens(req)} "
-                    f"tokens but the pool holds {engine.allocator.num_total * engine.page_size}"
+                    f"max_new_tokens: the request needs KV for {core.scheduler.max_tokens(req)} "
+                    f"tokens but the pool holds {core.allocator.num_total * core.page_size}"
                 )
             reqs.append(req)
     return reqs, batched or len(reqs) > 1

@@ -108,7 +108,7 @@ class EngineView:
         start = time.perf_counter()
         hits = _copy_dict(self.probe.hits) if self.probe.installed else None
         tree = summarize_tree(
-            self.engine.cache,
+            self.engine.core.cache,
             max_nodes=nodes,
             hits=hits,
             key_tokens=KEY_TOKENS if show_prompts else 0,
@@ -137,7 +137,7 @@ def build_snapshot(
 ) -> dict[str, Any]:
     engine, probe = view.engine, view.probe
     now = time.time()
-    cache = engine.cache
+    cache = engine.core.cache
     if view.clock_marks and cache.clock < view.clock_marks[-1][0]:
         view.clock_marks.clear()  # the cache was flushed: its clock started again
     view.clock_marks.append((cache.clock, now))

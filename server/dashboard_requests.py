@@ -83,7 +83,7 @@ class RequestLog:
     def live(self, show_prompts: bool = False) -> list[dict[str, Any]]:
         """Every request the scheduler holds, plus submitted ones it has not taken in yet."""
         now = time.perf_counter()
-        held = self.engine.scheduler.requests_by_state()
+        held = self.engine.core.scheduler.requests_by_state()
         seen = {id(req) for _, req in held}
         out = [self.summary(req, state, now, show_prompts) for state, req in held]
         for req in copy_list(self.recent):

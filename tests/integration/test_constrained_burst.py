@@ -76,7 +76,8 @@ def _run(engine: Engine, prompts, params) -> list[tuple]:
 
 
 def _pool_is_whole(engine: Engine) -> bool:
-    return engine.allocator.num_free + engine.cache.total_size() == engine.allocator.num_total
+    stats = engine.stats()
+    return stats["kv_pages_free"] + stats["kv_pages_cached"] == stats["kv_pages_total"]
 
 
 def _constrained_bursts(seen) -> list[int]:

@@ -47,8 +47,8 @@ def _watched(engine) -> set[str]:
     always on); no method of the scheduler or the cache is ever replaced on its instance."""
     from plait.runtime.events import EVENT_KINDS, RequestSubmitted
 
-    assert not set(vars(engine.scheduler)) & {"schedule", "after_step", "retract"}
-    assert not set(vars(engine.cache)) & {"evict", "match_prefix", "insert"}
+    assert not set(vars(engine.core.scheduler)) & {"schedule", "after_step", "retract"}
+    assert not set(vars(engine.core.cache)) & {"evict", "match_prefix", "insert"}
     return {k.__name__ for k in EVENT_KINDS if k is not RequestSubmitted and engine.events.wants(k)}
 
 

@@ -44,7 +44,8 @@ MAX_NEW = [40, 13, 27]  # bursts shrink to the tokens a request has left
 
 
 def _pool_is_whole(engine: Engine) -> bool:
-    return engine.allocator.num_free + engine.cache.total_size() == engine.allocator.num_total
+    stats = engine.stats()
+    return stats["kv_pages_free"] + stats["kv_pages_cached"] == stats["kv_pages_total"]
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -145,18 +146,18 @@ def test_a_posted_message_ends_a_burst_after_one_step(engines, monkeypatch):
 
     monkeypatch.setattr(BurstRunner, "run", interrupted)
     held: list[tuple[int, int]] = []  # (pages a running request holds, pages its tokens need)
-    after_step = burst.scheduler.after_step
+    after_step = burst.core.scheduler.after_step
 
     def check_pages(batch, *args):
         after_step(batch, *args)
-        kv = burst.scheduler.kv
+        kv = burst.core.scheduler.kv
         held.extend(
             (len(r.kv.pages), max(kv.pages_for(r.num_tokens), r.kv.num_cached_pages))
             for r in batch.decodes
             if not r.finished
         )
 
-    monkeypatch.setattr(burst.scheduler, "after_step", check_pages)
+    monkeypatch.setattr(burst.core.scheduler, "after_step", check_pages)
     params = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
     assert _run(burst, PROMPTS[:1], params) == _run(single, PROMPTS[:1], params)
     assert seen and set(seen) == {1}

@@ -211,7 +211,7 @@ def test_bad_input_raises_named_error_and_engine_survives(tiny_engine, kwargs, m
 
 
 def test_failing_forward_aborts_its_batch_frees_pages_and_keeps_serving(tiny_engine, monkeypatch):
-    runner = tiny_engine.runner
+    runner = tiny_engine.core.runner
     calls = {"n": 0}
 
     def flaky(original):  # the second forward pass fails, be it one step or a burst of them
@@ -255,8 +255,8 @@ def test_thread_governor_gives_the_thread_count_back(tiny_llama_dir):
 
     before = torch.get_num_threads()
     engine = Engine(model_path=str(tiny_llama_dir), max_total_tokens=512)
-    if engine.thread_governor is not None:
-        engine.thread_governor.choose = lambda num_tokens: 1  # as under a busy machine
+    if engine.core.thread_governor is not None:
+        engine.core.thread_governor.choose = lambda num_tokens: 1  # as under a busy machine
     out = engine.generate(
         input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 3, "ignore_eos": True}
     )
@@ -271,7 +271,7 @@ def test_fixed_cpu_threads_run_every_step_on_them(tiny_llama_dir, tiny_engine):
     params = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
     expected = tiny_engine.generate(input_ids=[5, 6, 7], sampling_params=params)["output_ids"]
     with Engine(model_path=str(tiny_llama_dir), max_total_tokens=512, cpu_threads=1) as engine:
-        assert engine.thread_governor is None
+        assert engine.core.thread_governor is None
         assert (
             engine.generate(input_ids=[5, 6, 7], sampling_params=params)["output_ids"] == expected
         )

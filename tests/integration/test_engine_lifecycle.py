@@ -42,7 +42,11 @@ def released(*refs: weakref.ref, timeout: float = 30.0) -> bool:
 
 
 def held(engine: Engine) -> tuple[weakref.ref, ...]:
-    return weakref.ref(engine.model), weakref.ref(engine.kv_pool), weakref.ref(engine.runner)
+    return (
+        weakref.ref(engine.core.model),
+        weakref.ref(engine.core.kv_pool),
+        weakref.ref(engine.core.runner),
+    )
 
 
 @pytest.fixture(autouse=True)

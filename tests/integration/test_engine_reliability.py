@@ -41,10 +41,10 @@ def engine(tiny_llama_dir):
 
 def _idle(engine) -> None:
     deadline = time.monotonic() + 10
-    while engine.scheduler.has_work():
+    while engine.core.scheduler.has_work():
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    engine.scheduler.check()
+    engine.core.scheduler.check()
     stats = engine.stats()
     assert stats["kv_pages_in_use"] == 0
 
@@ -93,7 +93,7 @@ def test_deadline_aborts_and_frees_pages(engine):
 
 
 def test_a_step_that_raises_fails_its_requests_and_the_loop_goes_on(engine, monkeypatch):
-    real = engine.scheduler.schedule
+    real = engine.core.scheduler.schedule
     calls = {"n": 0}
 
     def broken():
@@ -102,7 +102,7 @@ def test_a_step_that_raises_fails_its_requests_and_the_loop_goes_on(engine, monk
             raise RuntimeError("injected scheduler fault")
         return real()
 
-    monkeypatch.setattr(engine.scheduler, "schedule", broken)
+    monkeypatch.setattr(engine.core.scheduler, "schedule", broken)
     out = engine.generate(text="x", sampling_params={"max_new_tokens": 20, "ignore_eos": True})
     assert out["meta_info"]["finish_reason"]["status_code"] == 500
     ok = engine.generate(text="y", sampling_params={"max_new_tokens": 3, "ignore_eos": True})
@@ -132,4 +132,4 @@ def test_shutdown_answers_every_request(engine):
         t.join(timeout=15)
     assert len(results) == 4
     assert {r["meta_info"]["finish_reason"].get("status_code") for r in results} == {503}
-    engine.scheduler.check()
+    engine.core.scheduler.check()

@@ -17,7 +17,7 @@ native = pytest.mark.skipif(
 @native
 def test_a_float32_cpu_model_gets_the_native_stack_and_bursts(tiny_llama_dir) -> None:
     with Engine(model_path=str(tiny_llama_dir), max_total_tokens=1024) as engine:
-        execution = engine.runner.execution
+        execution = engine.core.runner.execution
         assert (
             execution.native_stack is not None
             and execution.bursts
@@ -37,7 +37,7 @@ def test_a_float32_cpu_model_gets_the_native_stack_and_bursts(tiny_llama_dir) ->
 
 def test_a_bfloat16_model_runs_layer_by_layer_and_never_bursts(tiny_llama_dir) -> None:
     with Engine(model_path=str(tiny_llama_dir), dtype="bfloat16", max_total_tokens=512) as engine:
-        execution = engine.runner.execution
+        execution = engine.core.runner.execution
         assert execution.native_stack is None and not execution.bursts
         assert execution.layers_for(1, 0) is Layers.LAYERWISE
         assert engine.stats()["execution_layers"] == "layerwise"
@@ -48,7 +48,7 @@ def test_each_step_is_planned_from_its_shape(tiny_llama_dir) -> None:
     with Engine(
         model_path=str(tiny_llama_dir), max_total_tokens=1024, num_continuous_decode_steps=1
     ) as engine:
-        runner = engine.runner
+        runner = engine.core.runner
         real_execute, real_prepare, plans = runner.execute, runner.prepare, []
 
         def execute(plan, *args):
@@ -79,7 +79,7 @@ def test_layers_run_the_operations_chosen_at_start(tiny_llama_dir, monkeypatch) 
     from plait.kernels import attention_cpu, cpu_fused, layer_ops
 
     with Engine(model_path=str(tiny_llama_dir), max_total_tokens=1024) as engine:
-        ops = engine.runner.execution.ops
+        ops = engine.core.runner.execution.ops
         assert type(ops) is layer_ops.NativeCpuOps and ops.attention.name == "native"
         assert engine.stats()["execution_layer_ops"] == "native"
 
@@ -96,4 +96,4 @@ def test_layers_run_the_operations_chosen_at_start(tiny_llama_dir, monkeypatch) 
             input_ids=list(range(10, 90)), sampling_params={"max_new_tokens": 3, "temperature": 0}
         )
         assert len(out["output_ids"]) == 3
-        assert engine.runner.execution.layers_for(80, 80) is Layers.LAYERWISE  # the prefill
+        assert engine.core.runner.execution.layers_for(80, 80) is Layers.LAYERWISE  # the prefill

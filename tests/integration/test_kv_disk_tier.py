@@ -143,7 +143,7 @@ def test_blocks_of_another_kv_dtype_are_foreign(tiny_llama_dir, tmp_path, cold):
 def block_names(model_dir: Path, directory: Path, ids: list[int], **extra: object) -> list[bytes]:
     """The names of the whole blocks of `ids`, as an engine of this configuration stores them."""
     with Engine(**engine_kwargs(model_dir, kv_disk=str(directory), **extra)) as engine:
-        return engine.tiers.block_names(ids)
+        return engine.core.tiers.block_names(ids)
 
 
 def path_of(directory: Path, name: bytes) -> Path:

@@ -60,7 +60,7 @@ def test_quantized_prompt_logprobs_stay_close_to_float32(engines):
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_quantized_engine_swaps_linears_and_reports_weight_bytes(engines, mode):
     engine = engines[mode]
-    quantized = [m for m in engine.model.modules() if isinstance(m, QuantLinear)]
+    quantized = [m for m in engine.core.model.modules() if isinstance(m, QuantLinear)]
     # qkv, o, gate_up, down per layer, and the LM head
     assert len(quantized) == 4 * engine.args.num_layers + 1
     assert {m.format for m in quantized} == {mode}
@@ -86,10 +86,10 @@ def test_weight_tensors_are_what_a_step_reads_and_read_back(engines, mode):
     from plait.runtime.models.quantized import weight_tensors
 
     engine = engines[mode]
-    tensors = weight_tensors(engine.model)
+    tensors = weight_tensors(engine.core.model)
     assert sum(t.nbytes for t in tensors) == engine.stats()["weight_bytes"]
     ptrs = {t.data_ptr() for t in tensors}
-    for m in engine.model.modules():
+    for m in engine.core.model.modules():
         if isinstance(m, QuantLinear):  # packed weights, scales (and int4 minimums)
             assert {t.data_ptr() for t in (m.qweight, m.scales, m.qw.mins) if t is not None} <= ptrs
     seconds = read_seconds(tensors, repeats=2)
@@ -107,7 +107,7 @@ def test_the_throughput_bench_roofs_measure(engines):
 
     peak = int8_macs_per_second(seconds=0.05)
     assert peak is None or 0 < peak < float("inf")  # None: no native kernels
-    int8, int4 = (weight_macs(engines[mode].model) for mode in ("int8", "int4"))
+    int8, int4 = (weight_macs(engines[mode].core.model) for mode in ("int8", "int4"))
     args = engines["int8"].core.args
     assert int8 == int4 > args.hidden_size * args.vocab_size  # the head and the layers
 
@@ -129,13 +129,13 @@ def test_prefill_attends_in_bfloat16_where_quantized_matmuls_multiply_in_it(
         ) as quantized,
         Engine(model_path=str(tiny_llama_dir), max_total_tokens=1024) as full,
     ):
-        assert quantized.runner.bf16_extends and not full.runner.bf16_extends
+        assert quantized.core.runner.bf16_extends and not full.core.runner.bf16_extends
         ids = (
             PROMPTS[2] * 4
         )  # 200 tokens: one chunk with BF16_EXTEND_MIN_WORK (new tokens x keys) and more
         bf16 = prompt_logprobs(quantized, ids)
         quantized.flush_cache()
-        runner = quantized.runner
+        runner = quantized.core.runner
         runner.execution = dataclasses.replace(runner.execution, bf16_extends=False)
         native = prompt_logprobs(quantized, ids)
         assert max(abs(a - b) for a, b in zip(bf16, native)) < 0.05

@@ -36,7 +36,7 @@ def client(server):
 
 @contextlib.contextmanager
 def poisoned_forward(engine, marker: str = "poison"):
-    real = engine.runner.forward
+    real = engine.core.runner.forward
 
     def forward(batch, *args):
         if any(marker in e.req.rid for e in batch.extends) or any(
@@ -45,16 +45,16 @@ def poisoned_forward(engine, marker: str = "poison"):
             raise RuntimeError("injected fault")
         return real(batch, *args)
 
-    engine.runner.forward = forward
+    engine.core.runner.forward = forward
     try:
         yield
     finally:
-        engine.runner.forward = real
+        engine.core.runner.forward = real
 
 
 def healthy(server, client) -> None:
     stats = wait_until_idle(server.engine)
-    server.engine.scheduler.check()
+    server.engine.core.scheduler.check()
     assert stats["kv_pages_free"] + stats["kv_pages_cached"] == stats["kv_pages_total"]
     assert client.get("/health_generate").status_code == 200
 

@@ -214,7 +214,7 @@ def test_healthy_afterwards(server, client):
     assert client.get("/health_generate").status_code == 200
     stats = wait_until_idle(server.engine)
     assert stats["kv_pages_free"] + stats["kv_pages_cached"] == stats["kv_pages_total"]
-    server.engine.scheduler.check()
+    server.engine.core.scheduler.check()
 
 
 def test_fuzz_findings_stay_fixed(client):

@@ -165,7 +165,7 @@ def test_abort_mid_prefill_and_mid_decode(tiny_llama_dir, reference):
         for t in threads:
             t.start()
         deadline = time.time() + 60
-        sched = engine.scheduler
+        sched = engine.core.scheduler
         # its 300-token prompt needs ~40 steps of 8 tokens: abort it part-way through (a tiny model
         # runs a step in well under a millisecond, so no fixed sleep lands there reliably)
         while not any(
@@ -176,7 +176,7 @@ def test_abort_mid_prefill_and_mid_decode(tiny_llama_dir, reference):
             assert time.time() < deadline
             time.sleep(0.001)
         engine.abort("abort-prefill")
-        while not any(r.rid == "abort-decode" and r.output_ids for r in engine.scheduler.running):
+        while not any(r.rid == "abort-decode" and r.output_ids for r in sched.running):
             assert "decode" not in results, "the request finished before it could be aborted"
             assert time.time() < deadline
             time.sleep(0.005)

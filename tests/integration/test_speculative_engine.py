@@ -143,13 +143,13 @@ def test_model_drafters_keep_greedy_output(tiny_llama_dir, tiny_engine, algo):
 @pytest.mark.skipif(not decode_stack.burst_available(), reason="native CPU kernels did not build")
 def test_steps_without_drafts_run_as_bursts(tiny_engine, spec_engine, monkeypatch):
     bursts: list[int] = []
-    real = spec_engine.runner.bursts.run
+    real = spec_engine.core.runner.bursts.run
 
     def spy(batch, steps, interrupt=None):
         bursts.append(steps)
         return real(batch, steps, interrupt)
 
-    monkeypatch.setattr(spec_engine.runner.bursts, "run", spy)
+    monkeypatch.setattr(spec_engine.core.runner.bursts, "run", spy)
     params = {**GREEDY, "max_new_tokens": 40}
     expected = tiny_engine.generate("x", params)["output_ids"]
     # speculating, a step the drafter found nothing for runs as a short burst: it looks again soon
@@ -172,7 +172,7 @@ def test_speculation_never_keeps_the_drafter_but_verifies_nothing(tiny_llama_dir
         speculative_algorithm="ngram",
         speculation="never",
     ) as engine:
-        assert engine.drafter is not None
+        assert engine.core.drafter is not None
         expected = tiny_engine.generate(PROMPTS[0], GREEDY)["output_ids"]
         assert engine.generate(PROMPTS[0], GREEDY)["output_ids"] == expected
         stats = engine.stats()

@@ -89,7 +89,7 @@ def test_tp2_matches_tp1(checkpoint, request):
     with Engine(model_path=path, **kwargs) as single:
         reference = _run(single)
     with Engine(model_path=path, tp_size=2, **kwargs) as parallel:
-        assert parallel.args.num_kv_heads in (1, 2) and parallel.tp is not None
+        assert parallel.args.num_kv_heads in (1, 2) and parallel.core.tp is not None
         _assert_same(reference, _run(parallel))
         again = parallel.generate(PROMPTS[0], PARAMS)  # the prefix cache, shared across ranks
         assert again["meta_info"]["cached_tokens"] > 0

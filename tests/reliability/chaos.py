@@ -167,7 +167,7 @@ def faults(server: Any, rounds: int, width: int = 6) -> Tally:
                 tally.note(f"round {i}: a bystander's output changed")
 
     with (
-        _patched(engine.runner, "forward", _poison_forward),
+        _patched(engine.core.runner, "forward", _poison_forward),
         _patched(backend, "compile", _poison_compile),
     ):
         for i in range(rounds):

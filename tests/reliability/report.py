@@ -76,7 +76,7 @@ def check_leaks(tally: Tally, server: Any, timeout: float = 30.0) -> dict[str, A
     (free + cached != total), admission slots, a broken tree. Also checks health."""
     engine = server.engine
     deadline = time.monotonic() + timeout
-    while engine.scheduler.has_work() or engine.stats()["kv_pages_in_use"]:
+    while engine.core.scheduler.has_work() or engine.stats()["kv_pages_in_use"]:
         if time.monotonic() > deadline:
             break
         time.sleep(0.05)
@@ -86,13 +86,13 @@ def check_leaks(tally: Tally, server: Any, timeout: float = 30.0) -> dict[str, A
         problems.append(f"{stats['kv_pages_in_use']} KV pages still in use")
     if stats["kv_pages_free"] + stats["kv_pages_cached"] != stats["kv_pages_total"]:
         problems.append("free + cached != total pages")
-    if engine.scheduler.has_work():
+    if engine.core.scheduler.has_work():
         problems.append("requests still queued or running")
     admission = server.app_state.admission
     if admission.in_flight or admission.live:
         problems.append(f"{admission.in_flight} admission slots still held")
     try:
-        engine.scheduler.check()
+        engine.core.scheduler.check()
     except AssertionError as e:
         problems.append(f"integrity: {e}")
     for p in problems:

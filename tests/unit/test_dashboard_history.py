@@ -151,7 +151,7 @@ def test_tree_walks_are_reused_within_their_budget():
     alloc = PageAllocator(64)
     cache = RadixCache(1, alloc)
     cache.insert([1, 2, 3], alloc.allocate(3))
-    engine = SimpleNamespace(cache=cache, scheduler=None)
+    engine = SimpleNamespace(core=SimpleNamespace(cache=cache, scheduler=None))
     view = EngineView(engine, DashboardConfig())
     first = view.tree(8, False, now=100.0)
     took = view._tree[2]
