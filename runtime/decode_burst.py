@@ -92,13 +92,7 @@ class BurstRunner:
                 table[i, : lens[i] + steps - 1] = (
                     self.tables.window_slots(slots) if in_window else slots
                 )
-        stop_ids = [
-            sorted(
-                set(r.sampling.params.stop_token_ids)
-                | (set() if r.sampling.params.ignore_eos else self.eos_ids)
-            )
-            for r in reqs
-        ]
+        stop_ids = [r.sampling.stop_ids(self.eos_ids) for r in reqs]
         stack = self.stack
         sampling, rewind = self._sampling(reqs, steps)
         hooks = [] if between_steps is None else [between_steps]

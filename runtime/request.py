@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -41,6 +41,12 @@ class SamplingState:
     params: SamplingParams
     logprob: LogprobOptions = field(default_factory=LogprobOptions)
     generator: torch.Generator | None = None
+
+    def stop_ids(self, eos_ids: Iterable[int]) -> list[int]:
+        """The token ids that end the request, ascending: its `stop_token_ids`, and the model's
+        `eos_ids` unless it ignores EOS."""
+        p = self.params
+        return sorted(set(p.stop_token_ids).union(() if p.ignore_eos else eos_ids))
 
 
 @dataclass

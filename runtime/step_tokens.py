@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
-from functools import cache
 
 import torch
 
@@ -35,7 +34,10 @@ class StepTokens:
         self.eos_ids = eos_ids
         self.default_generator = default_generator
         self.sampling = sampling
-        self._mask_pool: ThreadPoolExecutor | None = None  # fills grammar masks beside the forward
+        # on the CPU the forward may take every core, and then the masks wait for it (`start_masks`)
+        self._cpu_cores = _usable_cpus() if device.type == "cpu" else None
+        # fills grammar masks beside the forward; its thread starts with the first masks
+        self._mask_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plait-masks")
 
     def start_masks(
         self, batch: ScheduleBatch, plans: list[tuple[list[int], bool]]
@@ -51,15 +53,13 @@ class StepTokens:
         ]
         if all(g is None for g in grammars):
             return None
-        if self.device.type == "cpu" and torch.get_num_threads() >= _usable_cpus():
-            # NOTE: every core runs the forward: a mask thread beside it preempts one of its
-            # OpenMP threads, which the others then wait for at each barrier, and both run slower
-            # than one after the other; filled after the forward instead (`results`)
+        if self._cpu_cores is not None and torch.get_num_threads() >= self._cpu_cores:
+            # NOTE: every core runs the forward (the thread policy sets the count each step): a
+            # mask thread beside it preempts one of its OpenMP threads, which the others then wait
+            # for at each barrier, and both run slower than one after the other; filled after the
+            # forward instead (`results`)
             return None
-        if self._mask_pool is None:
-            self._mask_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plait-masks")
-        vocab = self.vocab_size
-        return self._mask_pool.submit(_fill_masks, grammars, vocab)
+        return self._mask_pool.submit(_fill_masks, grammars, self.vocab_size)
 
     def results(
         self,
@@ -147,7 +147,7 @@ class StepTokens:
         p = req.sampling.params
         banned: list[int] = []
         if len(output) < p.min_new_tokens:
-            banned = sorted(set(p.stop_token_ids) | set(() if p.ignore_eos else self.eos_ids))
+            banned = req.sampling.stop_ids(self.eos_ids)
         return SamplingRow(
             params=p,
             output_ids=output,
@@ -184,7 +184,6 @@ class StepTokens:
         apply_token_bitmask(logits, bitmask.to(logits.device), constrained)
 
 
-@cache
 def _usable_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))
