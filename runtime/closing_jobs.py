@@ -20,12 +20,11 @@ from plait.runtime.tuning import CLOSING_BACKGROUND_SECONDS
 
 class ClosingJobs:
     def __init__(self) -> None:
-        self._pool: ThreadPoolExecutor | None = None  # started with the first job
+        # its thread starts with the first job
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plait-closing")
 
     def start(self, req: Request, search: Any, room: int) -> None:
         """Looks for a closing of at most `room` tokens from `req`'s state; `req` waits."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plait-closing")
         probe = req.constraint.grammar.copy()  # type: ignore[union-attr]
         req.closing.job = self._pool.submit(
             search.shortest_completion, probe, room, time_limit=CLOSING_BACKGROUND_SECONDS
@@ -46,6 +45,5 @@ class ClosingJobs:
             )
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        """Cancels the searches not started; no job starts after it."""
+        self._pool.shutdown(wait=False, cancel_futures=True)

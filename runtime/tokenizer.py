@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from pathlib import Path
@@ -74,7 +75,10 @@ class Tokenizer:
         self.add_bos_token = add_bos_token
         self.chat_template = chat_template
         self.spelling = spelling
+        # built on first use (a walk of the whole vocabulary, for constrained decoding only),
+        # under the lock: the grammar tools' thread and a caller's may ask at once
         self._vocab_bytes: list[bytes] | None = None
+        self._vocab_bytes_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return (
@@ -139,9 +143,13 @@ class Tokenizer:
     def vocab_bytes(self) -> list[bytes]:
         """`token_bytes` for every id below `vocab_size`, built once (b"" where an id has no
         token)."""
-        if self._vocab_bytes is None:
-            self._vocab_bytes = [self._spell_bytes(i) for i in range(self.vocab_size)]
-        return self._vocab_bytes
+        vocab = self._vocab_bytes
+        if vocab is None:
+            with self._vocab_bytes_lock:
+                if self._vocab_bytes is None:
+                    self._vocab_bytes = [self._spell_bytes(i) for i in range(self.vocab_size)]
+                vocab = self._vocab_bytes
+        return vocab
 
     def _spell_bytes(self, token_id: int) -> bytes:
         token = self.backend.id_to_token(token_id)

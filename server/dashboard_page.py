@@ -24,7 +24,7 @@ class DashboardPage:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self._body: bytes | None = None
+        self._body = page_html()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
@@ -34,8 +34,6 @@ class DashboardPage:
         ):
             await self.app(scope, receive, send)
             return
-        if self._body is None:
-            self._body = page_html()
         headers = [
             (b"content-type", b"text/html; charset=utf-8"),
             (b"content-length", str(len(self._body)).encode()),

@@ -168,7 +168,7 @@ async def run_program(name: str, request: Request) -> Response:
         defaults = SamplingSpec.from_kwargs(sampling)
     except (TypeError, ValueError) as e:
         raise bad_request(f"sampling: {e}", "sampling") from None
-    backend = state.backend()
+    backend = state.backend
     # NOTE: a program's model calls are not counted by admission control (one run makes many).
     run = start(backend, prog, bound, stream=True, defaults=defaults)
     executor = run._executor

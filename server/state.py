@@ -88,17 +88,15 @@ class ServerState:
         self.metrics = ServerMetrics(self.engine, self.admission)
         stats = self.engine.stats()
         self.pool_tokens: int = stats["kv_pages_total"] * stats["page_size"]
-        self._backend: Any = None
+        # the interpreter backend programs run on: this server's engine, in process (None: no
+        # programs are served)
+        self.backend: Any = None
+        if self.programs:
+            from plait.interpreter.backends.local import Runtime
+
+            self.backend = Runtime(engine=self.engine)
         self.push_client: Any = None  # httpx.AsyncClient of a prefill server's KV pushes
 
     @property
     def model_name(self) -> str:
         return self.config.served_model_name or default_model_name(str(self.engine.model_path))
-
-    def backend(self) -> Any:
-        """The interpreter backend programs run on: this server's engine, in process."""
-        if self._backend is None:
-            from plait.interpreter.backends.local import Runtime
-
-            self._backend = Runtime(engine=self.engine)
-        return self._backend

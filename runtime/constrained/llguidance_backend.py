@@ -90,16 +90,10 @@ class LLGuidanceBackend(GrammarBackend):
             eos_row.view(np.uint32)[token_id // 32] |= np.uint32(1 << (token_id % 32))
         self.eos_row = eos_row
         self.bounds = RunawayBounds(tokenizer.vocab_bytes(), max_digit_run, max_whitespace_run)
-        self._executor: LLExecutor | None = None
+        self.executor = LLExecutor()  # the thread pool that fills a batch's masks
         # `format` names llguidance was found to know, or not (each probed once, on a tiny schema)
         self._known_formats: set[str] = set()
         self._unknown_formats: set[str] = set()
-
-    def executor(self) -> LLExecutor:
-        """The thread pool that fills a batch's masks (made on first use)."""
-        if self._executor is None:
-            self._executor = LLExecutor()
-        return self._executor
 
     def compile(self, key: GrammarKey) -> LLGuidanceCompiledGrammar:
         if key.kind == "json_schema":
@@ -346,7 +340,7 @@ class LLGuidanceGrammar(Grammar):
             else:
                 live.append((g, row))
         if live:
-            backend.executor().unsafe_compute_mask_ptr(
+            backend.executor.unsafe_compute_mask_ptr(
                 [(g._matcher, row) for g, row in live],
                 words.ctypes.data,
                 4 * words.shape[1],
