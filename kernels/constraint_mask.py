@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from collections.abc import Sequence
-from functools import cache
+from collections.abc import Callable, Sequence
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
@@ -196,12 +196,23 @@ def apply_token_bitmask_cpu(
     """Same contract on CPU tensors: the native kernel for float32 rows (`csrc/cpu_sampling.cpp`,
     which skips the all-allowed words, so a mostly open mask costs little), else numpy
     (`unpackbits` unpacks the bits faster than torch shifts do)."""
-    _check(logits, bitmask)
     from plait.kernels import native
 
-    fn = None if native.native_disabled() else _native_rows()
+    _apply_cpu(
+        not native.native_disabled() and _native_rows() is not None, logits, bitmask, indices
+    )
+
+
+def _apply_cpu(
+    native_rows: bool,
+    logits: torch.Tensor,
+    bitmask: torch.Tensor,
+    indices: torch.Tensor | Sequence[int] | None,
+) -> None:
+    """`apply_token_bitmask_cpu`, with the native kernel's use settled (`native_rows`)."""
+    _check(logits, bitmask)
     if (
-        fn is not None
+        native_rows
         and logits.device.type == "cpu"
         and logits.dtype == torch.float32
         and logits.stride(1) == 1
@@ -216,7 +227,7 @@ def apply_token_bitmask_cpu(
                 f"apply_token_bitmask: row index out of range for {logits.shape[0]} rows"
             )
         index = torch.tensor(rows, dtype=torch.long)
-        fn(
+        _native_rows()(
             logits.data_ptr(),
             logits.stride(0),
             logits.shape[1],
@@ -253,10 +264,28 @@ def apply_token_bitmask(
     logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | Sequence[int] | None = None
 ) -> None:
     """Mask the constrained rows of `logits` in place: Triton on CUDA tensors
-    (`dispatch.use_triton`), numpy on CPU."""
+    (`dispatch.use_triton`), numpy on CPU (chosen per call, for callers outside an engine:
+    `choose_bitmask_apply` settles it once)."""
     if use_triton(logits):
         apply_token_bitmask_triton(logits, bitmask, indices)
     elif logits.is_cuda:
         apply_token_bitmask_ref(logits, bitmask, indices)
     else:
         apply_token_bitmask_cpu(logits, bitmask, indices)
+
+
+BitmaskApply = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | Sequence[int] | None"], None]
+
+
+def choose_bitmask_apply(device: torch.device) -> BitmaskApply:
+    """The kernel that masks logits on `device`, chosen once (an engine's `StepTokens` holds it):
+    Triton on CUDA where it runs, torch's reference elsewhere off the CPU; on the CPU the native
+    rows where the library built, else numpy (`apply_token_bitmask_cpu`)."""
+    probe = torch.empty(0, device=device)
+    if use_triton(probe):
+        return apply_token_bitmask_triton
+    if device.type != "cpu":
+        return apply_token_bitmask_ref
+    from plait.kernels import native
+
+    return partial(_apply_cpu, not native.native_disabled() and _native_rows() is not None)

@@ -7,7 +7,7 @@ are drawn (`sampling_path`: Triton, the native CPU sampler or torch) is chosen o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,9 +57,26 @@ def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """logits [..., V].argmax(-1) (the first maximum, as torch's). On the CPU by numpy, whose
-    argmax over a vocabulary's logits is several times faster than torch's."""
-    if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous():
+    argmax over a vocabulary's logits is several times faster than torch's (chosen per call:
+    `choose_argmax` settles it once for a device)."""
+    if logits.device.type == "cpu":
+        return argmax_cpu(logits)
+    return logits.argmax(dim=-1)
+
+
+def argmax_cpu(logits: torch.Tensor) -> torch.Tensor:
+    """`argmax` of CPU logits: numpy's for contiguous float32 ones, else torch's."""
+    if logits.dtype == torch.float32 and logits.is_contiguous():
         return torch.from_numpy(np.asarray(logits.numpy().argmax(axis=-1)))
+    return logits.argmax(dim=-1)
+
+
+def choose_argmax(device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The greedy pick for logits on `device`."""
+    return argmax_cpu if device.type == "cpu" else _torch_argmax
+
+
+def _torch_argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 

@@ -10,10 +10,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from plait.kernels.constraint_mask import allocate_token_bitmask, apply_token_bitmask
+from plait.kernels.constraint_mask import allocate_token_bitmask, choose_bitmask_apply
 from plait.runtime.batch import ScheduleBatch, TokenResult
 from plait.runtime.request import Request
-from plait.runtime.sampling import SamplingRow, argmax, sample
+from plait.runtime.sampling import SamplingRow, choose_argmax, sample
 from plait.runtime.speculative.verify import verify_draft
 from plait.runtime.tuning import CLOSING_CANDIDATES
 
@@ -34,6 +34,8 @@ class StepTokens:
         self.eos_ids = eos_ids
         self.default_generator = default_generator
         self.sampling = sampling
+        self._argmax = choose_argmax(device)
+        self._apply_mask = choose_bitmask_apply(device)
         # on the CPU the forward may take every core, and then the masks wait for it (`start_masks`)
         self._cpu_cores = _usable_cpus() if device.type == "cpu" else None
         # fills grammar masks beside the forward; its thread starts with the first masks
@@ -103,7 +105,7 @@ class StepTokens:
             _plain_greedy(reqs[i]) for i in sample_reqs
         ):  # argmax of the raw logits
             every_row = sample_rows == list(range(logits.shape[0]))
-            picks = argmax(
+            picks = self._argmax(
                 logits if every_row else logits[torch.tensor(sample_rows, device=logits.device)]
             )
             for j, token in enumerate(picks.tolist()):
@@ -113,7 +115,7 @@ class StepTokens:
             batch_logits = logits[rows]  # a copy: logprobs above stay those of the raw distribution
             if masks is not None:
                 bitmask, constrained = masks.result()
-                apply_token_bitmask(batch_logits, bitmask.to(batch_logits.device), constrained)
+                self._apply_mask(batch_logits, bitmask.to(batch_logits.device), constrained)
             else:
                 self._apply_grammars(batch_logits, [reqs[i] for i in sample_reqs])
             _alternatives(
@@ -168,12 +170,10 @@ class StepTokens:
 
         return verify_draft(logits, draft, lambda i: self._sampling_row(req, draft[:i]), mask_row)
 
-    @classmethod
-    def _apply_grammars(cls, logits: torch.Tensor, reqs: list[Request]) -> None:
-        cls._apply_grammars_to(logits, [r.constraint.grammar for r in reqs])
+    def _apply_grammars(self, logits: torch.Tensor, reqs: list[Request]) -> None:
+        self._apply_grammars_to(logits, [r.constraint.grammar for r in reqs])
 
-    @staticmethod
-    def _apply_grammars_to(logits: torch.Tensor, grammars: list) -> None:
+    def _apply_grammars_to(self, logits: torch.Tensor, grammars: list) -> None:
         """Masks each constrained row to the tokens its grammar allows next (one kernel call)."""
         if all(g is None for g in grammars):
             return
@@ -181,7 +181,7 @@ class StepTokens:
 
         bitmask = allocate_token_bitmask(len(grammars), logits.shape[1])
         constrained = fill_bitmasks(grammars, bitmask)
-        apply_token_bitmask(logits, bitmask.to(logits.device), constrained)
+        self._apply_mask(logits, bitmask.to(logits.device), constrained)
 
 
 def _usable_cpus() -> int:

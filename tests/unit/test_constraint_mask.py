@@ -12,6 +12,7 @@ from plait.kernels.constraint_mask import (
     apply_token_bitmask_cpu,
     apply_token_bitmask_ref,
     apply_token_bitmask_triton,
+    choose_bitmask_apply,
     num_bitmask_words,
 )
 
@@ -130,6 +131,22 @@ def test_dispatch_on_cpu_is_the_reference():
     apply_token_bitmask_ref(expected, bitmask, [0, 2])
     apply_token_bitmask(logits, bitmask, [0, 2])
     assert torch.equal(logits, expected)
+
+
+@pytest.mark.parametrize("disabled", [False, True])
+def test_the_kernel_chosen_once_for_the_cpu_is_the_reference(monkeypatch, disabled):
+    """`choose_bitmask_apply`: the native rows where the library built, numpy where it is off;
+    both mask as the reference does."""
+    from plait.kernels import native
+
+    monkeypatch.setattr(native, "DISABLED", disabled)
+    apply = choose_bitmask_apply(torch.device("cpu"))
+    logits, bitmask = random_case(4, 3000, 94, seed=5)
+    for indices in (None, [3, 1], []):
+        expected, actual = logits.clone(), logits.clone()
+        apply_token_bitmask_ref(expected, bitmask, indices)
+        apply(actual, bitmask, indices)
+        assert torch.equal(actual, expected)
 
 
 @pytest.mark.gpu
