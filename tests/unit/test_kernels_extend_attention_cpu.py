@@ -10,7 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from plait.kernels import native
-from plait.kernels.attention import extend_attention, extend_attention_ref, native_extend_attention
+from plait.kernels.attention_extend import (
+    extend_attention,
+    extend_attention_ref,
+    native_extend_attention,
+)
 from plait.kernels.quant_matmul import native_isa
 
 
@@ -96,7 +100,7 @@ def test_bf16_prefill_attention_is_within_bfloat16_rounding(
 ):
     """torch's flash attention in bfloat16; a cached prefix attended apart and merged by the
     log-sum-exps gives the causal attention over the whole."""
-    from plait.kernels.attention import bf16_extend_attention
+    from plait.kernels.attention_extend import bf16_extend_attention
 
     gen = torch.Generator().manual_seed(q_len + prefix_len)
     q = torch.randn(q_len, heads, head_dim, generator=gen)
@@ -115,7 +119,7 @@ def test_bf16_prefill_attention_is_within_bfloat16_rounding(
 def test_bf16_prefill_attention_takes_chunks_with_enough_work(monkeypatch):
     """With `bf16` (quantized models on AMX CPUs, see ModelRunner.bf16_extends): BF16_EXTEND_MIN_Q
     new tokens or more, once new tokens x keys reach BF16_EXTEND_MIN_WORK; no sliding window."""
-    from plait.kernels import attention
+    from plait.kernels import attention_extend as attention
 
     calls = []
     real = attention.bf16_extend_attention
