@@ -91,7 +91,8 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         dest="trace_file",
         default=None,
         help="record the engine's steps and requests while the server runs and write them to "
-        "this file as a Chrome trace when it stops (open it in Perfetto; docs/observability.md)",
+        "this file as a Chrome trace when it stops (open it in Perfetto; docs/observability.md) "
+        "(default: no trace)",
     )
     parser.add_argument(
         "--role",
