@@ -144,6 +144,130 @@ void q8_rows(const int8_t* xq, const int8_t* xr, const float* xd, const float* x
 }
 
 
+// int8-valued weights (every format but int4) against M >= 2 rows of x. Each block of 32 weights
+// is widened to int16 once for all M rows, and meets x's two levels joined into one int16 (128 q1
+// + q2, exact: at most 16320 in magnitude) in two `madd`s per row: the same int32 per lane as
+// q8_rows's sign, maddubs and madd per level (each lane sums weights 4j..4j+3, in the same order
+// of blocks and FMAs), so a row's result is q8_rows<1>'s bit for bit, in half its integer
+// multiplies.
+//
+// x is laid out in tiles of up to Q16_ROWS rows, block by block ([block][row][32], one pointer
+// plus constant offsets in the inner loop), each block's 32 values in the order the weights take
+// after one byte shuffle and two unpacks: [0, 1, 4, 5, 8, 9, 12, 13 | 16, 17, 20, ... 29] then
+// [2, 3, 6, 7 ... 15 | 18 ... 31]. The blocks' scales of x go in the same tiles ([block][row]).
+#ifndef PLAIT_Q16_ROWS
+#define PLAIT_Q16_ROWS 8
+#endif
+constexpr int64_t Q16_ROWS = PLAIT_Q16_ROWS;  // rows of x per tile
+constexpr int64_t Q16_TILE = 16;  // weight rows whose results q16_rows stores together
+
+// Row i of a tile of `rows` rows; xd_tile as x16's
+inline void join_x_q16(const int8_t* xq, const int8_t* xr, const float* xd, int64_t K, int64_t rows, int64_t i,
+                       int16_t* x16_tile, float* xd_tile) {
+    for (int64_t b = 0; b < K / XBLOCK; ++b) {
+        int16_t* out = x16_tile + (b * rows + i) * XBLOCK;
+        for (int p = 0; p < 32; ++p) {
+            const int j = p % 8, lane = (p % 16) / 8;
+            const int64_t src = b * XBLOCK + lane * 16 + (j / 2) * 4 + (p >= 16 ? 2 : 0) + j % 2;
+            out[p] = static_cast<int16_t>(128 * xq[src] + xr[src]);
+        }
+        xd_tile[b * rows + i] = xd[b];
+    }
+}
+
+// SCALES: 0 float16 per group of a multiple of 32, 1 float32 per 32, 2 float32 per 16 (two per
+// block: lanes 0-3 hold weights 0..15, lanes 4-7 16..31)
+template <int M, int SCALES>
+void q16_rows(const int16_t* x16, const float* xd, const float* xs, int64_t K, int64_t n_begin, int64_t n_end,
+              const void* qweight, int format, int64_t group, const void* scales, const void* mins,
+              const float* bias, int64_t N, float* y, bool prefetch) {
+    const int64_t groups = K / group, blocks = K / XBLOCK, per_group = group / XBLOCK;
+    const bool int5 = int5_values(format);
+    const int64_t row_bytes = int5 ? int5_row_bytes(K) : K;
+    const int offset = int5_offset(format);
+    const int64_t ahead = std::max<int64_t>(1, INT4_PREFETCH_BYTES / row_bytes);
+    const int64_t scale_bytes = groups * (SCALES == 0 ? 2 : 4);
+    const __m256i order = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+                                           0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    // results gathered per row of x and stored a line at a time: rows of y a multiple of 64 KiB
+    // apart (an LM head's) share one set of L1 and L2, so storing each result as it comes misses
+    float tile[M][Q16_TILE];
+    for (int64_t n = n_begin; n < n_end; ++n) {
+        const int8_t* row = static_cast<const int8_t*>(qweight) + n * row_bytes;
+        const float* sf = static_cast<const float*>(scales) + n * groups;
+        const half* sh = static_cast<const half*>(scales) + n * groups;
+        if (prefetch && n + ahead < N) {  // the first tile of x to meet this chunk reads it from memory
+            const char* w = reinterpret_cast<const char*>(row + ahead * row_bytes);
+            for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(w + off, _MM_HINT_T0);
+            const char* sa = static_cast<const char*>(scales) + (n + ahead) * scale_bytes;
+            for (int64_t off = 0; off < scale_bytes; off += 64) _mm_prefetch(sa + off, _MM_HINT_T0);
+        }
+        __m256 acc[M];
+        for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
+        // block b, sb its weight scale (SCALES 0 and 1)
+        auto block = [&](int64_t b, float sb) {
+            const __m256i w = int5 ? int5_block256(reinterpret_cast<const uint8_t*>(row), K, b, offset)
+                                   : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 32));
+            const __m256i ws = _mm256_shuffle_epi8(w, order);
+            const __m256i lo = _mm256_srai_epi16(_mm256_unpacklo_epi8(ws, ws), 8);
+            const __m256i hi = _mm256_srai_epi16(_mm256_unpackhi_epi8(ws, ws), 8);
+            const __m256i* xv = reinterpret_cast<const __m256i*>(x16 + b * M * XBLOCK);
+            const float* xdb = xd + b * M;
+            // q8_rows's scale products, weight scale x block scale of x, one rounding each
+            alignas(32) float d[M];
+            __m256 s16 = _mm256_setzero_ps();
+            if constexpr (SCALES == 2) {
+                s16 = _mm256_set_m128(_mm_set1_ps(sf[2 * b + 1]), _mm_set1_ps(sf[2 * b]));
+            } else if constexpr (M == 8) {
+                _mm256_store_ps(d, _mm256_mul_ps(_mm256_set1_ps(sb), _mm256_loadu_ps(xdb)));
+            } else {
+                for (int m = 0; m < M; ++m) d[m] = sb * xdb[m];
+            }
+            for (int m = 0; m < M; ++m) {
+                const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_load_si256(xv + 2 * m)),
+                                                     _mm256_madd_epi16(hi, _mm256_load_si256(xv + 2 * m + 1)));
+                const __m256 sm = SCALES == 2 ? _mm256_mul_ps(s16, _mm256_set1_ps(xdb[m])) : _mm256_broadcast_ss(d + m);
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sm, acc[m]);
+            }
+        };
+        if constexpr (SCALES == 0) {  // float16 scales, one per group of per_group blocks
+            for (int64_t g = 0, b = 0; g < groups; ++g)
+                for (const float sb = h2f(sh[g]); b < (g + 1) * per_group; ++b) block(b, sb);
+        } else {
+            for (int64_t b = 0; b < blocks; ++b) block(b, SCALES == 1 ? sf[b] : 0.0f);
+        }
+        if (SCALES != 0 && mins) {  // q8_rows's minimum's term
+            const float* mf = static_cast<const float*>(mins) + n * blocks;
+            int64_t b = 0;
+            for (; b + 8 <= blocks; b += 8)
+                for (int m = 0; m < M; ++m)
+                    acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(mf + b), _mm256_loadu_ps(xs + m * blocks + b), acc[m]);
+            for (; b < blocks; ++b)
+                for (int m = 0; m < M; ++m)
+                    acc[m] = _mm256_add_ps(acc[m], _mm256_setr_ps(mf[b] * xs[m * blocks + b], 0, 0, 0, 0, 0, 0, 0));
+        }
+        for (int m = 0; m < M; ++m) tile[m][(n - n_begin) % Q16_TILE] = hsum256(acc[m]) + (bias ? bias[n] : 0.0f);
+        if ((n - n_begin) % Q16_TILE == Q16_TILE - 1 || n + 1 == n_end) {
+            const int64_t first = n - (n - n_begin) % Q16_TILE;
+            for (int m = 0; m < M; ++m) std::memcpy(y + m * N + first, tile[m], (n + 1 - first) * sizeof(float));
+        }
+    }
+}
+
+template <int M>
+void q16_rows_for(int format, int64_t group, const int16_t* x16, const float* xd, const float* xs, int64_t K,
+                  int64_t n_begin, int64_t n_end, const void* qweight, const void* scales, const void* mins,
+                  const float* bias, int64_t N, float* y, bool prefetch) {
+    const bool f32 = format == PLAIT_FORMAT_INT8_F32 || format == PLAIT_FORMAT_INT5_F32;
+    if (!f32)
+        q16_rows<M, 0>(x16, xd, xs, K, n_begin, n_end, qweight, format, group, scales, mins, bias, N, y, prefetch);
+    else if (group == 16)
+        q16_rows<M, 2>(x16, xd, xs, K, n_begin, n_end, qweight, format, group, scales, mins, bias, N, y, prefetch);
+    else
+        q16_rows<M, 1>(x16, xd, xs, K, n_begin, n_end, qweight, format, group, scales, mins, bias, N, y, prefetch);
+}
+
+
 // int4 weights, an even number of groups, M <= 4 rows of x, on AVX2. The pair loop is q8_rows's;
 // what changes is the cost around it, which SmolLM2's K = 576 (nine pairs a row) pays on every
 // row: the minimum's term rides in the eight-group loop (the last pair's with it, no masked tail),
@@ -263,11 +387,19 @@ void q8_qmatmul_avx2(const float* x, int64_t M, int64_t K, int64_t N, const void
         float* const xd = xd_buf.get();
         float* const xs = xs_buf.get();
         const bool int4_even = int4_values(format) && blocks % 2 == 0;  // q8_int4_rows
+        const bool joined = !int4_values(format) && M >= 2;  // q16_rows
+        std::unique_ptr<int16_t[]> x16_buf(joined ? new int16_t[M * K + 32] : nullptr);
+        int16_t* const x16 = joined ? reinterpret_cast<int16_t*>((reinterpret_cast<uintptr_t>(x16_buf.get()) + 63) & ~uintptr_t(63)) : nullptr;
+        std::unique_ptr<float[]> xd16(joined ? new float[M * blocks] : nullptr);
         plait::parallel_for(M, M >= 8 ? num_threads : 1, false, [&](int64_t m) {
             quantize_x_q8(x + m * K, K, xq + m * K, xr + m * K, xd + m * blocks, xs + m * blocks);
+            const int64_t m0 = m / Q16_ROWS * Q16_ROWS, rows = std::min<int64_t>(Q16_ROWS, M - m0);
             if (int4_values(format)) {
                 pair_x_q8(xq + m * K, K);
                 pair_x_q8(xr + m * K, K);
+            }
+            if (joined) {
+                join_x_q16(xq + m * K, xr + m * K, xd + m * blocks, K, rows, m - m0, x16 + m0 * K, xd16.get() + m0 * blocks);
             }
         });
         const int64_t chunk = 16;
@@ -301,6 +433,25 @@ void q8_qmatmul_avx2(const float* x, int64_t M, int64_t K, int64_t N, const void
                                   static_cast<const half*>(scales), bias, y);
                 q8_rows<1>(xq, xr, xd, xs, K, tiled, e, N, qweight, format, group, scales,
                            mins, bias, y);
+                return;
+            }
+            if (joined) {
+                for (int64_t m0 = 0; m0 < M; m0 += Q16_ROWS) {
+                    const int16_t* q = x16 + m0 * K;
+                    const float *d = xd16.get() + m0 * blocks, *sx = xs + m0 * blocks;
+                    float* out = y + m0 * N;
+                    const bool first = m0 == 0;
+                    switch (std::min<int64_t>(Q16_ROWS, M - m0)) {
+                        case 1: q16_rows_for<1>(format, group, q, d, sx, K, b, e, qweight, scales, mins, bias, N, out, first); break;
+                        case 2: q16_rows_for<2>(format, group, q, d, sx, K, b, e, qweight, scales, mins, bias, N, out, first); break;
+                        case 3: q16_rows_for<3>(format, group, q, d, sx, K, b, e, qweight, scales, mins, bias, N, out, first); break;
+                        case 4: q16_rows_for<4>(format, group, q, d, sx, K, b, e, qweight, scales, mins, bias, N, out, first); break;
+                        case 5: q16_rows_for<5>(format, group, q, d, sx, K, b, e, qweight, scales, mins, bias, N, out, first); break;
+                        case 6: q16_rows_for<6>(format, group, q, d, sx, K, b, e, qweight, scales, mins, bias, N, out, first); break;
+                        case 7: q16_rows_for<7>(format, group, q, d, sx, K, b, e, qweight, scales, mins, bias, N, out, first); break;
+                        default: q16_rows_for<Q16_ROWS>(format, group, q, d, sx, K, b, e, qweight, scales, mins, bias, N, out, first); break;
+                    }
+                }
                 return;
             }
             // more rows of x go through in fours, each four against the whole chunk: the chunk's
