@@ -52,7 +52,18 @@ SECTIONS: list[tuple[str, str, Callable[[Report], list[str]], str]] = [
     ("jsonschema.json", "Structured output on real-world schemas", jsonschema, "jsonschema-*.png"),
     ("json.json", "JSON extraction: jump-forward", json_extraction, "json-*.png"),
     ("pd.json", "Prefill–decode disaggregation", prefill_decode, "pd-*.png"),
-    ("kernels.json", "The quantized matmul by block type and rows of x", kernels, "kernels-*.png"),
+    (
+        "kernels.json",
+        "The quantized matmul by block type and rows of x",
+        kernels,
+        "kernels-[!a]*.png",
+    ),
+    (
+        "kernels-avx2.json",
+        "The quantized matmul on a CPU with AVX2 only",
+        kernels,
+        "kernels-avx2-*.png",
+    ),
 ]
 
 
