@@ -133,7 +133,9 @@ def test_greedy_continuation_is_transformers(gemma3_engine):
     assert {"Q4_K", "Q5_0", "Q6_K", "Q8_0"} <= set(stats["weight_types"])
     if stats["execution_native_isa"] != "-":  # the native kernels built: its steps run on them
         assert stats["execution_layers"] == "native stack for small steps"
-        assert stats["execution_bursts"] == "native" and stats["total_burst_steps"] > 0
+        # whether a burst runs depends on the measured step time (BURST_SECONDS), so only the
+        # path is asserted here; the tiny models' tests check that bursts run
+        assert stats["execution_bursts"] == "native"
 
 
 PERSON = {
