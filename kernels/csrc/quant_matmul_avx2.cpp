@@ -21,6 +21,19 @@ inline __m256i int4_pair_dot(__m256i lo, __m256i hi, const int8_t* xp, const int
     return _mm256_add_epi32(_mm256_madd_epi16(s1, _mm256_set1_epi16(128)), _mm256_madd_epi16(s2, _mm256_set1_epi16(1)));
 }
 
+// The minimum's term of float32-scaled rows, sum_b mn[b] * xs[b], eight blocks per FMA, into
+// each row of x's accumulator
+template <int M>
+inline void add_min_term(const float* mf, const float* xs, int64_t blocks, __m256* acc) {
+    int64_t b = 0;
+    for (; b + 8 <= blocks; b += 8)
+        for (int m = 0; m < M; ++m)
+            acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(mf + b), _mm256_loadu_ps(xs + m * blocks + b), acc[m]);
+    for (; b < blocks; ++b)
+        for (int m = 0; m < M; ++m)
+            acc[m] = _mm256_add_ps(acc[m], _mm256_setr_ps(mf[b] * xs[m * blocks + b], 0, 0, 0, 0, 0, 0, 0));
+}
+
 // Format 1 (int4, float16 scales), 0 (int8, float16 scales) or 3 (int8, float32 scales in groups
 // of 16 or 32, minimums where set); 5 and 6 as 0 and 3 on five-bit values unpacked per block
 // (int5_block256).
@@ -116,15 +129,7 @@ void q8_rows(const int8_t* xq, const int8_t* xr, const float* xd, const float* x
                     acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(s, _mm256_set1_ps(xd[m * blocks + b])), acc[m]);
                 }
             }
-            if (mf) {  // the minimum's term, sum_b mn[b] * xs[b], eight blocks per FMA
-                int64_t b = 0;
-                for (; b + 8 <= blocks; b += 8)
-                    for (int m = 0; m < M; ++m)
-                        acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(mf + b), _mm256_loadu_ps(xs + m * blocks + b), acc[m]);
-                for (; b < blocks; ++b)
-                    for (int m = 0; m < M; ++m)
-                        acc[m] = _mm256_add_ps(acc[m], _mm256_setr_ps(mf[b] * xs[m * blocks + b], 0, 0, 0, 0, 0, 0, 0));
-            }
+            if (mf) add_min_term<M>(mf, xs, blocks, acc);
         } else {  // int8, groups a multiple of 32
             const int8_t* row = static_cast<const int8_t*>(qweight) + n * row_bytes;
             for (int64_t b = 0; b < blocks; ++b) {
@@ -236,16 +241,7 @@ void q16_rows(const int16_t* x16, const float* xd, const float* xs, int64_t K, i
         } else {
             for (int64_t b = 0; b < blocks; ++b) block(b, SCALES == 1 ? sf[b] : 0.0f);
         }
-        if (SCALES != 0 && mins) {  // q8_rows's minimum's term
-            const float* mf = static_cast<const float*>(mins) + n * blocks;
-            int64_t b = 0;
-            for (; b + 8 <= blocks; b += 8)
-                for (int m = 0; m < M; ++m)
-                    acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(mf + b), _mm256_loadu_ps(xs + m * blocks + b), acc[m]);
-            for (; b < blocks; ++b)
-                for (int m = 0; m < M; ++m)
-                    acc[m] = _mm256_add_ps(acc[m], _mm256_setr_ps(mf[b] * xs[m * blocks + b], 0, 0, 0, 0, 0, 0, 0));
-        }
+        if (SCALES != 0 && mins) add_min_term<M>(static_cast<const float*>(mins) + n * blocks, xs, blocks, acc);
         for (int m = 0; m < M; ++m) tile[m][(n - n_begin) % Q16_TILE] = hsum256(acc[m]) + (bias ? bias[n] : 0.0f);
         if ((n - n_begin) % Q16_TILE == Q16_TILE - 1 || n + 1 == n_end) {
             const int64_t first = n - (n - n_begin) % Q16_TILE;
