@@ -367,6 +367,89 @@ constexpr int64_t PREFETCH_AHEAD = 2 * INT8_TILE;  // rows
     }
 }
 
+// int5 weights (Q5_0, Q5_K), one row of x, INT8_TILE weight rows at a time. The values are
+// unpacked as unsigned bytes q in [0, 31], two blocks per load of nibbles, and meet x's levels in
+// maddubs without the sign trick (a pair of products is at most 2 x 31 x 127); the centered
+// format's offset comes off as 16 x the lane sums of x (`lane_sums`, exact). Each lane's int32
+// is then q8_rows<1>'s, and so is each result, bit for bit, in about two thirds of the work.
+// SCALES: 0 float16 per 32, centered (format 5); 1 float32 per 32 and minimums (format 6).
+template <int SCALES>
+void q8_int5_row_tiles(const int8_t* xq, const int8_t* xr, const float* xd, const float* xs, const int32_t* lane_sums,
+                       int64_t K, int64_t n_begin, int64_t n_end, const uint8_t* qweight, const void* scales,
+                       const float* mins, const float* bias, float* y) {
+    const int64_t blocks = K / XBLOCK, row_bytes = int5_row_bytes(K);
+    const __m256i ones = _mm256_set1_epi16(1), k128 = _mm256_set1_epi16(128);
+    const __m256i low4 = _mm256_set1_epi8(0x0F), k16 = _mm256_set1_epi8(16);
+    const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+    // byte j of block 2c takes byte j / 8 of the pair's eight bytes of fifth bits, of 2c + 1 byte 4 + j / 8
+    const __m256i spread0 = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,  //
+                                             2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i spread1 = _mm256_add_epi8(spread0, _mm256_set1_epi8(4));
+    thread_local std::vector<float> dbuf;  // each tile's scale products [INT8_TILE, blocks]
+    dbuf.resize(INT8_TILE * blocks);
+    for (int64_t n = n_begin; n < n_end; n += INT8_TILE) {
+        const uint8_t* rows = qweight + n * row_bytes;
+        const char* ahead = reinterpret_cast<const char*>(rows + PREFETCH_AHEAD * row_bytes);
+        for (int64_t off = 0; off < INT8_TILE * row_bytes; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+        for (int r = 0; r < INT8_TILE; ++r) {
+            float* d = dbuf.data() + r * blocks;
+            int64_t b = 0;
+            if constexpr (SCALES == 0) {
+                const half* sc = static_cast<const half*>(scales) + (n + r) * blocks;
+                for (; b + 8 <= blocks; b += 8) _mm256_storeu_ps(d + b, _mm256_mul_ps(load8h(sc + b), _mm256_loadu_ps(xd + b)));
+                for (; b < blocks; ++b) d[b] = h2f(sc[b]) * xd[b];
+            } else {
+                const float* sc = static_cast<const float*>(scales) + (n + r) * blocks;
+                for (; b + 8 <= blocks; b += 8) _mm256_storeu_ps(d + b, _mm256_mul_ps(_mm256_loadu_ps(sc + b), _mm256_loadu_ps(xd + b)));
+                for (; b < blocks; ++b) d[b] = sc[b] * xd[b];
+            }
+        }
+        __m256 acc[INT8_TILE];
+        for (auto& a : acc) a = _mm256_setzero_ps();
+        for (int64_t b = 0; b < blocks; b += 2) {
+            const __m256i x0 = load256(xq + b * 32), r0 = load256(xr + b * 32);
+            const __m256i x1 = load256(xq + b * 32 + 32), r1 = load256(xr + b * 32 + 32);
+            for (int r = 0; r < INT8_TILE; ++r) {
+                const uint8_t* row = rows + r * row_bytes;
+                const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 16));
+                uint64_t bits;
+                std::memcpy(&bits, row + K / 2 + b * 4, sizeof bits);
+                const __m256i fifth = _mm256_set1_epi64x(static_cast<int64_t>(bits));
+                const __m256i set0 = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(fifth, spread0), bit), bit);
+                const __m256i set1 = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(fifth, spread1), bit), bit);
+                const __m256i q0 = _mm256_or_si256(_mm256_and_si256(v, low4), _mm256_and_si256(set0, k16));
+                const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), _mm256_and_si256(set1, k16));
+                __m256i dot0 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(q0, x0), k128),
+                                                _mm256_madd_epi16(_mm256_maddubs_epi16(q0, r0), ones));
+                __m256i dot1 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(q1, x1), k128),
+                                                _mm256_madd_epi16(_mm256_maddubs_epi16(q1, r1), ones));
+                if constexpr (SCALES == 0) {
+                    dot0 = _mm256_sub_epi32(dot0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lane_sums + b * 8)));
+                    dot1 = _mm256_sub_epi32(dot1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lane_sums + b * 8 + 8)));
+                }
+                const float* d = dbuf.data() + r * blocks + b;
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot0), _mm256_broadcast_ss(d), acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot1), _mm256_broadcast_ss(d + 1), acc[r]);
+            }
+        }
+        for (int r = 0; r < INT8_TILE; ++r) {
+            if (SCALES == 1 && mins) add_min_term<1>(mins + (n + r) * blocks, xs, blocks, acc + r);
+            y[n + r] = hsum256(acc[r]) + (bias ? bias[n + r] : 0.0f);
+        }
+    }
+}
+
+// 16 x the sums of x's joined levels (128 q1 + q2) over each lane's four values, block by block:
+// what the centered int5 format's offset takes off each lane of q8_int5_row_tiles's dots
+inline void int5_lane_sums(const int8_t* xq, const int8_t* xr, int64_t K, int32_t* out) {
+    const __m256i u1 = _mm256_set1_epi8(1);
+    for (int64_t b = 0; b < K / XBLOCK; ++b) {
+        const __m256i s1 = _mm256_madd_epi16(_mm256_maddubs_epi16(u1, load256(xq + b * 32)), _mm256_set1_epi16(128));
+        const __m256i s2 = _mm256_madd_epi16(_mm256_maddubs_epi16(u1, load256(xr + b * 32)), _mm256_set1_epi16(1));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + b * 8), _mm256_slli_epi32(_mm256_add_epi32(s1, s2), 4));
+    }
+}
+
 }  // namespace
 
 void q8_qmatmul_avx2(const float* x, int64_t M, int64_t K, int64_t N, const void* qweight, int format, int64_t group,
@@ -398,6 +481,8 @@ void q8_qmatmul_avx2(const float* x, int64_t M, int64_t K, int64_t N, const void
                 join_x_q16(xq + m * K, xr + m * K, xd + m * blocks, K, rows, m - m0, x16 + m0 * K, xd16.get() + m0 * blocks);
             }
         });
+        std::unique_ptr<int32_t[]> lane_sums(M == 1 && format == PLAIT_FORMAT_INT5 ? new int32_t[blocks * 8] : nullptr);
+        if (lane_sums) int5_lane_sums(xq, xr, K, lane_sums.get());
         const int64_t chunk = 16;
         const int64_t chunks = (N + chunk - 1) / chunk;
         plait::parallel_for(chunks, num_threads, false, [&](int64_t c) {
@@ -421,6 +506,17 @@ void q8_qmatmul_avx2(const float* x, int64_t M, int64_t K, int64_t N, const void
                     else
                         run(static_cast<const half*>(scales), static_cast<const half*>(mins));
                 }
+                return;
+            }
+            if (M == 1 && int5_values(format)) {
+                const int64_t tiled = b + (e - b) / INT8_TILE * INT8_TILE;
+                const uint8_t* w5 = static_cast<const uint8_t*>(qweight);
+                if (format == PLAIT_FORMAT_INT5)
+                    q8_int5_row_tiles<0>(xq, xr, xd, xs, lane_sums.get(), K, b, tiled, w5, scales, nullptr, bias, y);
+                else
+                    q8_int5_row_tiles<1>(xq, xr, xd, xs, nullptr, K, b, tiled, w5, scales,
+                                         static_cast<const float*>(mins), bias, y);
+                q8_rows<1>(xq, xr, xd, xs, K, tiled, e, N, qweight, format, group, scales, mins, bias, y);
                 return;
             }
             if (M == 1 && format == PLAIT_FORMAT_INT8) {
