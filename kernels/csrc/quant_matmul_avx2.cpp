@@ -151,38 +151,54 @@ void q8_rows(const int8_t* xq, const int8_t* xr, const float* xd, const float* x
 
 // int8-valued weights (every format but int4) against M >= 2 rows of x. Each block of 32 weights
 // is widened to int16 once for all M rows, and meets x's two levels joined into one int16 (128 q1
-// + q2, exact: at most 16320 in magnitude) in two `madd`s per row: the same int32 per lane as
-// q8_rows's sign, maddubs and madd per level (each lane sums weights 4j..4j+3, in the same order
-// of blocks and FMAs), so a row's result is q8_rows<1>'s bit for bit, in half its integer
-// multiplies.
+// + q2, exact: at most 16320 in magnitude) in two `madd`s per row.
 //
 // x is laid out in tiles of up to Q16_ROWS rows, block by block ([block][row][32], one pointer
-// plus constant offsets in the inner loop), each block's 32 values in the order the weights take
-// after one byte shuffle and two unpacks: [0, 1, 4, 5, 8, 9, 12, 13 | 16, 17, 20, ... 29] then
-// [2, 3, 6, 7 ... 15 | 18 ... 31]. The blocks' scales of x go in the same tiles ([block][row]).
+// plus constant offsets in the inner loop); the blocks' scales of x go in the same tiles
+// ([block][row]). Which weights each int32 lane sums depends on the format, and every kernel that
+// takes the format sums the same ones, in the same order of blocks and FMAs, so that a row's
+// result does not depend on how many rows run beside it:
+// - int8 values with scales per 32 or more (Q8_0; `natural_lanes`): the weights widened straight
+//   from memory (`vpmovsxbw` of each half), lane j summing weights 2j, 2j + 1, 16 + 2j, 17 + 2j,
+//   x's block in its own order. One row of x takes q16_int8_row_tiles.
+// - int5 values, and scales per 16 (Q6_K; lanes 0-3 must hold weights 0..15): lane j sums
+//   weights 4j..4j+3, q8_rows's and q8_int5_row_tiles's lanes, the weights in registers widened
+//   after one byte shuffle and two unpacks, x's block in the order that leaves them: [0, 1, 4, 5,
+//   8, 9, 12, 13 | 16, 17, 20, ... 29] then [2, 3, 6, 7 ... 15 | 18 ... 31].
 #ifndef PLAIT_Q16_ROWS
 #define PLAIT_Q16_ROWS 8
 #endif
 constexpr int64_t Q16_ROWS = PLAIT_Q16_ROWS;  // rows of x per tile
 constexpr int64_t Q16_TILE = 16;  // weight rows whose results q16_rows stores together
 
-// Row i of a tile of `rows` rows; xd_tile as x16's
+// Whether the format's int32 lanes are natural_lanes's (see above)
+inline bool natural_lanes(int format, int64_t group) {
+    return format == PLAIT_FORMAT_INT8 || (format == PLAIT_FORMAT_INT8_F32 && group == XBLOCK);
+}
+
+// Row i of a tile of `rows` rows, x's blocks in natural or shuffled order; xd_tile as x16's
 inline void join_x_q16(const int8_t* xq, const int8_t* xr, const float* xd, int64_t K, int64_t rows, int64_t i,
-                       int16_t* x16_tile, float* xd_tile) {
+                       bool natural, int16_t* x16_tile, float* xd_tile) {
     for (int64_t b = 0; b < K / XBLOCK; ++b) {
         int16_t* out = x16_tile + (b * rows + i) * XBLOCK;
         for (int p = 0; p < 32; ++p) {
             const int j = p % 8, lane = (p % 16) / 8;
-            const int64_t src = b * XBLOCK + lane * 16 + (j / 2) * 4 + (p >= 16 ? 2 : 0) + j % 2;
+            const int64_t src = b * XBLOCK + (natural ? p : lane * 16 + (j / 2) * 4 + (p >= 16 ? 2 : 0) + j % 2);
             out[p] = static_cast<int16_t>(128 * xq[src] + xr[src]);
         }
         xd_tile[b * rows + i] = xd[b];
     }
 }
 
+// Block b of an int8 row widened to int16 in natural_lanes's order: weights 0..15, 16..31
+inline void widen_natural(const int8_t* row, int64_t b, __m256i& lo, __m256i& hi) {
+    lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * 32)));
+    hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * 32 + 16)));
+}
+
 // SCALES: 0 float16 per group of a multiple of 32, 1 float32 per 32, 2 float32 per 16 (two per
 // block: lanes 0-3 hold weights 0..15, lanes 4-7 16..31)
-template <int M, int SCALES>
+template <int M, int SCALES, bool NATURAL>
 void q16_rows(const int16_t* x16, const float* xd, const float* xs, int64_t K, int64_t n_begin, int64_t n_end,
               const void* qweight, int format, int64_t group, const void* scales, const void* mins,
               const float* bias, int64_t N, float* y, bool prefetch) {
@@ -211,11 +227,16 @@ void q16_rows(const int16_t* x16, const float* xd, const float* xs, int64_t K, i
         for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
         // block b, sb its weight scale (SCALES 0 and 1)
         auto block = [&](int64_t b, float sb) {
-            const __m256i w = int5 ? int5_block256(reinterpret_cast<const uint8_t*>(row), K, b, offset)
-                                   : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 32));
-            const __m256i ws = _mm256_shuffle_epi8(w, order);
-            const __m256i lo = _mm256_srai_epi16(_mm256_unpacklo_epi8(ws, ws), 8);
-            const __m256i hi = _mm256_srai_epi16(_mm256_unpackhi_epi8(ws, ws), 8);
+            __m256i lo, hi;
+            if constexpr (NATURAL) {
+                widen_natural(row, b, lo, hi);
+            } else {
+                const __m256i w = int5 ? int5_block256(reinterpret_cast<const uint8_t*>(row), K, b, offset)
+                                       : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 32));
+                const __m256i ws = _mm256_shuffle_epi8(w, order);
+                lo = _mm256_srai_epi16(_mm256_unpacklo_epi8(ws, ws), 8);
+                hi = _mm256_srai_epi16(_mm256_unpackhi_epi8(ws, ws), 8);
+            }
             const __m256i* xv = reinterpret_cast<const __m256i*>(x16 + b * M * XBLOCK);
             const float* xdb = xd + b * M;
             // q8_rows's scale products, weight scale x block scale of x, one rounding each
@@ -255,12 +276,17 @@ void q16_rows_for(int format, int64_t group, const int16_t* x16, const float* xd
                   int64_t n_begin, int64_t n_end, const void* qweight, const void* scales, const void* mins,
                   const float* bias, int64_t N, float* y, bool prefetch) {
     const bool f32 = format == PLAIT_FORMAT_INT8_F32 || format == PLAIT_FORMAT_INT5_F32;
-    if (!f32)
-        q16_rows<M, 0>(x16, xd, xs, K, n_begin, n_end, qweight, format, group, scales, mins, bias, N, y, prefetch);
+    const bool natural = natural_lanes(format, group);
+    if (!f32 && natural)
+        q16_rows<M, 0, true>(x16, xd, xs, K, n_begin, n_end, qweight, format, group, scales, mins, bias, N, y, prefetch);
+    else if (!f32)
+        q16_rows<M, 0, false>(x16, xd, xs, K, n_begin, n_end, qweight, format, group, scales, mins, bias, N, y, prefetch);
     else if (group == 16)
-        q16_rows<M, 2>(x16, xd, xs, K, n_begin, n_end, qweight, format, group, scales, mins, bias, N, y, prefetch);
+        q16_rows<M, 2, false>(x16, xd, xs, K, n_begin, n_end, qweight, format, group, scales, mins, bias, N, y, prefetch);
+    else if (natural)
+        q16_rows<M, 1, true>(x16, xd, xs, K, n_begin, n_end, qweight, format, group, scales, mins, bias, N, y, prefetch);
     else
-        q16_rows<M, 1>(x16, xd, xs, K, n_begin, n_end, qweight, format, group, scales, mins, bias, N, y, prefetch);
+        q16_rows<M, 1, false>(x16, xd, xs, K, n_begin, n_end, qweight, format, group, scales, mins, bias, N, y, prefetch);
 }
 
 
@@ -316,54 +342,82 @@ void q8_int4_rows(const int8_t* xq, const int8_t* xr, const float* xd, const flo
     for (int m = 0; m < M; ++m) rows[m].flush(n_end, bias, y + m * N);
 }
 
-// int8 weights, one row of x: R = 4 weight rows at a time. The x block is loaded once for four
-// rows, the four accumulators are independent chains, and the weights two tiles ahead are
-// prefetched (four rows read side by side defeat the hardware's stream detection). Faster than one
-// row at a time, from L2 and from memory.
+// Weight rows of the one-row kernels at a time, and how far ahead of its tile each prefetches
 constexpr int64_t INT8_TILE = 4;
 constexpr int64_t PREFETCH_AHEAD = 2 * INT8_TILE;  // rows
 
-[[maybe_unused]] void q8_int8_row_tiles(const int8_t* xq, const int8_t* xr, const float* xd, int64_t K, int64_t n_begin, int64_t n_end,
-                       const int8_t* qweight, int64_t group, const half* scales, const float* bias, float* y) {
+// Scale products (weight scale x block scale of x) of weight row n's blocks into d: float16 per
+// group of a multiple of 32 (SCALES 0) or float32 per 32 (1), widened eight (then four) at a time
+template <int SCALES>
+inline void row_scale_products(const void* scales, int64_t n, int64_t groups, int64_t per_group, const float* xd,
+                               int64_t blocks, float* d) {
+    int64_t b = 0;
+    if (SCALES == 0 && per_group != 1) {
+        const half* sc = static_cast<const half*>(scales) + n * groups;
+        for (int64_t g = 0; g < groups; ++g)
+            for (const float sg = h2f(sc[g]); b < (g + 1) * per_group; ++b) d[b] = sg * xd[b];
+        return;
+    }
+    const half* sh = static_cast<const half*>(scales) + n * groups;
+    const float* sf = static_cast<const float*>(scales) + n * groups;
+    for (; b + 8 <= blocks; b += 8) {
+        const __m256 s8 = SCALES == 0 ? load8h(sh + b) : _mm256_loadu_ps(sf + b);
+        _mm256_storeu_ps(d + b, _mm256_mul_ps(s8, _mm256_loadu_ps(xd + b)));
+    }
+    for (; b + 4 <= blocks; b += 4) {
+        const __m128 s4 = SCALES == 0 ? _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sh + b)))
+                                      : _mm_loadu_ps(sf + b);
+        _mm_storeu_ps(d + b, _mm_mul_ps(s4, _mm_loadu_ps(xd + b)));
+    }
+    for (; b < blocks; ++b) d[b] = (SCALES == 0 ? h2f(sh[b]) : sf[b]) * xd[b];
+}
+
+// int8 weights with natural_lanes (float16 scales per group of a multiple of 32, SCALES 0, or
+// float32 scales per 32 and their minimums, 1), one row of x joined (x16): R <= INT8_TILE weight
+// rows at a time. x's block is loaded once for the tile, the weights are widened straight from
+// memory, the R accumulators are independent chains, and the weights two tiles ahead are
+// prefetched (four rows read side by side defeat the hardware's stream detection). A result is
+// q16_rows's for the same row of x, bit for bit.
+template <int R, int SCALES>
+inline void q16_int8_tile(const int16_t* x16, const float* xd, const float* xs, int64_t K, int64_t n, const int8_t* qweight,
+                          int64_t group, const void* scales, const float* mins, const float* bias, float* d, float* y) {
     const int64_t groups = K / group, blocks = K / XBLOCK, per_group = group / XBLOCK;
-    const __m256i ones = _mm256_set1_epi16(1), k128 = _mm256_set1_epi16(128);
-    // each tile's scale products (weight scale x block scale of x) [INT8_TILE, blocks], widened
-    // from float16 eight at a time: one scalar conversion per block and row would make float16
-    // scales cost a Q8_0 LM head more than float32 ones
-    thread_local std::vector<float> dbuf;
-    dbuf.resize(INT8_TILE * blocks);
-    for (int64_t n = n_begin; n < n_end; n += INT8_TILE) {
-        const int8_t* rows = qweight + n * K;
-        const char* ahead = reinterpret_cast<const char*>(rows + PREFETCH_AHEAD * K);
-        const char* scales_ahead = reinterpret_cast<const char*>(scales + (n + PREFETCH_AHEAD) * groups);
-        for (int64_t off = 0; off < INT8_TILE * groups * int64_t(sizeof(half)); off += 64)
-            _mm_prefetch(scales_ahead + off, _MM_HINT_T0);
-        for (int r = 0; r < INT8_TILE; ++r) {
-            const half* sc = scales + (n + r) * groups;
-            float* d = dbuf.data() + r * blocks;
-            if (per_group == 1) {
-                int64_t b = 0;
-                for (; b + 8 <= blocks; b += 8) _mm256_storeu_ps(d + b, _mm256_mul_ps(load8h(sc + b), _mm256_loadu_ps(xd + b)));
-                for (; b < blocks; ++b) d[b] = h2f(sc[b]) * xd[b];
-            } else {
-                for (int64_t g = 0, b = 0; g < groups; ++g)
-                    for (const float sg = h2f(sc[g]); b < (g + 1) * per_group; ++b) d[b] = sg * xd[b];
-            }
+    const int8_t* rows = qweight + n * K;
+    const char* ahead = reinterpret_cast<const char*>(rows + PREFETCH_AHEAD * K);
+    for (int64_t off = 0; off < R * K; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+    for (int r = 0; r < R; ++r) row_scale_products<SCALES>(scales, n + r, groups, per_group, xd, blocks, d + r * blocks);
+    __m256 acc[R];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+        const __m256i xlo = _mm256_load_si256(reinterpret_cast<const __m256i*>(x16 + b * XBLOCK));
+        const __m256i xhi = _mm256_load_si256(reinterpret_cast<const __m256i*>(x16 + b * XBLOCK + 16));
+        for (int r = 0; r < R; ++r) {
+            __m256i lo, hi;
+            widen_natural(rows + r * K, b, lo, hi);
+            const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(lo, xlo), _mm256_madd_epi16(hi, xhi));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcast_ss(d + r * blocks + b), acc[r]);
         }
-        __m256 acc[INT8_TILE];
-        for (auto& a : acc) a = _mm256_setzero_ps();
-        for (int64_t b = 0; b < blocks; ++b) {
-            _mm_prefetch(ahead + b * INT8_TILE * 32, _MM_HINT_T0);
-            _mm_prefetch(ahead + b * INT8_TILE * 32 + 64, _MM_HINT_T0);
-            const __m256i xv = load256(xq + b * 32), rv = load256(xr + b * 32);
-            for (int r = 0; r < INT8_TILE; ++r) {
-                const __m256i w = load256(rows + r * K + b * 32), aw = _mm256_sign_epi8(w, w);
-                const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w)), k128),
-                                                     _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(rv, w)), ones));
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcast_ss(dbuf.data() + r * blocks + b), acc[r]);
-            }
-        }
-        for (int r = 0; r < INT8_TILE; ++r) y[n + r] = hsum256(acc[r]) + (bias ? bias[n + r] : 0.0f);
+    }
+    for (int r = 0; r < R; ++r) {
+        if (SCALES == 1 && mins) add_min_term<1>(mins + (n + r) * blocks, xs, blocks, acc + r);
+        y[n + r] = hsum256(acc[r]) + (bias ? bias[n + r] : 0.0f);
+    }
+}
+
+template <int SCALES>
+void q16_int8_row_tiles(const int16_t* x16, const float* xd, const float* xs, int64_t K, int64_t n_begin, int64_t n_end,
+                        const int8_t* qweight, int64_t group, const void* scales, const float* mins, const float* bias,
+                        float* y) {
+    thread_local std::vector<float> dbuf;  // the tile's scale products [INT8_TILE, blocks]
+    dbuf.resize(INT8_TILE * (K / XBLOCK));
+    int64_t n = n_begin;
+    for (; n + INT8_TILE <= n_end; n += INT8_TILE)
+        q16_int8_tile<INT8_TILE, SCALES>(x16, xd, xs, K, n, qweight, group, scales, mins, bias, dbuf.data(), y);
+    switch (n_end - n) {
+        case 3: q16_int8_tile<3, SCALES>(x16, xd, xs, K, n, qweight, group, scales, mins, bias, dbuf.data(), y); break;
+        case 2: q16_int8_tile<2, SCALES>(x16, xd, xs, K, n, qweight, group, scales, mins, bias, dbuf.data(), y); break;
+        case 1: q16_int8_tile<1, SCALES>(x16, xd, xs, K, n, qweight, group, scales, mins, bias, dbuf.data(), y); break;
+        default: break;
     }
 }
 
@@ -466,7 +520,8 @@ void q8_qmatmul_avx2(const float* x, int64_t M, int64_t K, int64_t N, const void
         float* const xd = xd_buf.get();
         float* const xs = xs_buf.get();
         const bool int4_even = int4_values(format) && blocks % 2 == 0;  // q8_int4_rows
-        const bool joined = !int4_values(format) && M >= 2;  // q16_rows
+        const bool natural = natural_lanes(format, group);
+        const bool joined = !int4_values(format) && (M >= 2 || natural);  // q16_rows, q16_int8_row_tiles
         std::unique_ptr<int16_t[]> x16_buf(joined ? new int16_t[M * K + 32] : nullptr);
         int16_t* const x16 = joined ? reinterpret_cast<int16_t*>((reinterpret_cast<uintptr_t>(x16_buf.get()) + 63) & ~uintptr_t(63)) : nullptr;
         std::unique_ptr<float[]> xd16(joined ? new float[M * blocks] : nullptr);
@@ -478,7 +533,8 @@ void q8_qmatmul_avx2(const float* x, int64_t M, int64_t K, int64_t N, const void
                 pair_x_q8(xr + m * K, K);
             }
             if (joined) {
-                join_x_q16(xq + m * K, xr + m * K, xd + m * blocks, K, rows, m - m0, x16 + m0 * K, xd16.get() + m0 * blocks);
+                join_x_q16(xq + m * K, xr + m * K, xd + m * blocks, K, rows, m - m0, natural, x16 + m0 * K,
+                           xd16.get() + m0 * blocks);
             }
         });
         std::unique_ptr<int32_t[]> lane_sums(M == 1 && format == PLAIT_FORMAT_INT5 ? new int32_t[blocks * 8] : nullptr);
@@ -519,12 +575,12 @@ void q8_qmatmul_avx2(const float* x, int64_t M, int64_t K, int64_t N, const void
                 q8_rows<1>(xq, xr, xd, xs, K, tiled, e, N, qweight, format, group, scales, mins, bias, y);
                 return;
             }
-            if (M == 1 && format == PLAIT_FORMAT_INT8) {
-                const int64_t tiled = b + (e - b) / INT8_TILE * INT8_TILE;
-                q8_int8_row_tiles(xq, xr, xd, K, b, tiled, static_cast<const int8_t*>(qweight), group,
-                                  static_cast<const half*>(scales), bias, y);
-                q8_rows<1>(xq, xr, xd, xs, K, tiled, e, N, qweight, format, group, scales,
-                           mins, bias, y);
+            if (M == 1 && natural) {
+                const int8_t* w8 = static_cast<const int8_t*>(qweight);
+                if (format == PLAIT_FORMAT_INT8)
+                    q16_int8_row_tiles<0>(x16, xd, xs, K, b, e, w8, group, scales, nullptr, bias, y);
+                else
+                    q16_int8_row_tiles<1>(x16, xd, xs, K, b, e, w8, group, scales, static_cast<const float*>(mins), bias, y);
                 return;
             }
             if (joined) {
