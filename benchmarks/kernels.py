@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import time
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -102,7 +103,10 @@ def library_matmul(path: str) -> Any:
     from plait.kernels.quant_matmul import call_native_matmul
 
     p, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    fn = ctypes.CDLL(path).plait_qmatmul_f32
+    library = Path(path).resolve()  # a bare file name is not searched for on the library path
+    if not library.is_file():
+        raise SystemExit(f"--compare-library: no such file {path!r}")
+    fn = ctypes.CDLL(str(library)).plait_qmatmul_f32
     fn.argtypes, fn.restype = [p, i64, i64, i64, p, c_int, i64, p, p, p, p, c_int], None
 
     def matmul(x: torch.Tensor, qw: Any) -> torch.Tensor:

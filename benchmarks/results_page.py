@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,7 +41,13 @@ IMAGES = ROOT / "docs" / "images" / "results"
 
 # (report file, heading, renderer, its figures in IMAGES as `plots.py` names them), in page order
 SECTIONS: list[tuple[str, str, Callable[[Report], list[str]], str]] = [
-    ("latency.json", "Single stream: prefill, decode, perplexity", latency, "latency-*.png"),
+    ("latency.json", "Single stream: prefill, decode, perplexity", latency, "latency-[!a]*.png"),
+    (
+        "latency-avx2.json",
+        "Single stream on a CPU with AVX2 only",
+        latency,
+        "latency-avx2-*.png",
+    ),
     (
         "deterministic.json",
         "What deterministic mode costs (batch-invariant steps)",
@@ -113,6 +121,27 @@ def render(results: Path = RESULTS, images: Path = IMAGES) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def draw_figures(report: Path, images: Path) -> list[Path]:
+    """Draws a report's figures (matplotlib) into `images`, named after the report: one beside
+    its benchmark's main report (kernels-avx2.json, deterministic.json) puts its own name where
+    the benchmark's stands (kernels-avx2-gflops.png), so that neither overwrites the other's."""
+    from plait.benchmarks.plots import PLOTTERS, benchmark_of, plot_file
+
+    name = benchmark_of(json.loads(report.read_text()))
+    if name not in PLOTTERS:  # a report without figures
+        return []
+    own = report.stem.replace("_", "-")  # llama_cpp.json: the benchmark llama-cpp's own report
+    images.mkdir(parents=True, exist_ok=True)
+    written = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for figure in map(Path, plot_file(str(report), tmp)):
+            target = figure.name
+            if own != name and target.startswith(name + "-"):
+                target = own + target[len(name) :]
+            written.append(Path(shutil.move(figure, images / target)))
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=RESULTS, help="the folder of JSON reports")
@@ -128,11 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.plots:
-        from plait.benchmarks.plots import plot_file
-
         for f, *_ in SECTIONS:
             if (args.results / f).is_file():
-                plot_file(str(args.results / f), str(args.images))
+                draw_figures(args.results / f, args.images)
     text = render(args.results, args.images)
     if args.check:
         current = args.out.read_text() if args.out.is_file() else ""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from plait.benchmarks import results_page
 
 MACHINE = {
@@ -195,3 +197,13 @@ def test_a_latency_run_over_several_models_gets_a_table_each(tmp_path) -> None:
     assert "4,090 bytes, 22% of what full attention would hold" in gemma
     assert "plait native against llama.cpp: prefill **2.00×**, decode **2.00×**" in gemma
     assert "median |Δ| 0.047, top-1 agreement 96%" in gemma
+
+
+def test_a_report_beside_its_benchmarks_main_one_draws_figures_of_its_own(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    images = tmp_path / "images"
+    main = results_page.draw_figures(results_page.RESULTS / "kernels.json", images)
+    beside = results_page.draw_figures(results_page.RESULTS / "kernels-avx2.json", images)
+    assert [p.name for p in main] == ["kernels-gflops.png"]
+    assert [p.name for p in beside] == ["kernels-avx2-gflops.png"]
+    assert main[0].read_bytes() != beside[0].read_bytes()
