@@ -5,21 +5,20 @@ and the torch reference are in `quant_weights.py`.
 
 `QuantMatmul(qw)` settles once, for one weight, what the machine and the block type decide (the
 native kernel where it builds and the weight is on the CPU, the reference, dequantize then matmul,
-elsewhere); each product then picks a path by its rows of x alone. `quant_matmul(x, qw, bias)` is
-one product through a fresh `QuantMatmul`. For up to `q8_max_rows()` rows of x (on AVX2
-machines fewer than `DEQUANT_GEMM_MIN_ROWS`: decode batches, short extends; with AVX-512 VNNI any
-number, prefill chunks too), where K is a multiple of 32 (and int4 groups
-are 32), it rounds x to int8 in blocks of 32 and multiplies with integer dot products, as
-llama.cpp does, but in two levels (an int8 and an int8 remainder: exact to 1/256 of a step;
+elsewhere) and binds the native kernel it calls; each product then picks a path by its rows of x
+alone. `quant_matmul(x, qw, bias)` is one product through a fresh `QuantMatmul`. For up to
+`q8_max_rows()` rows of x (on AVX2 machines fewer than `DEQUANT_GEMM_MIN_ROWS`: decode batches,
+short extends; with AVX-512 VNNI any number, prefill chunks too), where K is a multiple of 32 (and
+int4 groups are 32), it rounds x to int8 in blocks of 32 and multiplies with integer dot products,
+as llama.cpp does, but in two levels (an int8 and an int8 remainder: exact to 1/256 of a step;
 `quant_weights.q8_activations` is the reference). One level alone, llama.cpp's, changes a large
-share of greedy tokens against float activations on the same weights; two keep them, at a small
-cost to int4 decode. For those rows the integer dot products run faster than the float tile path
-below. Elsewhere, up to 4 rows of x are dotted with weights unpacked in registers, and up to 47
-rows, tiles of weight rows are dequantized in L1. On AVX2, from `DEQUANT_GEMM_MIN_ROWS` rows
-(prefill chunks, compute-bound) x stays float32 (rounding it in one level speeds prefill but
-raises int4 perplexity; in two levels it gains nothing over the GEMM): the matrix is dequantized
-into a scratch buffer for torch's float32 GEMM, except for very large matrices (an LM head), which
-stay on the tile kernel.
+share of greedy tokens against float activations on the same weights; two keep them, at a small cost
+to int4 decode. For those rows the integer dot products run faster than the float tile path below.
+Elsewhere, up to 4 rows of x are dotted with weights unpacked in registers, and up to 47 rows, tiles
+of weight rows are dequantized in L1. On AVX2, from `DEQUANT_GEMM_MIN_ROWS` rows (prefill chunks,
+compute-bound) x stays float32 (rounding it in one level speeds prefill but raises int4 perplexity;
+in two levels it gains nothing over the GEMM): the matrix is dequantized into a scratch buffer for
+torch's float32 GEMM, except for very large matrices (an LM head), which stay on the tile kernel.
 
 Where torch's bfloat16 GEMM runs on AMX tiles (Intel Xeon from Sapphire Rapids on; oneDNN) or
 AVX-512 BF16 dot products (AMD Zen 4 and 5), from the tuning table's rows of x for this CPU kind
@@ -129,15 +128,36 @@ def native_quant_available() -> bool:
     return not native.native_disabled() and _kernels() is not None
 
 
+def native_on(device: torch.device) -> bool:
+    """Whether weights on `device` take the native kernels: the CPU, where they are built."""
+    return device.type == "cpu" and native_quant_available()
+
+
+def describe_paths(native_kernels: bool) -> str:
+    """What `Engine.stats()["execution_quantized_matmul"]` says of quantized products: the
+    reference without the native kernels, else the tier they were built with (`native_isa`)."""
+    if not native_kernels:
+        return "torch reference (dequantize, then matmul)"
+    isa = native_isa()
+    if isa == "portable":
+        return "native, float activations against weights unpacked in registers"
+    rows = "any number of rows" if isa == "avx512-vnni" else f"up to {q8_max_rows()} rows"
+    return (
+        f"native {isa}: activations rounded to int8 in two levels for {rows}, integer dot products"
+    )
+
+
 def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """`dequantize_ref` (float32, or rounded to `dtype`), by the native kernel when it is
     available."""
-    if (
-        qw.qweight.device.type != "cpu"
-        or not native_quant_available()
-        or dtype not in (torch.float32, torch.bfloat16)
-    ):
+    if not native_on(qw.qweight.device) or dtype not in (torch.float32, torch.bfloat16):
         return dequantize_ref(qw).to(dtype)
+    return dequantize_native(qw, dtype)
+
+
+def dequantize_native(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """`dequantize` by the native kernel, for a caller that settled it applies (`native_on` the
+    weight's device; float32 or bfloat16)."""
     n, k = qw.shape
     out = torch.empty(n, k, dtype=dtype)
     mins = 0 if qw.mins is None else qw.mins.data_ptr()
@@ -246,11 +266,13 @@ class QuantMatmul:
     def __init__(self, qw: QuantizedWeight) -> None:
         self.qw = qw
         n, k = qw.shape
-        self.native = qw.qweight.device.type == "cpu" and native_quant_available()
+        self.native = native_on(qw.qweight.device)
         q8 = self.native and bool(_kernels()[2](k, qw.code, qw.group))
         self.q8_max_rows = q8_max_rows() if q8 else 0  # x rounded to int8 up to this many rows
         self.bf16_min_rows = bf16_gemm_min_rows() if self.native and bf16_gemm_enabled() else None
         self.dequant_gemm = n * k <= DEQUANT_GEMM_MAX_ELEMENTS
+        # the native library's `plait_qmatmul_f32`, where this weight takes it
+        self._kernel = _kernels()[0] if self.native else None
 
     def rounds_to_int8(self, m: int) -> bool:
         """Whether the native kernel rounds these `m` rows of x to int8 (`q8_activations`)."""
@@ -267,6 +289,11 @@ class QuantMatmul:
             return "int8 x"
         return "float GEMM" if m >= DEQUANT_GEMM_MIN_ROWS and self.dequant_gemm else "float x"
 
+    def describe(self) -> str:
+        """The paths this weight's products take, as `Engine.stats()` reports them
+        (`describe_paths`)."""
+        return describe_paths(self.native)
+
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [..., K] @ dequant(qw).T (+ bias) -> float32 [..., N]."""
         qw = self.qw
@@ -281,9 +308,9 @@ class QuantMatmul:
         elif path == "bf16 GEMM":
             y = bf16_matmul(x2, qw, bias)
         elif path == "float GEMM":
-            y = torch.nn.functional.linear(x2, dequantize(qw), bias)
+            y = torch.nn.functional.linear(x2, dequantize_native(qw), bias)
         else:
-            y = call_native_matmul(_kernels()[0], x2, qw, bias)
+            y = call_native_matmul(self._kernel, x2, qw, bias)
         return y.reshape(*lead, n)
 
 

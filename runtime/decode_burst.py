@@ -44,6 +44,8 @@ class BurstRunner:
         self.eos_ids = eos_ids
         self.default_generator = default_generator
         self.jump_forward = jump_forward  # the engine jumps over forced text: bursts end there
+        # sampled rows burst where the native sampler built; else greedy ones alone
+        self.native_sampler = sampling_cpu.available()
 
     def can_run(self, batch: ScheduleBatch) -> bool:
         """Whether `run` can run this batch: decodes only, each one's next token a function
@@ -55,7 +57,7 @@ class BurstRunner:
             _burst_logits(r) and not r.sampling.logprob.return_logprob for r in batch.decodes
         ):
             return False
-        return all(r.sampling.params.is_greedy for r in batch.decodes) or sampling_cpu.available()
+        return self.native_sampler or all(r.sampling.params.is_greedy for r in batch.decodes)
 
     @torch.inference_mode()
     def run(

@@ -4,9 +4,9 @@
 formats, the KV cache's dtype, the CPU's instruction set and which native and Triton kernels
 built) and settles the model-wide half of the decision table in docs/architecture.md: whether
 all layers can run in one native call, whether whole decode steps can (bursts), which attention
-kernels take the CPU rows, whether long prefill chunks attend in bfloat16. What is left to each
-step is its shape: the step planner reads the layers for a batch's token counts
-(`Execution.layers_for`) into the step's plan (`runtime/step_planner.py`).
+kernels take the CPU rows, which `Sampler` picks the next tokens, whether long prefill chunks
+attend in bfloat16. What is left to each step is its shape: the step planner reads the layers for
+a batch's token counts (`Execution.layers_for`) into the step's plan (`runtime/step_planner.py`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from plait.runtime.kv_pool import KVPool
 from plait.runtime.models import native_decode
 from plait.runtime.models.llama import LlamaForCausalLM
 from plait.runtime.models.quantized import QuantLinear
-from plait.runtime.sampling import sampling_path
+from plait.runtime.sampling import Sampler, choose_sampler
 
 if TYPE_CHECKING:
     from plait.runtime.models.native_decode import NativeDecodeStack
@@ -44,11 +44,12 @@ class Execution:
     device: torch.device
     attention: str  # who attends CPU rows and decodes: "triton", "native" or "torch"
     ops: LayerOps  # the layers' norms, rotation, activation and attention (by `attention`)
-    sampling: str  # how sampled rows draw: "triton", "native" or "torch" (`sampling_path`)
+    sampling: Sampler  # next tokens from the logits: Triton's, the native one or torch's
     native_stack: NativeDecodeStack | None  # all layers in one native call; None: never
     bursts: bool  # whole decode steps natively (the stack, a native embedding, norm and head)
     bf16_extends: bool  # quantized weights on an AMX CPU: long prefill chunks attend in bfloat16
     sliding_window: int | None
+    quantized_matmul: str  # how the quantized linears' products run (`QuantMatmul.describe`)
     layers_note: str = ""  # why the layers never run in one native call, where they do not
     # every step on the native stack, each row's result independent of its batch (`deterministic`)
     batch_invariant: bool = False
@@ -76,7 +77,7 @@ class Execution:
             "device": str(self.device),
             "layer_ops": self.ops.name,
             "attention": self.attention,
-            "sampling": self.sampling,
+            "sampling": self.sampling.name,
             "layers": "native stack for small steps"
             if self.native_stack is not None
             else f"layerwise ({self.layers_note})"
@@ -90,23 +91,17 @@ class Execution:
             else "-",
             "batch_invariant": "on" if self.batch_invariant else "off",
             "native_isa": quant_matmul.native_isa() or "-",
-            "quantized_matmul": quantized_matmul_path(self.device),
+            "quantized_matmul": self.quantized_matmul,
         }
 
 
-def quantized_matmul_path(device: torch.device) -> str:
-    """How quantized linears (every block type kept, `Engine.stats()["weight_types"]`) run here."""
-    if device.type != "cpu" or not quant_matmul.native_quant_available():
-        return "torch reference (dequantize, then matmul)"
-    isa = quant_matmul.native_isa()
-    if isa == "portable":
-        return "native, float activations against weights unpacked in registers"
-    rows = (
-        "any number of rows" if isa == "avx512-vnni" else f"up to {quant_matmul.q8_max_rows()} rows"
-    )
-    return (
-        f"native {isa}: activations rounded to int8 in two levels for {rows}, integer dot products"
-    )
+def quantized_matmul_paths(model: torch.nn.Module, device: torch.device) -> str:
+    """How the model's quantized linears (every block type kept, `Engine.stats()["weight_types"]`)
+    run, as their `QuantMatmul`s chose; for a model without any, as one would choose on `device`."""
+    chosen = sorted({m.matmul.describe() for m in model.modules() if isinstance(m, QuantLinear)})
+    if not chosen:
+        return quant_matmul.describe_paths(quant_matmul.native_on(device))
+    return "; ".join(chosen)
 
 
 def choose_execution(
@@ -154,11 +149,12 @@ def choose_execution(
         device,
         attention,
         choose_layer_ops(device, probe.dtype, attention, pool.head_dim),
-        sampling_path(device, torch.float32),  # the LM head's logits are float32
+        choose_sampler(device, torch.float32),  # the LM head's logits are float32
         stack,
         bursts,
         bf16_extends and not deterministic,
         window,
+        quantized_matmul_paths(model, device),
         note,
         batch_invariant=deterministic,
     )

@@ -70,7 +70,11 @@ class ModelRunner:
         # the model-wide choices, once
         self.execution = choose_execution(model, kv_pool, device, deterministic)
         self.tables = PageTables(
-            self.page_size, device, window if kv_pool.has_window_layers else None, page_rows
+            self.page_size,
+            device,
+            window if kv_pool.has_window_layers else None,
+            page_rows,
+            attention=self.execution.attention,
         )
         # the layouts a step builds, as (in window pages, the window of their CPU rows): the
         # pool's pages, and the window pages where some layers slide; one alone where all do
@@ -134,7 +138,6 @@ class ModelRunner:
                 batch.decodes,
                 window=window,
                 rows_window=rows_window,
-                attention=self.execution.attention,
                 num_kv_heads=self.model.args.num_kv_heads,
                 bf16_extends=self.execution.bf16_extends,
                 batch_invariant=self.execution.batch_invariant,
@@ -191,9 +194,7 @@ class ModelRunner:
         got = iter(tokens)  # in the forward's order, `batch.requests()`
         results = [RequestResult(e.req, next(got), extend=e) for e in batch.extends]
         results += [RequestResult(v.req, next(got), verify=v) for v in batch.verifies]
-        results += [
-            RequestResult(r, next(got), streamed=streamed.get(id(r))) for r in batch.decodes
-        ]
+        results += [RequestResult(r, next(got), streamed=streamed.get(r)) for r in batch.decodes]
         return StepResults(results, steps, step_s)
 
     @torch.inference_mode()

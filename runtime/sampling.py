@@ -1,8 +1,9 @@
 """From logits to next tokens: penalties, temperature, top-k / top-p / min-p, seeded draws.
 
-Works on a batch of rows, one per request, each with its own `SamplingParams`. How sampled rows
-are drawn (`sampling_path`: Triton, the native CPU sampler or torch) is chosen once per engine
-(`runtime/execution.py`) and passed to `sample`.
+Works on a batch of rows, one per request, each with its own `SamplingParams`. A `Sampler` holds
+how sampled rows are drawn (Triton, the native CPU sampler or torch) and the greedy pick, both
+chosen once for a device by `choose_sampler`: an engine's is chosen at start
+(`runtime/execution.py`); `sample` chooses one per call for callers outside an engine.
 """
 
 from __future__ import annotations
@@ -98,87 +99,186 @@ def filter_params(
     )
 
 
-def sampling_path(device: torch.device, dtype: torch.dtype) -> str:
-    """How logits of `dtype` on `device` are sampled: "triton" on CUDA with Triton, "native" for
-    float32 on the CPU where the native sampler built, "torch" otherwise."""
+@dataclass(frozen=True)
+class SampledRows:
+    """The rows of a batch that sample (not greedy): their indices in the batch (as a list and
+    as `idx`, long [S] on the logits' device) and their filter parameters (`filter_params`)."""
+
+    rows: list[int]
+    idx: torch.Tensor
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    min_p: torch.Tensor
+
+
+class Sampler:
+    """Next tokens from logits on one device. `sample` applies the penalties and bans, takes the
+    greedy pick (`argmax`, chosen for the device at construction) for every row, and hands the
+    sampled rows to `draw`, which each subclass implements one way. A sampled row with no finite
+    distribution (NaN or +inf logits, or every logit -inf) keeps its argmax on every path."""
+
+    name: str  # as `Execution.describe` reports it: "triton", "native" or "torch"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.argmax = choose_argmax(device)
+
+    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        """logits [B, V] float32 (modified in place) -> next token ids [B] long."""
+        apply_penalties(logits, rows)
+        out = self.argmax(logits)
+        sampled = [i for i, r in enumerate(rows) if not r.params.is_greedy]
+        if not sampled:
+            return out
+        idx = torch.tensor(sampled, dtype=torch.long, device=logits.device)
+        params = filter_params([rows[i].params for i in sampled], logits.shape[1], logits.device)
+        return self.draw(logits, rows, SampledRows(sampled, idx, *params), out)
+
+    def draw(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        sampled: SampledRows,
+        out: torch.Tensor,
+    ) -> torch.Tensor:
+        """`out` (the argmax of every row) with the sampled rows' draws in place of theirs."""
+        raise NotImplementedError
+
+
+class TorchSampler(Sampler):
+    """torch's softmax and `filter_probs`, then `torch.multinomial` from each row's generator."""
+
+    name = "torch"
+
+    def draw(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        sampled: SampledRows,
+        out: torch.Tensor,
+    ) -> torch.Tensor:
+        probs = torch.softmax(logits[sampled.idx] / sampled.temperature[:, None], dim=-1)
+        probs = filter_probs(probs, sampled.top_k, sampled.top_p, sampled.min_p)
+        # NOTE: extreme but valid settings (a repetition penalty near 0, every token banned) can
+        # leave a row with no finite distribution; such a row takes the argmax instead of failing.
+        usable = (torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)).tolist()
+        picks = self.pick(probs, rows, sampled.rows, usable)
+        for j, i in enumerate(sampled.rows):
+            if usable[j]:
+                out[i] = picks[j]
+        return out
+
+    def pick(
+        self,
+        probs: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        sampled: list[int],
+        usable: list[bool],
+    ) -> list:
+        """One token per usable row of probs [S, V] (an unusable row's entry is never read)."""
+        return [
+            torch.multinomial(probs[j], 1, generator=rows[i].generator)[0] if usable[j] else None
+            for j, i in enumerate(sampled)
+        ]
+
+
+class TorchCpuSampler(TorchSampler):
+    """On the CPU, without the native sampler: the same draw in torch, one uniform from each row's
+    generator picking by inverse CDF (`sampling_cpu.draw_ref`), so a seed gives the tokens the
+    native sampler gives."""
+
+    def pick(
+        self,
+        probs: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        sampled: list[int],
+        usable: list[bool],
+    ) -> list:
+        return sampling_cpu.draw_ref(torch.nan_to_num(probs), _uniforms(rows, sampled)).tolist()
+
+
+class NativeSampler(Sampler):
+    """float32 logits on the CPU: the native sampler (`sampling_cpu.sample_rows`), one uniform
+    from each row's generator picking by inverse CDF."""
+
+    name = "native"
+
+    def draw(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        sampled: SampledRows,
+        out: torch.Tensor,
+    ) -> torch.Tensor:
+        uniforms = _uniforms(rows, sampled.rows)
+        picks = sampling_cpu.sample_rows(
+            logits[sampled.idx],
+            sampled.temperature,
+            sampled.top_k,
+            sampled.top_p,
+            sampled.min_p,
+            uniforms,
+        )
+        for j, i in enumerate(sampled.rows):
+            if picks[j] >= 0:  # else no finite distribution: the argmax stays
+                out[i] = picks[j]
+        return out
+
+
+class TritonSampler(Sampler):
+    """CUDA with Triton: one `sample_triton` kernel filters and draws every sampled row, seeded
+    from each row's generator on the device (no host sync)."""
+
+    name = "triton"
+
+    def draw(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        sampled: SampledRows,
+        out: torch.Tensor,
+    ) -> torch.Tensor:
+        seeds = torch.cat(
+            [
+                torch.randint(0, 1 << 62, (1,), generator=rows[i].generator, device=logits.device)
+                for i in sampled.rows
+            ]
+        )
+        rows_logits = logits[sampled.idx].contiguous()
+        picks = sample_triton(
+            rows_logits,
+            sampled.temperature,
+            sampled.top_k,
+            sampled.top_p,
+            sampled.min_p,
+            seeds=seeds,
+        )
+        bad = torch.isnan(rows_logits) | (rows_logits == float("inf"))
+        usable = torch.isfinite(rows_logits).any(dim=-1) & ~bad.any(dim=-1)
+        out[sampled.idx] = torch.where(usable, picks, out[sampled.idx])
+        return out
+
+
+def choose_sampler(device: torch.device, dtype: torch.dtype = torch.float32) -> Sampler:
+    """The sampler for logits of `dtype` on `device`: Triton's on CUDA with Triton, the native one
+    for float32 on the CPU where it built, torch's otherwise (its inverse-CDF draw on the CPU)."""
     probe = torch.empty(0, dtype=dtype, device=device)
     if use_triton(probe):
-        return "triton"
-    if probe.device.type == "cpu" and dtype == torch.float32 and sampling_cpu.available():
-        return "native"
-    return "torch"
+        return TritonSampler(probe.device)
+    if probe.device.type != "cpu":
+        return TorchSampler(probe.device)
+    if dtype == torch.float32 and sampling_cpu.available():
+        return NativeSampler(probe.device)
+    return TorchCpuSampler(probe.device)
 
 
-def sample(
-    logits: torch.Tensor, rows: Sequence[SamplingRow], path: str | None = None
-) -> torch.Tensor:
-    """logits [B, V] float32 (modified in place) -> next token ids [B] long; `path` (an engine's,
-    chosen once; None: `sampling_path` of the logits) says how sampled rows are drawn.
-
-    On the CPU each sampled row draws one uniform from its generator and picks by inverse CDF
-    (`kernels/sampling_cpu.py`: "native", or the same draw in torch). With "triton", one kernel
-    filters and draws every sampled row (`sample_triton`, seeded from each row's generator, no
-    host sync); on other devices `torch.multinomial` draws."""
-    apply_penalties(logits, rows)
-    greedy = [r.params.is_greedy for r in rows]
-    out = argmax(logits)
-    sampled = [i for i, g in enumerate(greedy) if not g]
-    if not sampled:
-        return out
-    idx = torch.tensor(sampled, dtype=torch.long, device=logits.device)
-    temperature, top_k, top_p, min_p = filter_params(
-        [rows[i].params for i in sampled], logits.shape[1], logits.device
-    )
-    path = path or sampling_path(logits.device, logits.dtype)
-    if path == "triton":
-        return _sample_triton(logits, rows, sampled, idx, out, (temperature, top_k, top_p, min_p))
-    on_cpu = logits.device.type == "cpu"
-    if on_cpu:
-        uniforms = torch.cat([torch.rand(1, generator=rows[i].generator) for i in sampled])
-        if path == "native":
-            picks = sampling_cpu.sample_rows(
-                logits[idx], temperature, top_k, top_p, min_p, uniforms
-            )
-            for j, i in enumerate(sampled):
-                if picks[j] >= 0:  # else no finite distribution: the argmax stays
-                    out[i] = picks[j]
-            return out
-    probs = torch.softmax(logits[idx] / temperature[:, None], dim=-1)
-    probs = filter_probs(probs, top_k, top_p, min_p)
-    # NOTE: extreme but valid settings (a repetition penalty near 0, every token banned) can
-    # leave a row with no finite distribution; such a row takes the argmax instead of failing.
-    usable = (torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)).tolist()
-    picks = sampling_cpu.draw_ref(torch.nan_to_num(probs), uniforms).tolist() if on_cpu else None
-    for j, i in enumerate(sampled):
-        if usable[j]:
-            out[i] = (
-                picks[j]
-                if on_cpu
-                else torch.multinomial(probs[j], 1, generator=rows[i].generator)[0]
-            )
-    return out
+def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """logits [B, V] (modified in place) -> next token ids [B] long, by the sampler chosen for
+    these logits (`choose_sampler`, per call: an engine holds its own)."""
+    return choose_sampler(logits.device, logits.dtype).sample(logits, rows)
 
 
-def _sample_triton(
-    logits: torch.Tensor,
-    rows: Sequence[SamplingRow],
-    sampled: list[int],
-    idx: torch.Tensor,
-    out: torch.Tensor,
-    params: tuple[torch.Tensor, ...],
-) -> torch.Tensor:
-    """The sampled rows `idx` of `out` drawn by `sample_triton`: one seed per row from its generator
-    (on the device: no host sync). A row with no finite distribution (NaN or +inf logits, or all
-    -inf) keeps its argmax, as on the other paths."""
-    seeds = torch.cat(
-        [
-            torch.randint(0, 1 << 62, (1,), generator=rows[i].generator, device=logits.device)
-            for i in sampled
-        ]
-    )
-    rows_logits = logits[idx].contiguous()
-    picks = sample_triton(rows_logits, *params, seeds=seeds)
-    bad = torch.isnan(rows_logits) | (rows_logits == float("inf"))
-    usable = torch.isfinite(rows_logits).any(dim=-1) & ~bad.any(dim=-1)
-    out[idx] = torch.where(usable, picks, out[idx])
-    return out
+def _uniforms(rows: Sequence[SamplingRow], sampled: list[int]) -> torch.Tensor:
+    """One uniform from each sampled row's generator, in row order: float32 [S]."""
+    return torch.cat([torch.rand(1, generator=rows[i].generator) for i in sampled])

@@ -13,13 +13,13 @@ import torch
 from plait.kernels.constraint_mask import allocate_token_bitmask, choose_bitmask_apply
 from plait.runtime.batch import ScheduleBatch, TokenResult
 from plait.runtime.request import Request
-from plait.runtime.sampling import SamplingRow, choose_argmax, sample
+from plait.runtime.sampling import Sampler, SamplingRow
 from plait.runtime.speculative.verify import verify_draft
 from plait.runtime.tuning import CLOSING_CANDIDATES
 
 
 class StepTokens:
-    """`sampling`: how sampled rows draw (`Execution.sampling`)."""
+    """`sampler`: the engine's next-token picks, greedy and sampled (`Execution.sampling`)."""
 
     def __init__(
         self,
@@ -27,14 +27,13 @@ class StepTokens:
         vocab_size: int,
         eos_ids: frozenset[int],
         default_generator: torch.Generator,
-        sampling: str,
+        sampler: Sampler,
     ) -> None:
         self.device = device
         self.vocab_size = vocab_size
         self.eos_ids = eos_ids
         self.default_generator = default_generator
-        self.sampling = sampling
-        self._argmax = choose_argmax(device)
+        self.sampler = sampler
         self._apply_mask = choose_bitmask_apply(device)
         # on the CPU the forward may take every core, and then the masks wait for it (`start_masks`)
         self._cpu_cores = _usable_cpus() if device.type == "cpu" else None
@@ -105,7 +104,7 @@ class StepTokens:
             _plain_greedy(reqs[i]) for i in sample_reqs
         ):  # argmax of the raw logits
             every_row = sample_rows == list(range(logits.shape[0]))
-            picks = self._argmax(
+            picks = self.sampler.argmax(
                 logits if every_row else logits[torch.tensor(sample_rows, device=logits.device)]
             )
             for j, token in enumerate(picks.tolist()):
@@ -122,7 +121,7 @@ class StepTokens:
                 batch_logits, [reqs[i] for i in sample_reqs], [results[i] for i in sample_reqs]
             )
             rows_state = [self._sampling_row(reqs[i], []) for i in sample_reqs]
-            for j, token in enumerate(sample(batch_logits, rows_state, self.sampling).tolist()):
+            for j, token in enumerate(self.sampler.sample(batch_logits, rows_state).tolist()):
                 results[sample_reqs[j]].tokens.append(token)
         for i, first in spec:
             k = len(drafts[i])
