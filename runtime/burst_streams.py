@@ -49,7 +49,7 @@ class BurstStreams:
         self._processor = processor
         self._deliver = deliver
         self._every_row = len(rows) == out.shape[0]
-        self.streamed: dict[int, StreamedTokens] = {id(r): StreamedTokens() for _, r in rows}
+        self.streamed: dict[Request, StreamedTokens] = {r: StreamedTokens() for _, r in rows}
 
     def before_step(self, step: int) -> bool:
         """Hands on the tokens of step `step - 1`; True ends the burst here (every row streams
@@ -58,7 +58,7 @@ class BurstStreams:
             return False
         finished = 0
         for row, req in self._rows:
-            got = self.streamed[id(req)]
+            got = self.streamed[req]
             if req.finished:
                 finished += 1
                 continue

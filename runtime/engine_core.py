@@ -19,7 +19,7 @@ import torch
 from plait.kernels.kv_cache import resolve_kv_dtype
 from plait.radix_cache import PageAllocator, RadixCache, WindowPages
 from plait.runtime import constraint_tools, lifecycle
-from plait.runtime.batch import ScheduleBatch
+from plait.runtime.batch import ScheduleBatch, StepResults
 from plait.runtime.budget_closing import BudgetClosing
 from plait.runtime.bursts import Bursts
 from plait.runtime.closing_jobs import ClosingJobs
@@ -45,7 +45,7 @@ from plait.runtime.scheduler import Scheduler
 from plait.runtime.speculation import Speculation
 from plait.runtime.speculative.base import DraftContext
 from plait.runtime.step_applier import StepApplier
-from plait.runtime.step_planner import StepPlanner
+from plait.runtime.step_planner import StepPlan, StepPlanner
 from plait.runtime.tuning import CLOSING_GROWTH, CLOSING_WAIT_SECONDS
 
 logger = logging.getLogger("plait.engine")
@@ -362,28 +362,47 @@ class EngineCore:
 
     def step(self) -> None:
         """One engine step in four stages: the scheduler makes the batch, the planner decides how
-        to run it, the runner runs it, the applier appends the tokens; then the scheduler records
-        the step (`after_step`) and the applier jumps, closes and delivers (`settle`)."""
-        self.applier.take_closings(self.scheduler.running)
-        batch = self.scheduler.schedule()
-        if not batch:
-            ClosingJobs.wait(self.scheduler.running, timeout=CLOSING_WAIT_SECONDS)
-            if self.tiers is not None:  # requests waiting for their blocks from below the pool
-                self.tiers.wait(CLOSING_WAIT_SECONDS)
+        to run it, the runner runs it, the applier takes the results."""
+        batch = self._schedule()
+        if batch is None:
             return
         plan = self.planner.plan(batch, idle=self._inbox.empty())
+        results = self._execute(plan)
+        if results is not None:
+            self._apply(plan, results)
+
+    def _schedule(self) -> ScheduleBatch | None:
+        """The step's batch, once requests whose off-loop closing search is done are back; None
+        when nothing can run now (then it waits briefly for closings and for blocks coming up
+        from the tiers below the pool)."""
+        self.applier.take_closings(self.scheduler.running)
+        batch = self.scheduler.schedule()
+        if batch:
+            return batch
+        ClosingJobs.wait(self.scheduler.running, timeout=CLOSING_WAIT_SECONDS)
+        if self.tiers is not None:
+            self.tiers.wait(CLOSING_WAIT_SECONDS)
+        return None
+
+    def _execute(self, plan: StepPlan) -> StepResults | None:
+        """The runner's results for `plan`; None when the forward pass failed (its requests are
+        then retried one by one or failed, `_forward_failed`)."""
         if self.events.wants(BatchScheduled):
             self.events.batch_scheduled(plan.batch)
         try:
-            results = self.runner.execute(plan, self._interrupt, self.applier.burst_streams)
+            return self.runner.execute(plan, self._interrupt, self.applier.burst_streams)
         except Exception as exc:  # a failing batch must not take the engine down
             logger.error("forward pass failed: %s", traceback.format_exc())
-            self._forward_failed(batch, exc)
-            return
+            self._forward_failed(plan.batch, exc)
+            return None
+
+    def _apply(self, plan: StepPlan, results: StepResults) -> None:
+        """The applier's stage: the step's time goes back to the planner's policies, the applier
+        appends the tokens (`apply`), the scheduler records the step before anything is delivered
+        (a caller that got its result sees the pool without that request), then the applier jumps,
+        closes and delivers (`settle`)."""
         self.planner.record(plan, results)
         updated = self.applier.apply(plan, results)
-        # the scheduler's own bookkeeping, before delivery: a caller that got its result sees
-        # the pool without that request
         self.scheduler.after_step(plan.batch, results.decode_steps)
         self.applier.settle(plan, results, updated)
         if self.config.check_invariants:
@@ -393,7 +412,7 @@ class EngineCore:
         """A batch of several requests is retried one by one (only the culprit fails); a
         request alone fails, its KV dropped (it may be half written)."""
         reqs = batch.requests()
-        if len({id(r) for r in reqs}) > 1:
+        if len(set(reqs)) > 1:
             self.scheduler.quarantine(reqs)
             return
         message = f"internal error: {type(exc).__name__}: {exc}"

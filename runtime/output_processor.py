@@ -87,11 +87,8 @@ class OutputProcessor:
             return self.finish(
                 req, FinishReason("abort", message=f"grammar: sampled token {token} is not allowed")
             )
-        if n_out >= params.min_new_tokens:
-            if token in self.eos_ids and not params.ignore_eos:
-                return self.finish(req, FinishReason("stop", matched=token))
-            if token in params.stop_token_ids:
-                return self.finish(req, FinishReason("stop", matched=token))
+        if n_out >= params.min_new_tokens and req.sampling.stops_at(token, self.eos_ids):
+            return self.finish(req, FinishReason("stop", matched=token))
         new_text = req.delivery.detokenizer.add([token])
         if req.healing.tokens == n_out - 1 and len(req.text) + len(new_text) <= len(
             req.healing.text

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -47,6 +47,11 @@ class SamplingState:
         `eos_ids` unless it ignores EOS."""
         p = self.params
         return sorted(set(p.stop_token_ids).union(() if p.ignore_eos else eos_ids))
+
+    def stops_at(self, token: int, eos_ids: Container[int]) -> bool:
+        """Whether `token` is one of `stop_ids(eos_ids)` (without building the set)."""
+        p = self.params
+        return token in p.stop_token_ids or (not p.ignore_eos and token in eos_ids)
 
 
 @dataclass
@@ -183,6 +188,11 @@ class Request:
     def budget_left(self) -> int:
         """Output tokens it may still add under `max_new_tokens` (the context aside)."""
         return self.sampling.params.max_new_tokens - self.num_output_tokens
+
+    def tokens_left(self, context_len: int) -> int:
+        """Tokens it may still add: its `budget_left` and the context's room, whichever is less
+        (it finishes once it holds `context_len` tokens)."""
+        return min(self.budget_left, context_len - self.num_tokens)
 
     @property
     def last_id(self) -> int:

@@ -120,10 +120,6 @@ def build_requests(
                 req.sampling.generator = torch.Generator(device=core.device).manual_seed(
                     sp.seed + i
                 )
-            if not core.scheduler.fits_pool(req):
-                raise ValueError(
-                    f"max_new_tokens: the request needs KV for {core.scheduler.max_tokens(req)} "
-                    f"tokens but the pool holds {core.allocator.num_total * core.page_size}"
-                )
+            core.scheduler.check_fits_pool(req)
             reqs.append(req)
     return reqs, batched or len(reqs) > 1

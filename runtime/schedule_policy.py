@@ -25,11 +25,11 @@ def order_waiting(policy: str, waiting: Sequence[Request], cache: RadixCache) ->
     # NOTE: retracted requests keep their place at the front whatever the policy.
     first = [r for r in waiting if r.output_ids]
     rest = [r for r in waiting if not r.output_ids]
-    matches = {id(r): _peek(cache, r) for r in rest}
+    matches = {r: _peek(cache, r) for r in rest}
     if policy == "lpm":
-        rest.sort(key=lambda r: -matches[id(r)][0])
+        rest.sort(key=lambda r: -matches[r][0])
     else:
-        rest = _dfs_weight(rest, {id(r): matches[id(r)][1] for r in rest})
+        rest = _dfs_weight(rest, {r: matches[r][1] for r in rest})
     return first + rest
 
 
@@ -47,9 +47,9 @@ def fair_order(ordered: list[Request], active: Sequence[Request]) -> list[Reques
     rank: dict[str, int] = defaultdict(int)
     keys = {}
     for r in rest:
-        keys[id(r)] = load[r.client_id] + rank[r.client_id]
+        keys[r] = load[r.client_id] + rank[r.client_id]
         rank[r.client_id] += 1
-    return first + sorted(rest, key=lambda r: keys[id(r)])
+    return first + sorted(rest, key=lambda r: keys[r])
 
 
 def _peek(cache: RadixCache, req: Request) -> tuple[int, TreeNode]:
@@ -57,12 +57,12 @@ def _peek(cache: RadixCache, req: Request) -> tuple[int, TreeNode]:
     return result.num_tokens, result.node
 
 
-def _dfs_weight(reqs: list[Request], node_of: dict[int, TreeNode]) -> list[Request]:
+def _dfs_weight(reqs: list[Request], node_of: dict[Request, TreeNode]) -> list[Request]:
     by_node: dict[int, list[Request]] = defaultdict(list)
     weight: dict[int, int] = defaultdict(int)
     nodes: dict[int, TreeNode] = {}
     for r in reqs:
-        node = node_of[id(r)]
+        node = node_of[r]
         by_node[node.id].append(r)
         cursor: TreeNode | None = node
         while cursor is not None:

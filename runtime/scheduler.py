@@ -58,7 +58,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []  # admitted, prompt not fully computed yet
         self.running: list[Request] = []  # decoding
-        self.suspects: deque[Request] = deque()  # quarantined after a failed batch; run alone
+        self.quarantined: deque[Request] = deque()  # after a failed batch: each runs alone next
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.num_retracted = 0
         self.prompt_tokens = 0
@@ -74,15 +74,17 @@ class Scheduler:
         total = len(req.prompt_ids) + req.sampling.params.max_new_tokens + bool(req.healing.text)
         return max(min(total, self.context_len), len(req.prompt_ids))
 
-    def fits_pool(self, req: Request) -> bool:
-        return self.kv.pages_for(self.max_tokens(req)) <= self.kv.allocator.num_total
-
-    def add(self, req: Request) -> None:
-        if not self.fits_pool(req):
+    def check_fits_pool(self, req: Request) -> None:
+        """A `ValueError` naming `max_new_tokens` when `req` could never hold its KV in the pool,
+        however empty (checked as a request is built, and again as it is added)."""
+        if self.kv.pages_for(self.max_tokens(req)) > self.kv.allocator.num_total:
             raise ValueError(
                 f"max_new_tokens: the request needs KV for {self.max_tokens(req)} tokens but the "
                 f"pool holds {self.kv.allocator.num_total * self.page_size} (max_total_tokens)"
             )
+
+    def add(self, req: Request) -> None:
+        self.check_fits_pool(req)
         self.waiting.append(req)
         if self.tiers is not None:
             self.tiers.lookup(req, self.kv.match_limit(req))
@@ -118,14 +120,14 @@ class Scheduler:
     def has_work(self) -> bool:
         # NOTE: a request a jump-forward finished after the step's bookkeeping stays in `running`,
         # its pages released, until the next `schedule` (`_settle`); it is no work
-        return bool(self.waiting or self.prefilling or self.suspects) or any(
+        return bool(self.waiting or self.prefilling or self.quarantined) or any(
             not r.finished for r in self.running
         )
 
     def schedule(self) -> ScheduleBatch:
         self._settle()
         batch = self._schedule()
-        batch.others_waiting = bool(self.waiting or self.prefilling or self.suspects)
+        batch.others_waiting = bool(self.waiting or self.prefilling or self.quarantined)
         return batch
 
     def _settle(self) -> None:
@@ -145,7 +147,7 @@ class Scheduler:
 
     def _schedule(self) -> ScheduleBatch:
         batch = ScheduleBatch()
-        if self.suspects:
+        if self.quarantined:
             return self._schedule_suspect(batch)
         self._prepare_decodes(batch)
         budget = self.config.max_prefill_tokens
@@ -178,22 +180,22 @@ class Scheduler:
             if taken == 0:
                 break
             budget -= taken
-        chosen = {id(r) for r in admitted}
-        self.waiting = deque(r for r in self.waiting if id(r) not in chosen)
+        chosen = set(admitted)
+        self.waiting = deque(r for r in self.waiting if r not in chosen)
         return batch
 
     def _schedule_suspect(self, batch: ScheduleBatch) -> ScheduleBatch:
         """The first quarantined request alone; it leaves quarantine when its tokens are computed,
         or at once when it cannot get pages (then it runs with the others)."""
-        req = self.suspects[0]
+        req = self.quarantined[0]
         if req.status is RequestStatus.WAITING:
             if not self._try_admit(req, reserved=0):
-                self.suspects.popleft()
+                self.quarantined.popleft()
                 self.waiting.appendleft(req)
                 return batch
             self.prefilling.append(req)
         if self._add_extend(batch, req, self.config.max_prefill_tokens) == 0:
-            self.suspects.popleft()
+            self.quarantined.popleft()
         return batch
 
     def quarantine(self, reqs: list[Request]) -> None:
@@ -202,12 +204,12 @@ class Scheduler:
         for req in reqs:
             for queue in (self.waiting, self.prefilling, self.running):
                 _remove(queue, req)
-            if any(r is req for r in self.suspects):
+            if req in self.quarantined:
                 continue
             self.kv.release(req, keep=False)
             req.spec.draft_valid = 0
             req.status = RequestStatus.WAITING
-            self.suspects.append(req)
+            self.quarantined.append(req)
 
     def _shares_uncached_prefix(self, req: Request, admitted: list[Request]) -> bool:
         if self.kv.cache.disable or not admitted:
@@ -285,8 +287,9 @@ class Scheduler:
         still: list[Request] = []
         for e in batch.extends:
             req = e.req
-            if self.suspects and req is self.suspects[0] and (e.is_last_chunk or req.finished):
-                self.suspects.popleft()  # it ran alone without failing: back with the others
+            alone = self.quarantined and req is self.quarantined[0]
+            if alone and (e.is_last_chunk or req.finished):
+                self.quarantined.popleft()  # it ran alone without failing: back with the others
             if req.finished or req not in self.prefilling:
                 continue
             self.kv.cache_prefix(req)  # later requests share the prompt while this one decodes
@@ -310,7 +313,7 @@ class Scheduler:
     # leaving ---------------------------------------------------------------------------------
 
     def abort(self, rid: str, keep: bool = True) -> Request | None:
-        queues = (self.waiting, self.prefilling, self.running, self.suspects)
+        queues = (self.waiting, self.prefilling, self.running, self.quarantined)
         found = next((r for q in queues for r in q if r.rid == rid), None)
         if found is not None:
             for queue in queues:
@@ -320,24 +323,24 @@ class Scheduler:
 
     def all_requests(self) -> list[Request]:
         seen = [*self.waiting, *self.prefilling, *self.running]
-        return seen + [r for r in self.suspects if r.status is RequestStatus.WAITING]
+        return seen + [r for r in self.quarantined if r.status is RequestStatus.WAITING]
 
     def requests_by_state(self) -> list[tuple[str, Request]]:
         """Each request it holds, once, with its state: "decode", "prefill", "waiting",
         "retracted" (waiting with output already) or "quarantined". Readable from another thread:
         each queue is copied, again if the loop changed it meanwhile."""
-        seen: set[int] = set()
+        seen: set[Request] = set()
         out: list[tuple[str, Request]] = []
         for state, queue in (
             ("decode", self.running),
             ("prefill", self.prefilling),
             ("waiting", self.waiting),
-            ("quarantined", self.suspects),
+            ("quarantined", self.quarantined),
         ):
             for req in _copy(queue):
-                if id(req) in seen or req.finished:
+                if req in seen or req.finished:
                     continue
-                seen.add(id(req))
+                seen.add(req)
                 out.append(("retracted" if state == "waiting" and req.output_ids else state, req))
         return out
 

@@ -43,10 +43,7 @@ class Speculation:
         k = self.config.num_draft_tokens
         drafts: dict[Request, list[int]] = {}
         for req, draft in zip(candidates, self.drafter.propose(candidates, k)):
-            room = min(
-                req.budget_left - 1,
-                context_len - req.num_tokens - 1,
-            )
+            room = req.tokens_left(context_len) - 1  # the verification adds a token of its own
             draft = draft[: max(room, 0)]
             if draft and req.constraint.grammar is not None:
                 grammar = req.constraint.grammar.copy()

@@ -117,16 +117,13 @@ class StepPlanner:
         """How many decode steps `reqs` take in one burst: at most `limit`, no more than any of
         them may still produce, and 1 unless each gets pages for all of them (what the others got
         is trimmed after the step, `Scheduler.after_step`)."""
-        steps = min(limit, *(self._tokens_left(r) for r in reqs))
+        steps = min(limit, *(r.tokens_left(self.context_len) for r in reqs))
         if steps <= 1:
             return 1
         for req in reqs:
             if not self.kv.grow(req, req.num_tokens + steps - 1):
                 return 1
         return steps
-
-    def _tokens_left(self, req: Request) -> int:
-        return min(req.budget_left, self.context_len - req.num_tokens)
 
     def _layers(self, batch: ScheduleBatch) -> Layers:
         """From the forward's rows: each entry's new tokens and draft, one per decode."""

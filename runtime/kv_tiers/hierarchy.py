@@ -52,7 +52,7 @@ class KVTiers:
         self.block_tokens = io.layout.block_tokens
         self.writer = BlockWriter(tiers, io, codec)
         self.loader = Loader(self._load)
-        self._jobs: dict[int, LoadJob] = {}  # by id(request), while it is held
+        self._jobs: dict[Request, LoadJob] = {}  # by request, while it is held
         self._finished: list[LoadJob] = []
         self.prefill_rate: float | None = None  # measured tokens/s
         self.totals = {"promoted_tokens": 0, "late_loads": 0, "held_requests": 0, "no_room": 0}
@@ -72,13 +72,13 @@ class KVTiers:
         first = cached // self.block_tokens
         wait = self.prefill_seconds(end - first * self.block_tokens)
         job = LoadJob(req, tokens, first, deadline=time.perf_counter() + wait)
-        self._jobs[id(req)] = job
+        self._jobs[req] = job
         self.totals["held_requests"] += 1
         self.loader.submit(job)
 
     def holds(self, req: Request) -> bool:
         """Whether `req` waits for its blocks (until they are loaded, or its wait is over)."""
-        job = self._jobs.get(id(req))
+        job = self._jobs.get(req)
         if job is None:
             return False
         if job.done:
@@ -86,7 +86,7 @@ class KVTiers:
         if time.perf_counter() < job.deadline:
             return True
         job.abandoned = True
-        del self._jobs[id(req)]
+        del self._jobs[req]
         tier = job.tier
         if tier is not None:
             tier.stats.add("timeout")

@@ -52,7 +52,7 @@ def test_each_step_is_delivered_on_its_own_and_the_rest_is_the_callers():
             ("b", tuple(range(30, 31 + step))),
         ]
     out[:, 3] = 99  # the burst's last step: no callback follows, the caller appends it
-    assert {streams.streamed[id(a)].taken, streams.streamed[id(b)].taken} == {3}
+    assert {streams.streamed[a].taken, streams.streamed[b].taken} == {3}
     assert a.output_ids == [10, 11, 12] and len(delivered) == 6
 
 
@@ -68,7 +68,7 @@ def test_a_request_it_finishes_is_not_delivered_and_a_finished_batch_ends_the_bu
     out[0, 1] = 7  # the stop token: the engine thread delivers the final result
     assert streams.before_step(2) is True, "every streamed row finished: the burst ends"
     assert req.finished and req.output_ids == [5, 7]
-    assert streams.streamed[id(req)].added == 2 and delivered == [[5]]
+    assert streams.streamed[req].added == 2 and delivered == [[5]]
 
 
 def test_a_batch_with_rows_that_do_not_stream_goes_on():
