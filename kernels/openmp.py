@@ -5,8 +5,9 @@ once the threads it manages outnumber the CPUs, throttles every team's spin-wait
 region of the engine's steps then wakes its workers through a futex. A parallel torch op on the
 thread that later submits requests (a user's own tensor work before creating an `Engine`, a
 model loaded on the main thread) is enough. The engine releases the team of the thread that
-builds it and of each thread that submits (`release_thread_team`), and loads its model on a
-short-lived thread (`runtime/engine_setup.py: off_main_thread`).
+builds it and of each thread that submits (`release_thread_team`), loads its model on a
+short-lived thread (`runtime/engine_setup.py: off_main_thread`), and its loop thread releases its
+own team whenever it goes idle, so that one engine's idle workers do not throttle another's.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from plait.kernels.kv_cache import resolve_kv_dtype
+from plait.kernels.openmp import release_thread_team
 from plait.radix_cache import PageAllocator, RadixCache, WindowPages
 from plait.runtime import constraint_tools, lifecycle
 from plait.runtime.batch import ScheduleBatch, StepResults
@@ -302,6 +303,11 @@ class EngineCore:
     def _run_loop(self) -> None:
         while not self._stopped.is_set():
             block = not self.scheduler.has_work()
+            if block:
+                # idle: its OpenMP team's workers exit, or libgomp would count them against the
+                # CPUs and throttle the teams of every other engine in the process
+                # (kernels/openmp.py); the next step starts a team again
+                release_thread_team()
             self._interrupt.value = 0  # before draining: a message posted after this ends a burst
             try:
                 kind, item = self._inbox.get(block=block, timeout=0.5 if block else None)
