@@ -145,6 +145,35 @@ class Sampler:
         """`out` (the argmax of every row) with the sampled rows' draws in place of theirs."""
         raise NotImplementedError
 
+    # one row at a time, for speculative verification (`runtime/speculative/verify.py`) ---------
+
+    def target_probs(self, logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
+        """The distribution `sample` draws from for this row: logits [V] (modified) -> probs
+        [V]; the argmax alone where the row has no finite distribution (as `sample` takes it)."""
+        apply_penalties(logits[None], [row])
+        probs = self.filtered_probs(logits, row.params)
+        if probs is None:
+            probs = torch.zeros_like(logits)
+            probs[self.argmax(logits)] = 1.0
+        return probs
+
+    def filtered_probs(self, logits: torch.Tensor, p: SamplingParams) -> torch.Tensor | None:
+        """Temperature, top-k, top-p and min-p over logits [V] (penalties applied): probs [V], or
+        None without a finite distribution. torch's softmax and `filter_probs`."""
+        vocab, device = logits.shape[-1], logits.device
+        probs = torch.softmax(logits / p.temperature, dim=-1)[None]
+        top_k = torch.tensor([vocab if p.top_k < 0 else min(p.top_k, vocab)], device=device)
+        top_p = torch.tensor([p.top_p], device=device)
+        min_p = torch.tensor([p.min_p], device=device)
+        probs = filter_probs(probs, top_k, top_p, min_p)[0]
+        if not bool(torch.isfinite(probs).all()) or not float(probs.sum()) > 0:
+            return None
+        return probs
+
+    def draw_one(self, probs: torch.Tensor, generator: torch.Generator | None) -> int:
+        """One token from probs [V]: `torch.multinomial` from the generator."""
+        return int(torch.multinomial(probs, 1, generator=generator)[0])
+
 
 class TorchSampler(Sampler):
     """torch's softmax and `filter_probs`, then `torch.multinomial` from each row's generator."""
@@ -197,6 +226,10 @@ class TorchCpuSampler(TorchSampler):
     ) -> list:
         return sampling_cpu.draw_ref(torch.nan_to_num(probs), _uniforms(rows, sampled)).tolist()
 
+    def draw_one(self, probs: torch.Tensor, generator: torch.Generator | None) -> int:
+        """By inverse CDF with one uniform from the generator, as `sample` draws."""
+        return _draw_cpu(probs, generator)
+
 
 class NativeSampler(Sampler):
     """float32 logits on the CPU: the native sampler (`sampling_cpu.sample_rows`), one uniform
@@ -224,6 +257,15 @@ class NativeSampler(Sampler):
             if picks[j] >= 0:  # else no finite distribution: the argmax stays
                 out[i] = picks[j]
         return out
+
+    def filtered_probs(self, logits: torch.Tensor, p: SamplingParams) -> torch.Tensor | None:
+        """The native filter (`sampling_cpu.filtered_probs`): torch's sorts the whole vocabulary
+        for top-k / top-p."""
+        return sampling_cpu.filtered_probs(logits, p.temperature, p.top_k, p.top_p, p.min_p)
+
+    def draw_one(self, probs: torch.Tensor, generator: torch.Generator | None) -> int:
+        """By inverse CDF with one uniform from the generator, as `sample` draws."""
+        return _draw_cpu(probs, generator)
 
 
 class TritonSampler(Sampler):
@@ -277,6 +319,10 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     """logits [B, V] (modified in place) -> next token ids [B] long, by the sampler chosen for
     these logits (`choose_sampler`, per call: an engine holds its own)."""
     return choose_sampler(logits.device, logits.dtype).sample(logits, rows)
+
+
+def _draw_cpu(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    return int(sampling_cpu.draw_ref(probs[None], torch.rand(1, generator=generator))[0])
 
 
 def _uniforms(rows: Sequence[SamplingRow], sampled: list[int]) -> torch.Tensor:

@@ -167,7 +167,13 @@ class StepTokens:
                 grammar.advance(draft[i - 1])  # drafts were cut to what the grammar allows
             self._apply_grammars_to(row_logits[None], [grammar])
 
-        return verify_draft(logits, draft, lambda i: self._sampling_row(req, draft[:i]), mask_row)
+        return verify_draft(
+            logits,
+            draft,
+            lambda i: self._sampling_row(req, draft[:i]),
+            mask_row,
+            sampler=self.sampler,
+        )
 
     def _apply_grammars(self, logits: torch.Tensor, reqs: list[Request]) -> None:
         self._apply_grammars_to(logits, [r.constraint.grammar for r in reqs])

@@ -9,7 +9,6 @@ from typing import Any
 from plait.runtime.batch import ScheduleBatch, VerifyEntry
 from plait.runtime.model_runner import ModelRunner
 from plait.runtime.request import Request
-from plait.runtime.sampling import argmax
 from plait.runtime.speculative.base import DraftContext, Drafter
 
 
@@ -70,7 +69,8 @@ class ModelDrafter(Drafter):
                 start = min(r.spec.draft_valid, n - 1) if self.own_kv else n - 1
                 entries.append(VerifyEntry(r, start, n, drafts[r]))
             logits = self.runner.last_logits(ScheduleBatch(verifies=entries), self.num_layers)
-            for r, e, token in zip(ready, entries, argmax(logits).tolist()):
+            picks = self.runner.execution.sampling.argmax(logits).tolist()
+            for r, e, token in zip(ready, entries, picks):
                 if self.own_kv:
                     r.spec.draft_valid = e.end + len(e.draft_ids)
                 drafts[r].append(token)
