@@ -21,6 +21,11 @@ class ExtendEntry:
     end: int
     is_last_chunk: bool
 
+    @property
+    def draft_ids(self) -> list[int]:
+        """No draft: an extend's rows are its tokens alone (as a `VerifyEntry`'s without one)."""
+        return []
+
 
 @dataclass
 class VerifyEntry:
@@ -57,14 +62,9 @@ class ScheduleBatch:
     def requests(self) -> list[Request]:
         return [e.req for e in self.extends] + [v.req for v in self.verifies] + self.decodes
 
-    def drafts(self) -> list[list[int]]:
-        """Per request in `requests()` order: the draft it verifies, empty for the others."""
-        none: list[int] = []
-        return (
-            [none] * len(self.extends)
-            + [v.draft_ids for v in self.verifies]
-            + [none] * len(self.decodes)
-        )
+    def drafts(self) -> dict[Request, list[int]]:
+        """The draft each verifying request verifies, by request (those with one)."""
+        return {v.req: v.draft_ids for v in self.verifies if v.draft_ids}
 
     @property
     def num_tokens(self) -> int:

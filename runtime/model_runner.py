@@ -112,8 +112,8 @@ class ModelRunner:
         extends: list[tuple[Request, int, int, int]] = []
         logit_rows: list[int] = []
         plans: list[tuple[list[int], bool]] = []
-        for e, draft in zip(batch.queried, batch.drafts()):
-            req = e.req
+        for e in batch.queried:
+            req, draft = e.req, e.draft_ids
             row0 = len(ids)
             end = e.end + len(draft)
             ids.extend(req.ids_between(e.start, e.end))

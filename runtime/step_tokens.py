@@ -49,8 +49,8 @@ class StepTokens:
         reqs, drafts = batch.requests(), batch.drafts()
         grammars = [
             r.constraint.grammar
-            for r, (_, samples), d in zip(reqs, plans, drafts)
-            if samples and not d
+            for r, (_, samples) in zip(reqs, plans)
+            if samples and r not in drafts
         ]
         if all(g is None for g in grammars):
             return None
@@ -93,9 +93,9 @@ class StepTokens:
                         logprobs[cursor : cursor + n], req.sampling.logprob.top_logprobs_num
                     )
                 cursor += n
-            if samples and drafts[i]:
+            if samples and req in drafts:
                 spec.append((i, cursor))
-                cursor += len(drafts[i]) + 1
+                cursor += len(drafts[req]) + 1
             elif samples:
                 sample_rows.append(cursor)
                 sample_reqs.append(i)
@@ -124,9 +124,9 @@ class StepTokens:
             for j, token in enumerate(self.sampler.sample(batch_logits, rows_state).tolist()):
                 results[sample_reqs[j]].tokens.append(token)
         for i, first in spec:
-            k = len(drafts[i])
+            draft = drafts[reqs[i]]
             results[i].tokens = self._verify(
-                reqs[i], drafts[i], logits[first : first + k + 1].clone()
+                reqs[i], draft, logits[first : first + len(draft) + 1].clone()
             )
         if want_logprobs:
             for i, first in [(i, r) for i, r in zip(sample_reqs, sample_rows)] + spec:
