@@ -82,9 +82,18 @@ def test_a_flood_does_not_starve_another_client(engine):
 
 
 def test_deadline_aborts_and_frees_pages(engine):
-    out = engine.generate(
-        text="x", timeout=0.2, sampling_params={"max_new_tokens": 900, "ignore_eos": True}
-    )
+    from plait.runtime.events import StepFinished
+
+    # every step outlasts the deadline (a subscriber runs on the engine's thread), so the request
+    # expires after its first step, holding pages, however fast the model decodes
+    slow = engine.events.subscribe(lambda event: time.sleep(0.3), StepFinished)
+    try:
+        out = engine.generate(
+            text="x", timeout=0.2, sampling_params={"max_new_tokens": 900, "ignore_eos": True}
+        )
+    finally:
+        slow.unsubscribe()
+    assert 0 < out["meta_info"]["completion_tokens"] < 900
     reason = out["meta_info"]["finish_reason"]
     assert reason["type"] == "abort" and reason["status_code"] == 504
     with pytest.raises(ValueError, match="timeout"):
