@@ -12,6 +12,7 @@ import concurrent.futures
 import contextlib
 import random
 import threading
+import time
 
 import httpx
 import pytest
@@ -121,23 +122,37 @@ def test_grammar_compile_fault_fails_only_that_request(server, client):
     healthy(server, client)
 
 
+@contextlib.contextmanager
+def slow_steps(engine, seconds: float = 0.1):
+    """Every engine step outlasts `seconds` (a subscriber on the engine's thread): a deadline
+    shorter than that expires inside the generation, however fast the model decodes."""
+    from plait.runtime.events import StepFinished
+
+    sub = engine.events.subscribe(lambda event: time.sleep(seconds), StepFinished)
+    try:
+        yield
+    finally:
+        sub.unsubscribe()
+
+
 def test_deadlines_are_504(server, client):
-    # deadlines well inside the generations: 900 tokens of the tiny model take ~0.3 s here
-    r = client.post("/generate", json={"text": "x", "sampling_params": LONG, "timeout": 0.05})
-    assert r.status_code == 504 and r.json()["error"]["type"] == "timeout_error"
-    assert r.json()["error"]["param"] == "timeout"
-    body = {"text": "x", "sampling_params": LONG, "timeout": 0.05, "stream": True}
-    with client.stream("POST", "/generate", json=body) as r:
-        events = sse_events(r.iter_lines())
-    assert events[-1] == "[DONE]" and events[-2]["meta_info"]["finish_reason"]["status_code"] == 504
-    chat = {
-        "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": 900,
-        "timeout": 0.05,
-        "ignore_eos": True,
-    }
-    r = client.post("/v1/chat/completions", json=chat)
-    assert r.status_code == 504
+    with slow_steps(server.engine):
+        body = {"text": "x", "sampling_params": LONG, "timeout": 0.05}
+        r = client.post("/generate", json=body)
+        assert r.status_code == 504 and r.json()["error"]["type"] == "timeout_error"
+        assert r.json()["error"]["param"] == "timeout"
+        with client.stream("POST", "/generate", json={**body, "stream": True}) as r:
+            events = sse_events(r.iter_lines())
+        finish = events[-2]["meta_info"]["finish_reason"]
+        assert events[-1] == "[DONE]" and finish["status_code"] == 504
+        chat = {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 900,
+            "timeout": 0.05,
+            "ignore_eos": True,
+        }
+        r = client.post("/v1/chat/completions", json=chat)
+        assert r.status_code == 504
     assert generate(client, "x", timeout=-1).json()["error"]["param"] == "timeout"
     healthy(server, client)
 
