@@ -9,7 +9,6 @@ window, so the value read there is never used.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -71,7 +70,7 @@ class PageTables:
         self.page_size = page_size
         self.device = device
         self.rows = rows if rows is not None else PageRows()
-        self._attach = self._attach_for(attention)
+        self.attention = attention
         # shares memory with the scheduler's map (an `array`): always current, never copied
         self.window_of = (
             torch.frombuffer(window.of, dtype=torch.int64) if window is not None else None
@@ -149,67 +148,20 @@ class PageTables:
             bf16_extends=bf16_extends,
             batch_invariant=batch_invariant,
         )
-        self._attach(meta, extends, decodes, window, rows_window, num_kv_heads)
+        if self.attention == "native":
+            meta.cpu = attention_cpu.cpu_rows(meta, rows_window)
+        elif self.attention == "triton":
+            from plait.kernels.attention_triton import tables_from_pages
+
+            pages = self.window_pages if window else list
+            meta.triton = tables_from_pages(
+                self.page_size,
+                num_kv_heads,
+                self.device,
+                extend_pages=[pages(r.kv.pages) for r, *_ in extends],
+                extend_q_lens=q_lens,
+                extend_kv_lens=kv_lens,
+                decode_pages=[pages(r.kv.pages) for r in decodes],
+                decode_kv_lens=[r.num_tokens for r in decodes],
+            )
         return meta
-
-    def _attach_for(self, attention: str) -> _Attach:
-        """What a layout adds for `attention`'s kernels: the CPU rows for the native ones, the
-        page tables for Triton's, nothing for torch's."""
-        if attention == "native":
-            return self._attach_cpu_rows
-        if attention == "triton":
-            return self._attach_triton_tables
-        return self._attach_nothing
-
-    def _attach_cpu_rows(
-        self,
-        meta: AttentionMetadata,
-        extends: list[tuple[Request, int, int, int]],
-        decodes: list[Request],
-        window: bool,
-        rows_window: int | None,
-        num_kv_heads: int,
-    ) -> None:
-        meta.cpu = attention_cpu.cpu_rows(meta, rows_window)
-
-    def _attach_triton_tables(
-        self,
-        meta: AttentionMetadata,
-        extends: list[tuple[Request, int, int, int]],
-        decodes: list[Request],
-        window: bool,
-        rows_window: int | None,
-        num_kv_heads: int,
-    ) -> None:
-        from plait.kernels.attention_triton import tables_from_pages
-
-        pages = self.window_pages if window else list
-        meta.triton = tables_from_pages(
-            self.page_size,
-            num_kv_heads,
-            self.device,
-            extend_pages=[pages(r.kv.pages) for r, *_ in extends],
-            extend_q_lens=meta.extend_q_lens,
-            extend_kv_lens=meta.extend_kv_lens,
-            decode_pages=[pages(r.kv.pages) for r in decodes],
-            decode_kv_lens=[r.num_tokens for r in decodes],
-        )
-
-    def _attach_nothing(
-        self,
-        meta: AttentionMetadata,
-        extends: list[tuple[Request, int, int, int]],
-        decodes: list[Request],
-        window: bool,
-        rows_window: int | None,
-        num_kv_heads: int,
-    ) -> None:
-        pass
-
-
-# a layout's addition for the attention kernels (`PageTables._attach_for`): (metadata, extends,
-# decodes, in window pages, the CPU rows' window, KV heads)
-_Attach = Callable[
-    [AttentionMetadata, list[tuple[Request, int, int, int]], list[Request], bool, int | None, int],
-    None,
-]

@@ -102,9 +102,11 @@ def filter_params(
 @dataclass(frozen=True)
 class SampledRows:
     """The rows of a batch that sample (not greedy): their indices in the batch (as a list and
-    as `idx`, long [S] on the logits' device) and their filter parameters (`filter_params`)."""
+    as `idx`, long [S] on the logits' device), their generators and their filter parameters
+    (`filter_params`)."""
 
     rows: list[int]
+    generators: list[torch.Generator | None]
     idx: torch.Tensor
     temperature: torch.Tensor
     top_k: torch.Tensor
@@ -133,15 +135,10 @@ class Sampler:
             return out
         idx = torch.tensor(sampled, dtype=torch.long, device=logits.device)
         params = filter_params([rows[i].params for i in sampled], logits.shape[1], logits.device)
-        return self.draw(logits, rows, SampledRows(sampled, idx, *params), out)
+        generators = [rows[i].generator for i in sampled]
+        return self.draw(logits, SampledRows(sampled, generators, idx, *params), out)
 
-    def draw(
-        self,
-        logits: torch.Tensor,
-        rows: Sequence[SamplingRow],
-        sampled: SampledRows,
-        out: torch.Tensor,
-    ) -> torch.Tensor:
+    def draw(self, logits: torch.Tensor, sampled: SampledRows, out: torch.Tensor) -> torch.Tensor:
         """`out` (the argmax of every row) with the sampled rows' draws in place of theirs."""
         raise NotImplementedError
 
@@ -180,35 +177,23 @@ class TorchSampler(Sampler):
 
     name = "torch"
 
-    def draw(
-        self,
-        logits: torch.Tensor,
-        rows: Sequence[SamplingRow],
-        sampled: SampledRows,
-        out: torch.Tensor,
-    ) -> torch.Tensor:
+    def draw(self, logits: torch.Tensor, sampled: SampledRows, out: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(logits[sampled.idx] / sampled.temperature[:, None], dim=-1)
         probs = filter_probs(probs, sampled.top_k, sampled.top_p, sampled.min_p)
         # NOTE: extreme but valid settings (a repetition penalty near 0, every token banned) can
         # leave a row with no finite distribution; such a row takes the argmax instead of failing.
         usable = (torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)).tolist()
-        picks = self.pick(probs, rows, sampled.rows, usable)
+        picks = self.pick(probs, sampled, usable)
         for j, i in enumerate(sampled.rows):
             if usable[j]:
                 out[i] = picks[j]
         return out
 
-    def pick(
-        self,
-        probs: torch.Tensor,
-        rows: Sequence[SamplingRow],
-        sampled: list[int],
-        usable: list[bool],
-    ) -> list:
+    def pick(self, probs: torch.Tensor, sampled: SampledRows, usable: list[bool]) -> list:
         """One token per usable row of probs [S, V] (an unusable row's entry is never read)."""
         return [
-            torch.multinomial(probs[j], 1, generator=rows[i].generator)[0] if usable[j] else None
-            for j, i in enumerate(sampled)
+            torch.multinomial(probs[j], 1, generator=g)[0] if usable[j] else None
+            for j, g in enumerate(sampled.generators)
         ]
 
 
@@ -217,14 +202,8 @@ class TorchCpuSampler(TorchSampler):
     generator picking by inverse CDF (`sampling_cpu.draw_ref`), so a seed gives the tokens the
     native sampler gives."""
 
-    def pick(
-        self,
-        probs: torch.Tensor,
-        rows: Sequence[SamplingRow],
-        sampled: list[int],
-        usable: list[bool],
-    ) -> list:
-        return sampling_cpu.draw_ref(torch.nan_to_num(probs), _uniforms(rows, sampled)).tolist()
+    def pick(self, probs: torch.Tensor, sampled: SampledRows, usable: list[bool]) -> list:
+        return sampling_cpu.draw_ref(torch.nan_to_num(probs), _uniforms(sampled)).tolist()
 
     def draw_one(self, probs: torch.Tensor, generator: torch.Generator | None) -> int:
         """By inverse CDF with one uniform from the generator, as `sample` draws."""
@@ -237,14 +216,8 @@ class NativeSampler(Sampler):
 
     name = "native"
 
-    def draw(
-        self,
-        logits: torch.Tensor,
-        rows: Sequence[SamplingRow],
-        sampled: SampledRows,
-        out: torch.Tensor,
-    ) -> torch.Tensor:
-        uniforms = _uniforms(rows, sampled.rows)
+    def draw(self, logits: torch.Tensor, sampled: SampledRows, out: torch.Tensor) -> torch.Tensor:
+        uniforms = _uniforms(sampled)
         picks = sampling_cpu.sample_rows(
             logits[sampled.idx],
             sampled.temperature,
@@ -274,17 +247,11 @@ class TritonSampler(Sampler):
 
     name = "triton"
 
-    def draw(
-        self,
-        logits: torch.Tensor,
-        rows: Sequence[SamplingRow],
-        sampled: SampledRows,
-        out: torch.Tensor,
-    ) -> torch.Tensor:
+    def draw(self, logits: torch.Tensor, sampled: SampledRows, out: torch.Tensor) -> torch.Tensor:
         seeds = torch.cat(
             [
-                torch.randint(0, 1 << 62, (1,), generator=rows[i].generator, device=logits.device)
-                for i in sampled.rows
+                torch.randint(0, 1 << 62, (1,), generator=g, device=logits.device)
+                for g in sampled.generators
             ]
         )
         rows_logits = logits[sampled.idx].contiguous()
@@ -325,6 +292,6 @@ def _draw_cpu(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(sampling_cpu.draw_ref(probs[None], torch.rand(1, generator=generator))[0])
 
 
-def _uniforms(rows: Sequence[SamplingRow], sampled: list[int]) -> torch.Tensor:
+def _uniforms(sampled: SampledRows) -> torch.Tensor:
     """One uniform from each sampled row's generator, in row order: float32 [S]."""
-    return torch.cat([torch.rand(1, generator=rows[i].generator) for i in sampled])
+    return torch.cat([torch.rand(1, generator=g) for g in sampled.generators])

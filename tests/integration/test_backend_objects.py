@@ -35,9 +35,7 @@ def test_the_page_tables_attach_what_the_execution_chose(tiny_llama_dir) -> None
     with Engine(model_path=str(tiny_llama_dir), max_total_tokens=1024) as engine:
         engine.generate(["Hi"], sampling_params={"max_new_tokens": 1})
         tables, attention = engine.core.runner.tables, engine.core.runner.execution.attention
-        assert tables._attach == tables._attach_for(attention)
-        if attention == "native":
-            assert tables._attach == tables._attach_cpu_rows
+        assert tables.attention == attention
 
 
 @pytest.mark.skipif(not qm.native_quant_available(), reason="native CPU kernels did not build")
