@@ -40,7 +40,6 @@ from plait.runtime.model_runner import ModelRunner
 from plait.runtime.models.quantized import quantized_linears, weight_bytes
 from plait.runtime.output_processor import OutputProcessor
 from plait.runtime.policies import ThreadPolicy
-from plait.runtime.protocol import FinishReason
 from plait.runtime.request import Request
 from plait.runtime.scheduler import Scheduler
 from plait.runtime.speculation import Speculation
@@ -330,41 +329,10 @@ class EngineCore:
         lifecycle.drain(self, self._inbox)
 
     def _handle(self, kind: str, item: Any) -> None:
-        if kind == "add":
-            for req in item:
-                self.totals["requests"] += 1
-                self.totals["prompt_tokens"] += len(req.prompt_ids)
-                try:
-                    self.processor.start(req)
-                    self.scheduler.add(req)
-                    if self.handoff is not None:  # pages imported for it stay until it is admitted
-                        self.handoff.claim(req)
-                except Exception as exc:
-                    status = 400 if isinstance(exc, ValueError) else 500
-                    self.applier.end(
-                        req, FinishReason("abort", message=str(exc), status_code=status)
-                    )
-        elif kind == "abort":
-            req = self.scheduler.abort(item)
-            if req is not None:
-                self.applier.end(req, FinishReason("abort", message="aborted by the client"))
-        elif kind == "flush":
-            done, outcome = item
-            ok = not self.scheduler.has_work()
-            if ok:
-                if self.handoff is not None:
-                    self.handoff.release_all()
-                self.cache.reset()
-            outcome.append(ok)
-            done.set()
-        elif kind == "call":
-            fn, future = item
-            try:
-                future.set_result(fn())
-            except Exception as exc:
-                future.set_exception(exc)
-        elif kind == "stop":
+        if kind == "stop":
             self._stopped.set()
+        else:
+            lifecycle.handle(self, kind, item)
 
     def step(self) -> None:
         """One engine step in four stages: the scheduler makes the batch, the planner decides how

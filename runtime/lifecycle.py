@@ -1,8 +1,8 @@
 """What the engine loop does besides stepping, so that every submitted request ends with a final
-result: deadlines (`timeout`), recovery from a step that raised outside the forward pass, and
-failing what is left when the engine shuts down. Each ends requests through the step applier's
-finish-and-deliver path (`StepApplier.end`), with an abort that carries the HTTP status it
-stands for."""
+result: the inbox's messages (`handle`), deadlines (`timeout`), recovery from a step that raised
+outside the forward pass, and failing what is left when the engine shuts down. Each ends requests
+through the step applier's finish-and-deliver path (`StepApplier.end`), with an abort that carries
+the HTTP status it stands for."""
 
 from __future__ import annotations
 
@@ -32,6 +32,43 @@ def check_timeout(timeout: Any) -> float | None:
     if math.isnan(timeout) or not 0 < timeout <= MAX_TIMEOUT:
         raise ValueError(f"timeout: must be in (0, {MAX_TIMEOUT:.0f}] seconds, got {timeout}")
     return float(timeout)
+
+
+def handle(core: EngineCore, kind: str, item: Any) -> None:
+    """One message from the engine's inbox (`EngineCore.post`): "add" (requests, each failing
+    alone with a 400 or 500 where it cannot start), "abort" (a request id), "flush" (the prefix
+    cache, when nothing runs) or "call" (a function run on the loop thread)."""
+    if kind == "add":
+        for req in item:
+            core.totals["requests"] += 1
+            core.totals["prompt_tokens"] += len(req.prompt_ids)
+            try:
+                core.processor.start(req)
+                core.scheduler.add(req)
+                if core.handoff is not None:  # pages imported for it stay until it is admitted
+                    core.handoff.claim(req)
+            except Exception as exc:
+                status = 400 if isinstance(exc, ValueError) else 500
+                core.applier.end(req, FinishReason("abort", message=str(exc), status_code=status))
+    elif kind == "abort":
+        req = core.scheduler.abort(item)
+        if req is not None:
+            core.applier.end(req, FinishReason("abort", message="aborted by the client"))
+    elif kind == "flush":
+        done, outcome = item
+        ok = not core.scheduler.has_work()
+        if ok:
+            if core.handoff is not None:
+                core.handoff.release_all()
+            core.cache.reset()
+        outcome.append(ok)
+        done.set()
+    elif kind == "call":
+        fn, future = item
+        try:
+            future.set_result(fn())
+        except Exception as exc:
+            future.set_exception(exc)
 
 
 def end(core: EngineCore, req: Request, message: str, status: int, keep: bool = True) -> None:
